@@ -1,0 +1,39 @@
+# The two commands of the README: `make run` serves the dashboard, `make test` runs the tests.
+# Both create .venv on first use and reinstall when requirements.txt changes.
+
+PYTHON ?= python3
+VENV   := .venv
+PORT   ?= 8501
+ADDRESS ?= 127.0.0.1
+STAMP  := $(VENV)/.installed
+BIN    := $(VENV)/bin
+
+# Use the shared data folder of a development checkout when none is configured.
+ENGINE_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/datasets)))
+export ENGINE_DATA_DIR
+
+.PHONY: setup run test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
+		--server.headless true --browser.gatherUsageStats false
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m engine bench --quick
+
+lint: setup
+	$(BIN)/hadolint Dockerfile
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,18 @@
+"""Engine of the influence-malleability dashboard: data, nets, NTKs, spectra, experiments.
+
+The public names are re-exported here; the implementation lives in one module per topic.
+This package never imports streamlit.
+"""
+
+from .cache import ENGINE_VERSION, Cache, Result, cached_run
+from .data import DataSpec, Sample, available_datasets, load_sample, resolve_data_dir
+from .device import resolve_device
+from .errors import BadInput, CacheCorrupt, Cancelled, DataCorrupt, DataMissing, EngineError
+from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
+                          run_spectrum)
+from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
+from .ntk import NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, relative_distance
+from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10
+from .training import TrainSpec, train
+
+__version__ = ENGINE_VERSION

@@ -1,0 +1,209 @@
+"""The two networks of the paper and the attention feature maps in front of them.
+
+Both architectures are the same two-layer ReLU head
+
+    f(x) = m^(-1/2) · relu(φ(x) Wᵀ) a,        W: (m, d) trained,  a: (m, c) fixed ±1,
+
+applied to different features φ:
+
+- ``relu`` (2L-ReLU):   φ(x) = normalize(x)
+- ``attn`` (MLP-Attn):  φ(x) = normalize(A(normalize(x); Z)), where A is an attention map
+  computed over the (normalised) training set Z. It is transductive: test points use the
+  training set's map, and perturbing a training point changes every feature.
+
+Attention variants are an enum plus a dispatch table (``ATTENTION_FNS``); the default,
+``linear``, is the paper's parameter-free linearised attention ``A(z) = C z`` with
+``C = Zᵀ Z``, so that the attention features of the training set are ``Z Zᵀ Z`` and their
+Gram is ``G³``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import BadInput
+
+ARCHS = ("relu", "attn")
+
+
+class Attention(str, enum.Enum):
+    """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``."""
+
+    LINEAR = "linear"        # C z, C = Zᵀ Z (the paper's)
+    STACKED = "stacked"      # C^k z: k linear layers, Gram G^(2k+1)
+    TRUNCATED = "truncated"  # C_r z: top-r singular directions of Z only
+    SOFTMAX = "softmax"      # Nadaraya–Watson over the training set, temperature T
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    kind: Attention
+    param: float | None  # k for stacked, r for truncated, T for softmax
+
+    def __str__(self) -> str:
+        if self.param is None:
+            return self.kind.value
+        p = int(self.param) if self.kind in (Attention.STACKED, Attention.TRUNCATED) else self.param
+        return f"{self.kind.value}:{p}"
+
+
+_DEFAULT_PARAM = {Attention.LINEAR: None, Attention.STACKED: 1, Attention.TRUNCATED: 10,
+                  Attention.SOFTMAX: 0.1}
+
+
+def parse_attention(text: str) -> AttentionSpec:
+    """``"linear"``, ``"stacked:k"`` (k ≥ 1), ``"truncated:r"`` (r ≥ 1), ``"softmax[:T]"`` (T > 0)."""
+    name, _, arg = str(text).strip().lower().partition(":")
+    try:
+        kind = Attention(name)
+    except ValueError:
+        allowed = ", ".join(a.value for a in Attention)
+        raise BadInput(f"unknown attention {text!r}; allowed: {allowed} (e.g. stacked:2, truncated:10)") from None
+    if kind is Attention.LINEAR:
+        if arg:
+            raise BadInput(f"attention 'linear' takes no parameter, got {text!r}")
+        return AttentionSpec(kind, None)
+    if not arg:
+        return AttentionSpec(kind, _DEFAULT_PARAM[kind])
+    try:
+        value = float(arg)
+    except ValueError:
+        raise BadInput(f"attention parameter in {text!r} must be a number") from None
+    if kind in (Attention.STACKED, Attention.TRUNCATED):
+        if value != int(value) or value < 1:
+            raise BadInput(f"attention {text!r}: {kind.value} needs an integer >= 1")
+    elif not (value > 0 and math.isfinite(value)):
+        raise BadInput(f"attention {text!r}: softmax temperature must be > 0")
+    return AttentionSpec(kind, value)
+
+
+def normalize_rows(X: torch.Tensor) -> torch.Tensor:
+    """ℓ2-normalise the rows of ``X`` (n, d); all-zero rows stay zero."""
+    return X / X.norm(dim=1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny ** 0.5)
+
+
+def _linear(Z, Zref, p):
+    return (Z @ Zref.T) @ Zref  # row i = C z_i with C = Zrefᵀ Zref, without forming C
+
+
+def _stacked(Z, Zref, p):
+    for _ in range(int(p)):
+        Z = (Z @ Zref.T) @ Zref
+    return Z
+
+
+def _truncated(Z, Zref, p):
+    r = int(p)
+    if r > min(Zref.shape):
+        raise BadInput(f"truncated:{r} keeps more directions than the training set has "
+                       f"(at most min(n, d) = {min(Zref.shape)})")
+    # C_r = V_r diag(s_r²) V_rᵀ from the SVD of the training set.
+    _, s, Vh = torch.linalg.svd(Zref, full_matrices=False)
+    Vr, sr = Vh[:r], s[:r]
+    return ((Z @ Vr.T) * sr**2) @ Vr
+
+
+def _softmax(Z, Zref, p):
+    weights = torch.softmax((Z @ Zref.T) / p, dim=1)  # rows sum to one
+    return weights @ Zref
+
+
+ATTENTION_FNS = {
+    Attention.LINEAR: _linear,
+    Attention.STACKED: _stacked,
+    Attention.TRUNCATED: _truncated,
+    Attention.SOFTMAX: _softmax,
+}
+
+
+def attention_features(X: torch.Tensor, X_ref: torch.Tensor, attention: str = "linear",
+                       normalize: bool = True) -> torch.Tensor:
+    """Attention output before the output normalisation.
+
+    X: (n, d) raw inputs; X_ref: (n_ref, d) raw training inputs that define the map.
+    Differentiable in both (attacks on MLP-Attn use ``X_ref = X_perturbed``).
+    For ``linear`` on the training set this is ``Z Zᵀ Z``, whose Gram is ``G³``.
+    """
+    spec = parse_attention(attention) if isinstance(attention, str) else attention
+    Z = normalize_rows(X) if normalize else X
+    Zref = normalize_rows(X_ref) if normalize else X_ref
+    return ATTENTION_FNS[spec.kind](Z, Zref, spec.param)
+
+
+def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: str = "linear",
+             normalize: bool = True) -> torch.Tensor:
+    """φ(X): the inputs of the ReLU head, (n, d), same dtype as X.
+
+    ``relu``: normalize(X). ``attn``: normalize(attention_features(X, X_ref)).
+    With ``normalize=False`` no row normalisation happens anywhere.
+    """
+    if arch == "relu":
+        return normalize_rows(X) if normalize else X
+    if arch == "attn":
+        if X_ref is None:
+            raise BadInput("arch 'attn' needs the training set X_ref that defines its attention")
+        A = attention_features(X, X_ref, attention, normalize)
+        return normalize_rows(A) if normalize else A
+    raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
+
+
+def check_width(width) -> int:
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise BadInput(f"width must be a positive integer, got {width!r}")
+    return width
+
+
+class TwoLayerReLU(nn.Module):
+    """``f(x) = width^(-1/2) · relu(x Wᵀ) a``.
+
+    W (width, d) ~ N(0, init_std²) is the only ``nn.Parameter``; a (width, n_out) is a
+    buffer of random ±1 signs. Same seed → same W and a. Output (n, n_out).
+    """
+
+    def __init__(self, d: int, width: int, n_out: int, seed: int = 0, init_std: float = 1.0,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        check_width(width)
+        if not init_std > 0:
+            raise BadInput(f"init_std must be > 0, got {init_std!r}")
+        g = torch.Generator().manual_seed(int(seed))
+        self.W = nn.Parameter(torch.randn(width, d, generator=g, dtype=torch.float64).to(dtype) * init_std)
+        signs = torch.randint(0, 2, (width, n_out), generator=g).to(dtype) * 2 - 1
+        self.register_buffer("a", signs)
+        self.width = width
+
+    def forward(self, phi: torch.Tensor) -> torch.Tensor:
+        return torch.relu(phi @ self.W.T) @ self.a / math.sqrt(self.width)
+
+
+class Net(nn.Module):
+    """A ReLU head over the features of ``arch``; the unit the experiments train.
+
+    ``forward(X)`` takes raw inputs (n, d) and uses the stored training set ``X_ref``
+    for attention. ``head(phi)`` applies only the ReLU head to given features.
+    """
+
+    def __init__(self, arch: str, X_ref: torch.Tensor, width: int, n_out: int, seed: int = 0,
+                 init_std: float = 1.0, attention: str = "linear", normalize: bool = True,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if arch not in ARCHS:
+            raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
+        self.arch, self.attention, self.normalize = arch, str(parse_attention(attention)), normalize
+        self.register_buffer("X_ref", X_ref.to(dtype))
+        self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype)
+
+    def features(self, X: torch.Tensor, X_ref: torch.Tensor | None = None) -> torch.Tensor:
+        ref = self.X_ref if X_ref is None else X_ref
+        return features(X.to(self.X_ref.dtype), ref, self.arch, self.attention, self.normalize)
+
+    def head(self, phi: torch.Tensor) -> torch.Tensor:
+        return self.mlp(phi)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(X))

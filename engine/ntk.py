@@ -1,0 +1,153 @@
+"""Empirical and infinite-width NTKs of the two-layer ReLU head, and distances between them.
+
+All kernels are with respect to the trained weights W only (``a`` is fixed) and averaged
+over outputs; for these nets every output has the same kernel, so the average is exact.
+Kernels are returned as float64 (n1, n2) tensors on the device of the inputs.
+
+Closed form (``NTKMethod.CLOSED``, the default): with features Φ and S = 1[Φ Wᵀ > 0],
+
+    K_m = (Φ1 Φ2ᵀ) ∘ (S1 S2ᵀ) / m.
+
+S is 0/1, so ``S1 S2ᵀ`` is an integer count, exact in float32 for m < 2²⁴; the Gram of the
+features is formed in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
+``torch.func`` and is the reference the closed form is tested against.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import torch
+
+from .errors import BadInput
+
+_EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this
+
+
+class NTKMethod(str, enum.Enum):
+    CLOSED = "closed"      # (Φ1Φ2ᵀ)∘(S1S2ᵀ)/m, chunked; default
+    AUTOGRAD = "autograd"  # Jacobian contraction through torch.func; reference
+
+
+def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
+    """S1 S2ᵀ of 0/1 matrices as exact float64 counts.
+
+    On CUDA S is bf16 (0/1 exact) and the tensor-core GEMM accumulates and writes fp32;
+    on CPU the fp32 GEMM is the fast path. Both are exact below 2²⁴.
+    """
+    if S1.dtype == torch.bfloat16:
+        return torch.mm(S1, S2.T, out_dtype=torch.float32).double()
+    return (S1 @ S2.T).double()
+
+
+def _closed(head, phi1, phi2, chunk):
+    W = head.W.detach()
+    m = W.shape[0]
+    if m >= _EXACT_COUNT_LIMIT:
+        raise BadInput(f"width {m} too large for exact activation counts (limit {_EXACT_COUNT_LIMIT - 1})")
+    cdt = torch.bfloat16 if phi1.device.type == "cuda" else torch.float32
+    same = phi2 is None
+    phi1 = phi1.detach()
+    phi2 = phi1 if same else phi2.detach()
+    Wc = W.to(phi1.dtype)
+    S2 = (phi2 @ Wc.T > 0).to(cdt)
+    S1 = S2 if same else (phi1 @ Wc.T > 0).to(cdt)
+    p1, p2 = phi1.double(), phi2.double()
+    n1, n2 = p1.shape[0], p2.shape[0]
+    K = torch.empty(n1, n2, dtype=torch.float64, device=phi1.device)
+    # Row chunks bound the memory of the (chunk, n2) count block; for X2 = X1 only the
+    # blocks on and right of the diagonal are computed and the rest mirrored.
+    for i in range(0, n1, chunk):
+        i2 = min(i + chunk, n1)
+        j0 = i if same else 0
+        counts = _counts(S1[i:i2], S2[j0:])
+        K[i:i2, j0:] = (p1[i:i2] @ p2[j0:].T) * counts / m
+        if same:
+            block = K[i:i2, i:i2]
+            K[i:i2, i:i2] = (block + block.T) / 2  # rounding makes GEMM blocks a hair asymmetric
+            K[i2:, i:i2] = K[i:i2, i2:].T
+    return K
+
+
+def _autograd(head, phi1, phi2, chunk):
+    from torch.func import functional_call, jacrev, vmap
+
+    params = {k: v.detach() for k, v in head.named_parameters()}
+    buffers = dict(head.named_buffers())
+
+    def f_single(p, x):
+        return functional_call(head, (p, buffers), (x[None],))[0]  # (n_out,)
+
+    def jac(phi):
+        J = vmap(jacrev(f_single), in_dims=(None, 0))(params, phi)  # name -> (n, c, *shape)
+        return torch.cat([j.flatten(2) for j in J.values()], dim=2).double()  # (n, c, P)
+
+    J1 = jac(phi1.detach())
+    J2 = J1 if phi2 is None else jac(phi2.detach())
+    return torch.einsum("icp,jcp->ij", J1, J2) / J1.shape[1]
+
+
+_NTK_FNS = {NTKMethod.CLOSED: _closed, NTKMethod.AUTOGRAD: _autograd}
+
+
+def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
+                  method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048,
+                  X_ref: torch.Tensor | None = None) -> torch.Tensor:
+    """Empirical NTK of ``net`` (an ``engine.models.Net``) between raw inputs.
+
+    X1: (n1, d), X2: (n2, d) or None for X2 = X1 (then S and the symmetric half are shared).
+    X_ref: training set that defines MLP-Attn's attention (default: the net's own).
+    Returns float64 (n1, n2), averaged over outputs, with respect to W.
+    """
+    method = NTKMethod(method)
+    if chunk < 1:
+        raise BadInput(f"chunk must be >= 1, got {chunk}")
+    with torch.no_grad():
+        phi1 = net.features(X1, X_ref)
+        phi2 = None if X2 is None else net.features(X2, X_ref)
+    return _NTK_FNS[method](net.mlp, phi1, phi2, chunk)
+
+
+def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None = None,
+                           method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048) -> torch.Tensor:
+    """As ``empirical_ntk`` but for a ``TwoLayerReLU`` head on given features Φ (n, d)."""
+    return _NTK_FNS[NTKMethod(method)](head, phi1, phi2, chunk)
+
+
+def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+    """Infinite-width NTK of the head w.r.t. W, w ~ N(0, σ²I) (independent of σ):
+
+        K∞(x, x') = xᵀx' · (π − θ) / (2π),   θ = arccos(xᵀx' / (|x| |x'|)).
+
+    X1: (n1, d) features (already normalised if the net normalises), X2 likewise or None.
+    Returns float64 (n1, n2). Zero rows give zero kernel entries.
+    """
+    A = X1.double()
+    B = A if X2 is None else X2.double()
+    dots = A @ B.T
+    norms = A.norm(dim=1)[:, None] * B.norm(dim=1)[None, :]
+    cos = torch.where(norms > 0, dots / norms.clamp_min(1e-300), torch.zeros_like(dots)).clamp(-1.0, 1.0)
+    if X2 is None:
+        cos.fill_diagonal_(1.0)  # arccos is ill-conditioned at 1: rounding there costs 1e-8
+    theta = torch.arccos(cos)
+    return dots * (math.pi - theta) / (2 * math.pi)
+
+
+def relative_distance(K: torch.Tensor, K_ref: torch.Tensor) -> float:
+    """‖K − K_ref‖_F / ‖K_ref‖_F."""
+    return float(torch.linalg.norm(K - K_ref) / torch.linalg.norm(K_ref))
+
+
+def kernel_regression(K_train: torch.Tensor, K_test_train: torch.Tensor, Y: torch.Tensor,
+                      ridge: float) -> torch.Tensor:
+    """Kernel ridge predictions ``K(x, X) (K + ridge·I)⁻¹ Y``.
+
+    K_train (n, n), K_test_train (n_test, n), Y (n, c) float. Returns float64 (n_test, c).
+    ``ridge`` is relative to the mean diagonal of K_train so that it is scale free.
+    """
+    n = K_train.shape[0]
+    lam = ridge * float(K_train.diagonal().mean())
+    L = torch.linalg.cholesky(K_train + lam * torch.eye(n, dtype=K_train.dtype, device=K_train.device))
+    alpha = torch.cholesky_solve(Y.double().reshape(n, -1), L)
+    return K_test_train @ alpha

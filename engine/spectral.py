@@ -1,0 +1,64 @@
+"""Gram spectra, numerical rank, condition numbers and the paper's width thresholds.
+
+Everything is float64. Eigenvalues come from ``eigvalsh`` of the symmetric Gram; the
+numerical rank counts eigenvalues above ``rank_tol = rtol · λ_max`` with the default
+``rtol = n · eps(float64)``, the size of the rounding error of a float64 Gram. Condition
+numbers are ratios of eigenvalues over that rank and are never formed from cubed matrices
+in low precision: ``κ(G³)`` is ``κ(G)³`` from the eigenvalues, and its measured value comes
+from the Gram of the attention features themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    eigenvalues: np.ndarray  # (n,) float64, descending, negatives from rounding clipped to 0
+    rank: int                # numerical rank: eigenvalues > rank_tol
+    rank_tol: float          # absolute tolerance on eigenvalues
+    kappa: float             # λ_1 / λ_rank
+
+    def kappa_top(self, k: int) -> float | None:
+        """λ_1 / λ_k over the rank-k truncation, or None if that truncation is singular."""
+        if k < 1 or k > self.rank:
+            return None
+        return float(self.eigenvalues[0] / self.eigenvalues[k - 1])
+
+
+def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Spectrum:
+    """Spectrum of the Gram ``F Fᵀ`` of rows F (n, d), in float64."""
+    F64 = torch.as_tensor(F).double()
+    G = F64 @ F64.T
+    return eig_spectrum(torch.linalg.eigvalsh(G).cpu().numpy(), rtol)
+
+
+def eig_spectrum(eigenvalues: np.ndarray, rtol: float | None = None) -> Spectrum:
+    """Rank and κ from eigenvalues of a PSD matrix (any order)."""
+    lam = np.sort(np.asarray(eigenvalues, dtype=np.float64))[::-1].clip(min=0.0)
+    n = lam.size
+    rtol = n * EPS64 if rtol is None else float(rtol)
+    tol = rtol * lam[0] if n else 0.0
+    rank = int((lam > tol).sum())
+    kappa = float(lam[0] / lam[rank - 1]) if rank else math.inf
+    return Spectrum(lam, rank, tol, kappa)
+
+
+def width_thresholds_log10(kappa: float, kappa_d: float | None, n: int, power: int = 6,
+                           eps: float = 0.1) -> dict[str, float | None]:
+    """The paper's widths for NTK convergence, as log10 of m.
+
+    v1: ``m = κ^power / ε²``; v2: ``m = κ_d^power · n · ln n`` (None when κ_d is undefined).
+    ``power = 6`` is the paper's attention bound (κ(G)⁶ = κ(G³)²); ``power = 2`` applies the
+    same bound to the un-amplified Gram, the ReLU net's counterpart.
+    """
+    v1 = power * math.log10(kappa) - 2 * math.log10(eps)
+    v2 = None if kappa_d is None else power * math.log10(kappa_d) + math.log10(n * math.log(n))
+    return {"v1": v1, "v2": v2}

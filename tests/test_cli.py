@@ -1,0 +1,82 @@
+"""The CLI as a user runs it: a subprocess, JSON on stdout, exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, env_extra=None, cache_dir=None):
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache_dir or ROOT / ".pytest_cache" / "xdg")}
+    env.pop("ENGINE_DATA_DIR", None)  # the Makefile exports it; each test names its data dir
+    env.update(env_extra or {})
+    p = subprocess.run([sys.executable, "-m", "engine", *args], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_spectrum_json(mnist_dir, tmp_path):
+    rc, out, err = run("spectrum", "--dataset", "mnist", "--n", "100", "--seed", "0", "--json",
+                       "--data-dir", str(mnist_dir), "--cache-dir", str(tmp_path))
+    assert rc == 0, err
+    obj = json.loads(out)
+    for key in ("n", "d", "numerical_rank", "rank_tol", "kappa", "kappa_d", "kappa_attention",
+                "kappa_attention_theory", "width_threshold_log10"):
+        assert key in obj
+    assert obj["n"] == 100 and obj["d"] == 784 and not obj["cached"]
+    assert "loading data" in err  # progress goes to stderr
+    rc, out, _ = run("spectrum", "--dataset", "mnist", "--n", "100", "--seed", "0", "--json",
+                     "--data-dir", str(mnist_dir), "--cache-dir", str(tmp_path))
+    assert json.loads(out)["cached"]
+
+
+def test_ntk_sweep_json(mnist_dir, tmp_path):
+    rc, out, err = run("ntk-sweep", "--dataset", "mnist", "--n", "400", "--n-test", "200", "--widths",
+                       "16,256,4096", "--archs", "relu,attn", "--epochs", "0", "--seed", "0", "--json",
+                       "--data-dir", str(mnist_dir), "--no-cache")
+    assert rc == 0, err
+    rows = json.loads(out)["rows"]
+    assert [(r["arch"], r["width"]) for r in rows] == [("relu", 16), ("relu", 256), ("relu", 4096),
+                                                       ("attn", 16), ("attn", 256), ("attn", 4096)]
+    for r in rows:
+        for key in ("seed", "kernel_dist_init", "kernel_dist_trained", "function_dist", "test_acc",
+                    "weight_movement"):
+            assert r[key] is not None
+    relu = [r["kernel_dist_init"] for r in rows if r["arch"] == "relu"]
+    assert relu[0] > relu[1] > relu[2]
+
+
+def test_datasets_lists_what_is_here(mnist_dir):
+    rc, out, err = run("datasets", "--json", "--data-dir", str(mnist_dir))
+    assert rc == 0, err
+    found = {d["name"]: d["available"] for d in json.loads(out)["datasets"]}
+    assert found["mnist"] and found["synthetic"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["spectrum", "--dataset", "imagenet", "--no-cache"], "imagenet"),
+    (["ntk-sweep", "--dataset", "synthetic", "--widths", "16,0", "--no-cache"], "widths"),
+    (["spectrum", "--dataset", "synthetic", "--n", "-4", "--no-cache"], "-4"),
+    (["ntk-sweep", "--dataset", "synthetic", "--archs", "cnn", "--no-cache"], "cnn"),
+    (["ntk-sweep", "--widths", "a,b"], "a,b"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, needle):
+    rc, out, err = run(*args)
+    assert rc == 2 and needle in err and out == ""
+
+
+def test_n_larger_than_the_split_exits_2(mnist_dir):
+    rc, _, err = run("spectrum", "--dataset", "mnist:3-8", "--n", "100000", "--data-dir", str(mnist_dir),
+                     "--no-cache")
+    assert rc == 2 and "100000" in err
+
+
+def test_missing_data_exits_3_and_names_the_files(tmp_path):
+    rc, out, err = run("spectrum", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--no-cache",
+                       cache_dir=tmp_path)
+    assert rc == 3 and "train-images-idx3-ubyte" in err and len(err.strip().splitlines()[-1]) > 20

@@ -1,0 +1,117 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine.data import DataSpec, load_sample
+from engine.errors import BadInput, Cancelled
+from engine.experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
+                                run_spectrum)
+from engine.models import Net
+from engine.training import TrainSpec
+
+SYN = DataSpec("synthetic", n=60, n_test=20, synthetic_d=12, synthetic_kappa=30.0, synthetic_classes=3)
+
+
+def _np_arccos_ntk(A, B):
+    dots = A @ B.T
+    cos = np.clip(dots / np.outer(np.linalg.norm(A, axis=1), np.linalg.norm(B, axis=1)), -1, 1)
+    return dots * (np.pi - np.arccos(cos)) / (2 * np.pi)
+
+
+def test_sweep_rows_match_an_independent_numpy_computation():
+    cfg = SweepConfig(data=SYN, widths=(32,), archs=("relu",), train=TrainSpec(epochs=0), ridge=1e-2)
+    row = run_ntk_sweep(cfg).frames["rows"].iloc[0]
+    s = load_sample(SYN)
+    net = Net("relu", s.X.float(), 32, 3, seed=0)
+    Z = (s.X / s.X.norm(dim=1, keepdim=True)).numpy()
+    Zt = (s.X_test / s.X_test.norm(dim=1, keepdim=True)).numpy()
+    W = net.mlp.W.detach().double().numpy()
+    S = (Z @ W.T > 0).astype(float)
+    K_m = (Z @ Z.T) * (S @ S.T) / 32
+    K_inf = _np_arccos_ntk(Z, Z)
+    assert row.kernel_dist_init == pytest.approx(np.linalg.norm(K_m - K_inf) / np.linalg.norm(K_inf), rel=1e-6)
+    assert row.kernel_dist_trained == row.kernel_dist_init and row.weight_movement == 0.0
+    Y = np.eye(3)[s.y.numpy()]
+    lam = 1e-2 * np.mean(np.diag(K_inf))
+    f_ntk = _np_arccos_ntk(Zt, Z) @ np.linalg.solve(K_inf + lam * np.eye(60), Y)
+    f_m = np.maximum(Zt @ W.T, 0) @ net.mlp.a.double().numpy() / math.sqrt(32)
+    assert row.function_dist == pytest.approx(np.linalg.norm(f_m - f_ntk), rel=1e-5)
+    assert row.test_acc == pytest.approx(np.mean(f_m.argmax(1) == s.y_test.numpy()))
+
+
+def test_training_moves_weights_and_records_losses(cache):
+    cfg = SweepConfig(data=SYN, widths=(16, 64), archs=("relu", "attn"), seeds=(0, 1),
+                      train=TrainSpec(epochs=3, batch_size=16))
+    stages = []
+    res = run_ntk_sweep(cfg, cache, progress=lambda f, s: stages.append((f, s)))
+    rows, losses = res.frames["rows"], res.frames["losses"]
+    assert len(rows) == 8 and (rows.weight_movement > 0).all()
+    assert (rows.kernel_dist_trained != rows.kernel_dist_init).any()  # a few sign flips at most
+    assert len(losses) == 8 * 4 and set(losses.epoch) == {0, 1, 2, 3}
+    fracs = [f for f, _ in stages]
+    assert fracs == sorted(fracs) and fracs[-1] == 1.0
+    again = run_ntk_sweep(cfg, cache)
+    assert again.cached
+    np.testing.assert_allclose(again.frames["rows"].kernel_dist_trained, rows.kernel_dist_trained, rtol=1e-12)
+
+
+def test_relu_kernel_distance_falls_like_inverse_sqrt_width_on_mnist(mnist_dir):
+    cfg = SweepConfig(data=DataSpec("mnist", n=200, n_test=50), widths=(16, 64, 256, 1024, 4096),
+                      archs=("relu",), seeds=(0, 1, 2), train=TrainSpec(epochs=0))
+    rows = run_ntk_sweep(cfg, data_dir=mnist_dir).frames["rows"]
+    dist = rows.groupby("width").kernel_dist_init.mean()
+    slope = np.polyfit(np.log(dist.index), np.log(dist.values), 1)[0]
+    assert -0.65 < slope < -0.45, dist
+
+
+def test_spectrum_summary_and_growth():
+    cfg = SpectrumConfig(data=DataSpec("synthetic", n=40, n_test=1, synthetic_d=10, synthetic_kappa=50.0,
+                                       normalize=False), growth_ns=(10, 20, 40))
+    res = run_spectrum(cfg)
+    s = res.meta["summary"]
+    assert s["numerical_rank"] == 10 and s["kappa"] == pytest.approx(50.0, rel=1e-8)
+    assert s["kappa_attention"] == pytest.approx(50.0**3, rel=1e-6)
+    assert s["kappa_attention_theory"] == pytest.approx(50.0**3, rel=1e-8)
+    assert s["kappa_d"] == pytest.approx(50.0, rel=1e-8)
+    assert list(res.frames["growth"].n) == [10, 20, 40]
+    np.testing.assert_allclose(res.arrays["eig_attention"][:10], res.arrays["eig_G"][:10] ** 3, rtol=1e-8)
+
+
+@pytest.mark.parametrize("attention,power", [("stacked:2", 5), ("truncated:4", 3)])
+def test_spectrum_theory_for_variants(attention, power):
+    cfg = SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8, synthetic_kappa=4.0,
+                                       normalize=False), attention=attention)
+    s = run_spectrum(cfg).meta["summary"]
+    lam = run_spectrum(cfg).arrays["eig_G"]
+    expected = (lam[0] / lam[3]) ** 3 if attention.startswith("trunc") else 4.0**power
+    assert s["kappa_attention_theory"] == pytest.approx(expected, rel=1e-8)
+    assert s["kappa_attention"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_kernels_are_sorted_by_label_and_consistent():
+    cfg = KernelConfig(data=SYN, arch="attn", width=64, train=TrainSpec(epochs=2))
+    res = run_kernels(cfg)
+    y = res.arrays["y"]
+    assert (np.diff(y) >= 0).all()
+    for k in ("K_init", "K_trained", "K_inf"):
+        assert res.arrays[k].shape == (60, 60)
+        np.testing.assert_allclose(res.arrays[k], res.arrays[k].T, atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"widths": (16, 0)}, "widths"), ({"archs": ("cnn",)}, "arch"),
+                                          ({"widths": ()}, "widths"), ({"ridge": 0.0}, "ridge"),
+                                          ({"attention": "cosine"}, "attention")])
+def test_bad_sweep_configs(kwargs, match):
+    with pytest.raises(BadInput, match=match):
+        run_ntk_sweep(SweepConfig(data=SYN, **kwargs))
+
+
+def test_cancel_flag_stops_a_sweep():
+    class Flag:
+        def is_set(self):
+            return True
+
+    with pytest.raises(Cancelled):
+        run_ntk_sweep(SweepConfig(data=SYN, widths=(8,), train=TrainSpec(epochs=1)), cancel=Flag())

@@ -1,0 +1,93 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ATOL64, RTOL64
+from engine.models import Net, TwoLayerReLU, features
+from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
+                        relative_distance)
+
+
+def _rand(n, d, seed=0):
+    return torch.rand(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+@pytest.mark.parametrize("width,n_out", [(8, 1), (64, 3)])
+@pytest.mark.parametrize("chunk", [2, 1000])
+def test_closed_form_equals_autograd_jacobians(arch, width, n_out, chunk):
+    X, Xt = _rand(9, 5, seed=1), _rand(4, 5, seed=2)
+    net = Net(arch, X, width, n_out, seed=3, dtype=torch.float64)
+    for X2 in (None, Xt):
+        K = empirical_ntk(net, X, X2, chunk=chunk)
+        K_ref = empirical_ntk(net, X, X2, method=NTKMethod.AUTOGRAD)
+        np.testing.assert_allclose(K.numpy(), K_ref.numpy(), rtol=RTOL64, atol=ATOL64)
+
+
+def test_symmetric_kernel_is_symmetric_and_psd():
+    X = _rand(12, 6)
+    net = Net("relu", X, 128, 1, dtype=torch.float64)
+    K = empirical_ntk(net, X, chunk=5).numpy()
+    np.testing.assert_array_equal(K, K.T)
+    assert np.linalg.eigvalsh(K).min() > -1e-12
+
+
+def test_float32_net_kernel_matches_float64_reference():
+    X = _rand(10, 7)
+    net32 = Net("relu", X, 256, 2, seed=1)
+    net64 = Net("relu", X, 256, 2, seed=1, dtype=torch.float64)
+    K32, K64 = empirical_ntk(net32, X), empirical_ntk(net64, X, method="autograd")
+    assert K32.dtype == torch.float64
+    np.testing.assert_allclose(K32.numpy(), K64.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_infinite_ntk_matches_arccos_formula_elementwise():
+    A, B = _rand(5, 4, seed=1) - 0.5, _rand(3, 4, seed=2) - 0.5
+    K = infinite_ntk(A, B).numpy()
+    a, b = A.numpy(), B.numpy()
+    for i in range(5):
+        for j in range(3):
+            c = a[i] @ b[j] / (np.linalg.norm(a[i]) * np.linalg.norm(b[j]))
+            expected = a[i] @ b[j] * (math.pi - math.acos(np.clip(c, -1, 1))) / (2 * math.pi)
+            assert K[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-14)
+    np.testing.assert_allclose(np.diag(infinite_ntk(A).numpy()), (a**2).sum(1) / 2, rtol=1e-12)
+
+
+def test_infinite_ntk_is_the_monte_carlo_limit():
+    """Average the exact empirical NTK over many random W: it converges to K∞."""
+    Z = torch.nn.functional.normalize(_rand(6, 5, seed=4) - 0.3, dim=1)
+    K_inf = infinite_ntk(Z)
+    width, seeds = 4000, 40
+    mc = sum(empirical_ntk_features(TwoLayerReLU(5, width, 1, seed=s, dtype=torch.float64), Z)
+             for s in range(seeds)) / seeds
+    # Each entry averages 160,000 Bernoulli products; its standard error is below 0.0013.
+    np.testing.assert_allclose(mc.numpy(), K_inf.numpy(), atol=0.006)
+    assert relative_distance(mc, K_inf) < 0.01
+
+
+def test_init_std_does_not_change_the_limit():
+    Z = torch.nn.functional.normalize(_rand(5, 4), dim=1)
+    K1 = empirical_ntk_features(TwoLayerReLU(4, 20000, 1, seed=0, init_std=0.01, dtype=torch.float64), Z)
+    assert relative_distance(K1, infinite_ntk(Z)) < 0.02
+
+
+def test_kernel_regression_matches_numpy_solve():
+    X = _rand(8, 3)
+    K = infinite_ntk(X)
+    Kt = infinite_ntk(_rand(2, 3, seed=1), X)
+    Y = _rand(8, 2, seed=2)
+    lam = 1e-3 * float(K.diagonal().mean())
+    expected = Kt.numpy() @ np.linalg.solve(K.numpy() + lam * np.eye(8), Y.numpy())
+    np.testing.assert_allclose(kernel_regression(K, Kt, Y, 1e-3).numpy(), expected, rtol=1e-9)
+
+
+def test_kernel_distance_falls_like_inverse_sqrt_width():
+    Z = torch.nn.functional.normalize(_rand(40, 10) - 0.5, dim=1)
+    K_inf = infinite_ntk(Z)
+    widths = [16, 64, 256, 1024, 4096]
+    dists = [np.mean([relative_distance(empirical_ntk_features(TwoLayerReLU(10, m, 1, seed=s), Z), K_inf)
+                      for s in range(4)]) for m in widths]
+    slope = np.polyfit(np.log(widths), np.log(dists), 1)[0]
+    assert -0.6 < slope < -0.4, slope
