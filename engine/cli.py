@@ -19,6 +19,7 @@ from .cache import Cache
 from .data import DataSpec, available_datasets, resolve_data_dir
 from .errors import BadInput, EngineError
 from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
+from .malleability import MalleabilityConfig, run_malleability
 from .training import TrainSpec
 
 
@@ -138,6 +139,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init-std", type=float, default=1.0)
     p.add_argument("--ridge", type=float, default=1e-3, help="relative ridge of the NTK regression")
 
+    p = sub.add_parser("malleability", help="influence flip rates under attacks on the training data")
+    _add_common(p)
+    _add_data(p, n=500, n_test=100)
+    _add_train(p, epochs=100)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--archs", type=_names, default=("relu", "attn"))
+    p.add_argument("--attention", default="linear")
+    p.add_argument("--init-std", type=float, default=1.0)
+    p.add_argument("--attack", type=_names, default=("pgd",), help="fgsm, pgd, mim (comma-separated)")
+    p.add_argument("--eps", type=float, default=0.05, help="l-inf radius in pixel units")
+    p.add_argument("--eps-sweep", type=_floats, default=None, help="several radii, e.g. 0.01,0.05,0.1,0.3")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-size", type=float, default=None, help="default 2.5*eps/steps")
+    p.add_argument("--random-start", action="store_true")
+    p.add_argument("--momentum", type=float, default=1.0, help="MIM decay")
+    p.add_argument("--tau", type=float, default=0.1, help="share of points tracked (top by |influence|)")
+    p.add_argument("--ridge", type=float, default=1e-3, help="kernel ridge λ, relative to mean diag K")
+    p.add_argument("--perturb", default="top", choices=["top", "all"], help="which training points move")
+    p.add_argument("--retrain", action="store_true", help="retrain on the perturbed data before re-measuring")
+    p.add_argument("--adversarial-training", action="store_true", help="train on PGD examples")
+    p.add_argument("--interventions", action="store_true", help="Curated / Transformed / Adversarial retraining")
     return parser
 
 
@@ -166,12 +188,29 @@ def cmd_ntk_sweep(a, cache, progress) -> dict:
     return {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
 
 
-COMMANDS = {"spectrum": cmd_spectrum, "ntk-sweep": cmd_ntk_sweep}
+def cmd_malleability(a, cache, progress) -> dict:
+    cfg = MalleabilityConfig(
+        data=_data_spec(a), archs=a.archs, width=a.width, attention=a.attention, seed=a.seed,
+        train=_train_spec(a), init_std=a.init_std, attacks=a.attack, eps=a.eps_sweep or (a.eps,),
+        steps=a.steps, step_size=a.step_size, random_start=a.random_start, momentum=a.momentum,
+        tau=a.tau, ridge=a.ridge, perturb=a.perturb, retrain=a.retrain,
+        adversarial_training=a.adversarial_training, interventions=a.interventions)
+    res = run_malleability(cfg, cache, a.data_dir, a.device, progress)
+    out = {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
+    if a.interventions:
+        out["interventions"] = _records(res.frames["interventions"])
+    return out
+
+
+COMMANDS = {"spectrum": cmd_spectrum, "ntk-sweep": cmd_ntk_sweep, "malleability": cmd_malleability}
 
 
 def _print_human(out: dict) -> None:
     if "rows" in out:
         print(pd.DataFrame(out["rows"]).to_string(index=False))
+        if out.get("interventions"):
+            print()
+            print(pd.DataFrame(out["interventions"]).to_string(index=False))
     elif "datasets" in out:
         print(f"data dir: {out['data_dir']}")
         for d in out["datasets"]:

@@ -50,8 +50,6 @@ def n_outputs(n_classes: int) -> int:
 def resolve_loss(spec: TrainSpec, n_classes: int) -> str:
     if spec.loss == "auto":
         return "mse" if n_classes == 2 else "ce"
-    if spec.loss == "mse" and n_classes != 2:
-        return "mse"  # one-hot MSE for c classes
     if spec.loss == "ce" and n_classes == 2:
         raise BadInput("loss 'ce' needs 3 or more classes here; binary tasks have one ±1 output")
     return spec.loss
@@ -78,17 +76,21 @@ def predict_labels(out: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class TrainResult:
-    losses: list[float]                    # mean training loss per epoch (index 0 = before training)
+    losses: list[float]  # [0]: full-batch loss at init; then the mean mini-batch loss of each epoch
     W0: torch.Tensor                       # (m, d) initial weights
     snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> W
 
 
 def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
-          progress: Progress | None = None, cancel=None) -> TrainResult:
+          progress: Progress | None = None, cancel=None,
+          epoch_features: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
     """Train ``net.mlp.W`` in place on raw inputs X (n, d) and labels y (n,).
 
     Deterministic on CPU for a given seed (it seeds the batch order). ``cancel`` is any
     object with ``is_set()``; it is checked every epoch and raises ``Cancelled``.
+    ``epoch_features(epoch)``, when given, returns the features (n, d) to train on in that
+    epoch (adversarial training recomputes them from attacked inputs); otherwise the
+    features of X are computed once.
     """
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
@@ -109,6 +111,8 @@ def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec
     for epoch in range(1, spec.epochs + 1):
         if cancel is not None and cancel.is_set():
             raise Cancelled("training cancelled")
+        if epoch_features is not None:
+            phi = epoch_features(epoch).detach()
         order = torch.randperm(n, generator=g).to(phi.device)
         total = 0.0
         for start in range(0, n, spec.batch_size):

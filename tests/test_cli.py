@@ -80,3 +80,21 @@ def test_missing_data_exits_3_and_names_the_files(tmp_path):
     rc, out, err = run("spectrum", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--no-cache",
                        cache_dir=tmp_path)
     assert rc == 3 and "train-images-idx3-ubyte" in err and len(err.strip().splitlines()[-1]) > 20
+
+
+def test_malleability_json_on_real_digits(mnist_dir):
+    rc, out, err = run("malleability", "--dataset", "mnist", "--n", "200", "--n-test", "50", "--width", "256",
+                       "--archs", "relu,attn", "--epochs", "10", "--attack", "pgd,fgsm", "--eps-sweep", "0.05,0.3",
+                       "--tau", "0.1", "--seed", "0", "--json", "--data-dir", str(mnist_dir), "--no-cache")
+    assert rc == 0, err
+    rows = json.loads(out)["rows"]
+    assert len(rows) == 2 * 2 * 2
+    for r in rows:
+        assert 0 <= r["flip_rate"] <= 1 and 0 <= r["pair_flip_rate"] <= 1 and -1 <= r["spearman"] <= 1
+        assert r["test_acc"] is not None and r["n_top"] == 20
+    assert {(r["attack"], r["eps"]) for r in rows} == {("pgd", 0.05), ("pgd", 0.3), ("fgsm", 0.05), ("fgsm", 0.3)}
+
+
+def test_malleability_bad_tau_exits_2():
+    rc, _, err = run("malleability", "--dataset", "synthetic", "--tau", "2", "--no-cache")
+    assert rc == 2 and "tau" in err
