@@ -10,6 +10,9 @@ from .device import resolve_device
 from .errors import BadInput, CacheCorrupt, Cancelled, DataCorrupt, DataMissing, EngineError
 from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
                           run_spectrum)
+from .attacks import AttackMethod, AttackSpec, attack
+from .influence import aggregate, influence_matrix, loo_influence, net_influence, top_indices
+from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
 from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
 from .ntk import NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, relative_distance
 from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10

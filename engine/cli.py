@@ -160,7 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrain", action="store_true", help="retrain on the perturbed data before re-measuring")
     p.add_argument("--adversarial-training", action="store_true", help="train on PGD examples")
     p.add_argument("--interventions", action="store_true", help="Curated / Transformed / Adversarial retraining")
+    p = sub.add_parser("bench", help="speed figures measured side by side (ratios, not timings)")
+    p.add_argument("--quick", action="store_true", help="small sizes, under a minute on a 2-core CPU")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-page", action="store_true", help="skip the dashboard render benchmark")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true")
     return parser
+
+
+def cmd_bench(a, progress) -> dict:
+    from . import bench
+
+    return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress)
 
 
 def cmd_datasets(a) -> dict:
@@ -226,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "datasets":
             out = cmd_datasets(a)
+        elif a.command == "bench":
+            out = cmd_bench(a, _StderrProgress(a.quiet))
         else:
             fn = COMMANDS[a.command]
             cache = None if a.no_cache else Cache(a.cache_dir)

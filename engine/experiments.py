@@ -24,7 +24,7 @@ from .device import resolve_device
 from .errors import BadInput, Cancelled
 from .models import ARCHS, Attention, Net, attention_features, check_width, features, parse_attention
 from .ntk import empirical_ntk, infinite_ntk, kernel_regression, relative_distance
-from .training import TrainSpec, accuracy, n_outputs, targets, train
+from .training import TrainSpec, accuracy, n_outputs, targets, train, train_many
 
 Progress = Callable[[float, str], None]
 
@@ -179,7 +179,8 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
     Frame ``rows``: one row per (arch, width, seed) with kernel_dist_init,
     kernel_dist_trained (‖K_m − K∞‖_F/‖K∞‖_F on the training set), function_dist
     (‖f_m(X_test) − f_NTK(X_test)‖_F), function_dist_rms (that over √n_test), test_acc,
-    train_acc, weight_movement (‖W_t − W_0‖_F/‖W_0‖_F), final_loss, seconds.
+    train_acc, weight_movement (‖W_t − W_0‖_F/‖W_0‖_F), final_loss, seconds (per width: all
+    widths of one (arch, seed) train together as one batched model).
     Frame ``losses``: arch, width, seed, epoch, loss.
     """
     widths = check_positive_ints("widths", cfg.widths)
@@ -198,43 +199,42 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
         X, y, Xt, yt = to_device(sample, dev)
         c = sample.n_classes
         Y = targets(y, c)
-        rows, losses = [], []
-        jobs = [(a, w, s) for a in archs for w in widths for s in seeds]
-        cost = np.array([w for _, w, _ in jobs], dtype=float) * (1 + cfg.train.epochs)
-        done = np.concatenate([[0.0], np.cumsum(cost)]) / cost.sum()
-        ref = {}
-        for j, (arch, width, seed) in enumerate(jobs):
-            stage = f"{arch} width {width} seed {seed}"
-            _tick(progress, cancel, done[j], stage)
+        rows, losses, ref = [], [], {}
+        groups = [(a, s) for a in archs for s in seeds]
+        for j, (arch, seed) in enumerate(groups):
+            stage = f"{arch} seed {seed}"
+            _tick(progress, cancel, j / len(groups), stage)
             t0 = time.perf_counter()
-            net = Net(arch, X, width, n_outputs(c), seed, cfg.init_std, cfg.attention,
-                      cfg.data.normalize).to(dev)
-            with torch.no_grad():
-                phi_tr, phi_te = net.features(X), net.features(Xt)
-            if arch not in ref:
-                ref[arch] = _ntk_reference(phi_tr, phi_te, Y, cfg.ridge)
+            nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+                    for w in widths]
+            if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
+                with torch.no_grad():
+                    ref[arch] = _ntk_reference(nets[0].features(X), nets[0].features(Xt), Y, cfg.ridge)
             K_inf, f_ntk = ref[arch]
-            K0 = empirical_ntk(net, X)
+            K0 = [empirical_ntk(net, X) for net in nets]
             sub = None if progress is None else (
-                lambda f, s, j=j: progress(done[j] + f * (done[j + 1] - done[j]), f"{stage}: {s}"))
-            tr = train(net, X, y, c, cfg.train, seed, sub, cancel)
-            Kt = empirical_ntk(net, X)
-            with torch.no_grad():
-                f_test = net(Xt).double()
-            fdist = float(torch.linalg.norm(f_test - f_ntk))
-            W = net.mlp.W.detach()
-            rows.append({
-                "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                "width": width, "seed": seed,
-                "kernel_dist_init": relative_distance(K0, K_inf),
-                "kernel_dist_trained": relative_distance(Kt, K_inf),
-                "function_dist": fdist, "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
-                "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
-                "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
-                "final_loss": tr.losses[-1], "seconds": time.perf_counter() - t0,
-            })
-            losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
-                       for e, v in enumerate(tr.losses)]
+                lambda f, s, j=j: progress((j + 0.9 * f) / len(groups), f"{stage}: training all widths, {s}"))
+            results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
+            _tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels after training")
+            seconds = (time.perf_counter() - t0) / len(widths)
+            for width, net, k0, tr in zip(widths, nets, K0, results):
+                Kt = empirical_ntk(net, X)
+                with torch.no_grad():
+                    f_test = net(Xt).double()
+                fdist = float(torch.linalg.norm(f_test - f_ntk))
+                W = net.mlp.W.detach()
+                rows.append({
+                    "arch": arch, "attention": cfg.attention if arch == "attn" else None,
+                    "width": width, "seed": seed,
+                    "kernel_dist_init": relative_distance(k0, K_inf),
+                    "kernel_dist_trained": relative_distance(Kt, K_inf),
+                    "function_dist": fdist, "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+                    "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
+                    "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
+                    "final_loss": tr.losses[-1], "seconds": seconds,
+                })
+                losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
+                           for e, v in enumerate(tr.losses)]
         _tick(progress, cancel, 1.0, "done")
         meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
                 "source": sample.source, "device": str(dev)}

@@ -8,6 +8,7 @@ with cross-entropy (``loss="auto"``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -81,6 +82,15 @@ class TrainResult:
     snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> W
 
 
+def _per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
+    """Mean loss of each of k models, (k,), from outputs (B, k, n_out) and labels (B,)."""
+    if loss == "ce":
+        return F.cross_entropy(out.permute(0, 2, 1), y[:, None].expand(-1, out.shape[1]),
+                               reduction="none").mean(dim=0)
+    t = targets(y, n_classes).to(out.dtype)[:, None, :]
+    return ((out - t) ** 2).mean(dim=(0, 2))
+
+
 def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
           progress: Progress | None = None, cancel=None,
           epoch_features: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
@@ -92,21 +102,41 @@ def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec
     epoch (adversarial training recomputes them from attacked inputs); otherwise the
     features of X are computed once.
     """
+    return train_many([net], X, y, n_classes, spec, seed, progress, cancel, epoch_features)[0]
+
+
+def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+               progress: Progress | None = None, cancel=None,
+               epoch_features: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
+    """Train several nets on the same features as one batched model; same result as ``train`` each.
+
+    The nets must share arch, attention and training set (so their features agree); widths
+    may differ. Their weight matrices are stacked into one (Σm, d) parameter and each net's
+    ``a / √m`` into a block-diagonal (Σm, k·n_out) readout, so a step is two GEMMs for all
+    widths. The loss is the sum of the nets' mean losses: each block's gradient is its own
+    net's, and Adam and weight decay act elementwise, so every net follows the trajectory
+    it would follow alone (up to float rounding). Weights are written back in place.
+    """
+    if epoch_features is not None and len(nets) != 1:
+        raise BadInput("epoch_features trains a single net")
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
-        phi = net.features(X)
+        phi = nets[0].features(X)
     y = y.to(phi.device)
-    W = net.mlp.W
+    k, n_out = len(nets), nets[0].mlp.a.shape[1]
+    sizes = [net.mlp.width for net in nets]
+    W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
     W0 = W.detach().clone()
-    opt = torch.optim.Adam([W], lr=spec.lr, weight_decay=spec.weight_decay)
+    A = torch.block_diag(*[net.mlp.a / math.sqrt(net.mlp.width) for net in nets])
+    opt = torch.optim.Adam([W], lr=spec.lr, weight_decay=spec.weight_decay, fused=True)  # one kernel per step
     g = torch.Generator().manual_seed(int(seed) + 7919)
     n = phi.shape[0]
 
-    def full_loss() -> float:
-        with torch.no_grad():
-            return float(loss_fn(net.head(phi), y, loss_name, n_classes))
+    def per_model(phi_b, y_b):
+        return _per_model_loss((torch.relu(phi_b @ W.T) @ A).reshape(-1, k, n_out), y_b, loss_name, n_classes)
 
-    losses = [full_loss()]
+    with torch.no_grad():
+        losses = [per_model(phi, y)]
     snapshots = {0: W0.clone()} if 0 in spec.snapshot_epochs else {}
     for epoch in range(1, spec.epochs + 1):
         if cancel is not None and cancel.is_set():
@@ -114,20 +144,30 @@ def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec
         if epoch_features is not None:
             phi = epoch_features(epoch).detach()
         order = torch.randperm(n, generator=g).to(phi.device)
-        total = 0.0
+        total = torch.zeros(k, dtype=phi.dtype, device=phi.device)
         for start in range(0, n, spec.batch_size):
             idx = order[start:start + spec.batch_size]
-            opt.zero_grad(set_to_none=True)
-            batch_loss = loss_fn(net.head(phi[idx]), y[idx], loss_name, n_classes)
-            batch_loss.backward()
+            opt.zero_grad(set_to_none=False)  # reuse the gradient buffer: no page faults per step
+            batch = per_model(phi[idx], y[idx])
+            batch.sum().backward()
             opt.step()
-            total += float(batch_loss.detach()) * idx.numel()
+            total += batch.detach() * idx.numel()
         losses.append(total / n)
         if epoch in spec.snapshot_epochs:
             snapshots[epoch] = W.detach().clone()
         if progress is not None:
             progress(epoch / spec.epochs, f"epoch {epoch}/{spec.epochs}")
-    return TrainResult(losses, W0, snapshots)
+
+    curves = torch.stack(losses).cpu().tolist()  # (epochs + 1, k): one transfer at the end
+    results, offset = [], 0
+    for j, (net, m) in enumerate(zip(nets, sizes)):
+        seg = slice(offset, offset + m)
+        offset += m
+        with torch.no_grad():
+            net.mlp.W.copy_(W[seg])
+        results.append(TrainResult([row[j] for row in curves], W0[seg].clone(),
+                                   {e: w[seg].clone() for e, w in snapshots.items()}))
+    return results
 
 
 def accuracy(net, X: torch.Tensor, y: torch.Tensor) -> float:

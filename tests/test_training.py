@@ -93,3 +93,21 @@ def test_cross_entropy_on_binary_is_refused():
     X, y = _blobs(c=2)
     with pytest.raises(BadInput, match="ce"):
         train(Net("relu", X, 8, 1), X, y, 2, TrainSpec(epochs=1, loss="ce"))
+
+
+@pytest.mark.parametrize("arch,c", [("relu", 3), ("attn", 3), ("relu", 2)])
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+def test_batched_widths_follow_the_separate_trajectories(arch, c, dtype, rtol):
+    from engine.training import train_many
+
+    X, y = _blobs(48, 6, c, seed=3)
+    spec = TrainSpec(epochs=8, lr=5e-3, batch_size=16, weight_decay=1e-3, snapshot_epochs=(4,))
+    widths = (8, 32, 128)
+    alone = [Net(arch, X, w, 1 if c == 2 else c, seed=2, dtype=dtype) for w in widths]
+    single = [train(net, X, y, c, spec, seed=9) for net in alone]
+    batched = [Net(arch, X, w, 1 if c == 2 else c, seed=2, dtype=dtype) for w in widths]
+    together = train_many(batched, X, y, c, spec, seed=9)
+    for a, b, ra, rb in zip(alone, batched, single, together):
+        torch.testing.assert_close(b.mlp.W, a.mlp.W, rtol=rtol, atol=rtol * 1e-2)
+        np.testing.assert_allclose(rb.losses, ra.losses, rtol=rtol)
+        torch.testing.assert_close(rb.snapshots[4], ra.snapshots[4], rtol=rtol, atol=rtol * 1e-2)
