@@ -15,6 +15,7 @@ from .influence import aggregate, influence_matrix, loo_influence, net_influence
 from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
 from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
 from .ntk import NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, relative_distance
+from .scaling import ScalingConfig, run_scaling, theory_exponent
 from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10
 from .training import TrainSpec, train
 

@@ -20,6 +20,7 @@ from .data import DataSpec, available_datasets, resolve_data_dir
 from .errors import BadInput, EngineError
 from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
 from .malleability import MalleabilityConfig, run_malleability
+from .scaling import ScalingConfig, run_scaling
 from .training import TrainSpec
 
 
@@ -160,6 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrain", action="store_true", help="retrain on the perturbed data before re-measuring")
     p.add_argument("--adversarial-training", action="store_true", help="train on PGD examples")
     p.add_argument("--interventions", action="store_true", help="Curated / Transformed / Adversarial retraining")
+    p = sub.add_parser("scaling", help="width needed to stay near K∞ against κ, with the fitted exponent")
+    _add_common(p)
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--d", type=int, default=32)
+    p.add_argument("--kappas", type=_floats, default=(2.0, 4.0, 8.0, 16.0, 32.0))
+    p.add_argument("--decay", default="geometric")
+    p.add_argument("--archs", type=_names, default=("relu", "attn"))
+    p.add_argument("--attentions", type=_names, default=("linear",), help="e.g. linear,stacked:2,truncated:8")
+    p.add_argument("--target", type=float, default=0.1, help="kernel distance to stay within")
+    p.add_argument("--measure", default="trained", choices=["trained", "init", "movement"])
+    p.add_argument("--min-width", type=int, default=16)
+    p.add_argument("--max-width", type=int, default=2**15)
+    p.add_argument("--seeds", type=_ints, default=(0,))
+    p.add_argument("--seed", type=int, default=0, help="data seed")
+    _add_train(p, epochs=50)
+
     p = sub.add_parser("bench", help="speed figures measured side by side (ratios, not timings)")
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute on a 2-core CPU")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -214,15 +231,26 @@ def cmd_malleability(a, cache, progress) -> dict:
     return out
 
 
-COMMANDS = {"spectrum": cmd_spectrum, "ntk-sweep": cmd_ntk_sweep, "malleability": cmd_malleability}
+def cmd_scaling(a, cache, progress) -> dict:
+    cfg = ScalingConfig(n=a.n, d=a.d, kappas=a.kappas, decay=a.decay, archs=a.archs, attentions=a.attentions,
+                        target=a.target, measure=a.measure, min_width=a.min_width, max_width=a.max_width,
+                        seeds=a.seeds, seed=a.seed, train=_train_spec(a))
+    res = run_scaling(cfg, cache, None, a.device, progress)
+    return {"rows": _records(res.frames["widths"]), "fit": _records(res.frames["fit"]), "cached": res.cached}
+
+
+COMMANDS = {"spectrum": cmd_spectrum, "ntk-sweep": cmd_ntk_sweep, "malleability": cmd_malleability,
+            "scaling": cmd_scaling}
 
 
 def _print_human(out: dict) -> None:
     if "rows" in out:
         print(pd.DataFrame(out["rows"]).to_string(index=False))
-        if out.get("interventions"):
+        for extra in ("interventions", "fit"):
+            if not out.get(extra):
+                continue
             print()
-            print(pd.DataFrame(out["interventions"]).to_string(index=False))
+            print(pd.DataFrame(out[extra]).to_string(index=False))
     elif "datasets" in out:
         print(f"data dir: {out['data_dir']}")
         for d in out["datasets"]:

@@ -98,3 +98,21 @@ def test_malleability_json_on_real_digits(mnist_dir):
 def test_malleability_bad_tau_exits_2():
     rc, _, err = run("malleability", "--dataset", "synthetic", "--tau", "2", "--no-cache")
     assert rc == 2 and "tau" in err
+
+
+def test_scaling_json():
+    rc, out, err = run("scaling", "--n", "16", "--d", "8", "--kappas", "2,8", "--measure", "init", "--target",
+                       "0.3", "--max-width", "1024", "--attentions", "linear,stacked:2", "--json", "--no-cache")
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert len(obj["rows"]) == 6 and [f["theory_exponent"] for f in obj["fit"]] == [2.0, 6.0, 10.0]
+
+
+@pytest.mark.parametrize("attention", ["truncated:10", "stacked:2", "softmax:0.5"])
+def test_spectrum_attention_variants(mnist_dir, attention):
+    rc, out, err = run("spectrum", "--dataset", "mnist", "--n", "60", "--attention", attention, "--json",
+                       "--data-dir", str(mnist_dir), "--no-cache")
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert obj["attention"] == attention and obj["kappa_attention"] > 1
+    assert (obj["kappa_attention_theory"] is None) == attention.startswith("softmax")
