@@ -41,6 +41,12 @@ def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
     return (S1 @ S2.T).double()
 
 
+def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -> torch.Tensor:
+    """S = 1[Φ Wᵀ > 0] (n, m) in ``dtype``, built by row chunks so that the fp32
+    pre-activations never exceed (chunk, m)."""
+    return torch.cat([(phi[i:i + chunk] @ W.T > 0).to(dtype) for i in range(0, phi.shape[0], chunk)])
+
+
 def _closed(head, phi1, phi2, chunk):
     W = head.W.detach()
     m = W.shape[0]
@@ -51,18 +57,18 @@ def _closed(head, phi1, phi2, chunk):
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
-    S2 = (phi2 @ Wc.T > 0).to(cdt)
-    S1 = S2 if same else (phi1 @ Wc.T > 0).to(cdt)
-    p1, p2 = phi1.double(), phi2.double()
-    n1, n2 = p1.shape[0], p2.shape[0]
+    S2 = _signs(phi2, Wc, cdt, chunk)
+    S1 = S2 if same else _signs(phi1, Wc, cdt, chunk)
+    n1, n2 = phi1.shape[0], phi2.shape[0]
     K = torch.empty(n1, n2, dtype=torch.float64, device=phi1.device)
-    # Row chunks bound the memory of the (chunk, n2) count block; for X2 = X1 only the
-    # blocks on and right of the diagonal are computed and the rest mirrored.
+    # Row chunks bound the memory of the (chunk, n2) blocks; for X2 = X1 only the blocks on
+    # and right of the diagonal are computed and the rest mirrored. The feature Gram is
+    # formed in the features' own precision (float32 features carry no more digits).
     for i in range(0, n1, chunk):
         i2 = min(i + chunk, n1)
         j0 = i if same else 0
         counts = _counts(S1[i:i2], S2[j0:])
-        K[i:i2, j0:] = (p1[i:i2] @ p2[j0:].T) * counts / m
+        K[i:i2, j0:] = (phi1[i:i2] @ phi2[j0:].T).double() * counts / m
         if same:
             block = K[i:i2, i:i2]
             K[i:i2, i:i2] = (block + block.T) / 2  # rounding makes GEMM blocks a hair asymmetric
@@ -106,13 +112,27 @@ def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
     with torch.no_grad():
         phi1 = net.features(X1, X_ref)
         phi2 = None if X2 is None else net.features(X2, X_ref)
-    return _NTK_FNS[method](net.mlp, phi1, phi2, chunk)
+    return _run(method, net.mlp, phi1, phi2, chunk)
+
+
+def _run(method, head, phi1, phi2, chunk):
+    try:
+        return _NTK_FNS[method](head, phi1, phi2, chunk)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) \
+                and "can't allocate memory" not in str(exc):
+            raise
+        n1 = phi1.shape[0]
+        n2 = n1 if phi2 is None else phi2.shape[0]
+        raise BadInput(f"out of memory for a {n1} x {n2} kernel at width {head.W.shape[0]} on "
+                       f"{phi1.device.type} with chunk {chunk}: use a smaller n (the kernel alone needs "
+                       f"{n1 * n2 * 8 / 2**30:.1f} GiB) or a smaller chunk, e.g. {max(1, chunk // 4)}") from exc
 
 
 def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None = None,
                            method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048) -> torch.Tensor:
     """As ``empirical_ntk`` but for a ``TwoLayerReLU`` head on given features Φ (n, d)."""
-    return _NTK_FNS[NTKMethod(method)](head, phi1, phi2, chunk)
+    return _run(NTKMethod(method), head, phi1, phi2, chunk)
 
 
 def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
