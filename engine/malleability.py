@@ -111,13 +111,11 @@ def _fit(cfg, arch, X, y, c, dev, box=None, adversarial: AttackSpec | None = Non
     """A net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
     net = _fresh_net(cfg, arch, X, c, dev)
     loss = resolve_loss(cfg.train, c)
-    epoch_features = None
+    epoch_inputs = None
     if adversarial is not None:
-        def epoch_features(epoch):
-            Xa = attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box)
-            with torch.no_grad():
-                return net.features(Xa, X_ref=Xa)
-    train(net, X, y, c, cfg.train, cfg.seed, progress, cancel, epoch_features)
+        def epoch_inputs(epoch):
+            return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box)
+    train(net, X, y, c, cfg.train, cfg.seed, progress, cancel, epoch_inputs)
     return net
 
 

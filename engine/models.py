@@ -38,6 +38,7 @@ class Attention(str, enum.Enum):
     STACKED = "stacked"      # C^k z: k linear layers, Gram G^(2k+1)
     TRUNCATED = "truncated"  # C_r z: top-r singular directions of Z only
     SOFTMAX = "softmax"      # Nadaraya–Watson over the training set, temperature T
+    QKV = "qkv"              # trainable W_Q, W_K, W_V (standard init), trained with the head
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class AttentionSpec:
 
 
 _DEFAULT_PARAM = {Attention.LINEAR: None, Attention.STACKED: 1, Attention.TRUNCATED: 10,
-                  Attention.SOFTMAX: 0.1}
+                  Attention.SOFTMAX: 0.1, Attention.QKV: None}
 
 
 def parse_attention(text: str) -> AttentionSpec:
@@ -64,9 +65,9 @@ def parse_attention(text: str) -> AttentionSpec:
     except ValueError:
         allowed = ", ".join(a.value for a in Attention)
         raise BadInput(f"unknown attention {text!r}; allowed: {allowed} (e.g. stacked:2, truncated:10)") from None
-    if kind is Attention.LINEAR:
+    if kind in (Attention.LINEAR, Attention.QKV):
         if arg:
-            raise BadInput(f"attention 'linear' takes no parameter, got {text!r}")
+            raise BadInput(f"attention {kind.value!r} takes no parameter, got {text!r}")
         return AttentionSpec(kind, None)
     if not arg:
         return AttentionSpec(kind, _DEFAULT_PARAM[kind])
@@ -113,16 +114,46 @@ def _softmax(Z, Zref, p):
     return weights @ Zref
 
 
+class QKVAttention(nn.Module):
+    """Trainable single-head attention over the training set (transductive, like the others).
+
+    ``A(z) = softmax((z W_Q)(Zref W_K)ᵀ / √d_k) (Zref W_V)`` with W_Q, W_K (d, d_k) and
+    W_V (d, d) at the standard init N(0, 1/d); d_k = min(d, 64). All three are
+    ``nn.Parameter``s, trained with the head; the net's NTK then needs autograd.
+    """
+
+    def __init__(self, d: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        g = torch.Generator().manual_seed(int(seed) + 104729)
+        dk = min(d, 64)
+
+        def init(*shape):
+            return nn.Parameter((torch.randn(*shape, generator=g, dtype=torch.float64) / math.sqrt(d)).to(dtype))
+
+        self.W_Q, self.W_K, self.W_V = init(d, dk), init(d, dk), init(d, d)
+        self.scale = 1.0 / math.sqrt(dk)
+
+    def forward(self, Z: torch.Tensor, Zref: torch.Tensor) -> torch.Tensor:
+        scores = (Z @ self.W_Q) @ (Zref @ self.W_K).T * self.scale
+        return torch.softmax(scores, dim=1) @ (Zref @ self.W_V)
+
+
+def _qkv_at_init(Z, Zref, p):
+    # Parameter-free callers (spectra) see the trainable variant at its seed-0 init.
+    return QKVAttention(Z.shape[1], 0, Z.dtype).to(Z.device).requires_grad_(False)(Z, Zref)
+
+
 ATTENTION_FNS = {
     Attention.LINEAR: _linear,
     Attention.STACKED: _stacked,
     Attention.TRUNCATED: _truncated,
     Attention.SOFTMAX: _softmax,
+    Attention.QKV: _qkv_at_init,
 }
 
 
 def attention_features(X: torch.Tensor, X_ref: torch.Tensor, attention: str = "linear",
-                       normalize: bool = True) -> torch.Tensor:
+                       normalize: bool = True, module: nn.Module | None = None) -> torch.Tensor:
     """Attention output before the output normalisation.
 
     X: (n, d) raw inputs; X_ref: (n_ref, d) raw training inputs that define the map.
@@ -132,11 +163,13 @@ def attention_features(X: torch.Tensor, X_ref: torch.Tensor, attention: str = "l
     spec = parse_attention(attention) if isinstance(attention, str) else attention
     Z = normalize_rows(X) if normalize else X
     Zref = normalize_rows(X_ref) if normalize else X_ref
+    if module is not None:  # trainable attention (qkv) with the net's own parameters
+        return module(Z, Zref)
     return ATTENTION_FNS[spec.kind](Z, Zref, spec.param)
 
 
 def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: str = "linear",
-             normalize: bool = True) -> torch.Tensor:
+             normalize: bool = True, module: nn.Module | None = None) -> torch.Tensor:
     """φ(X): the inputs of the ReLU head, (n, d), same dtype as X.
 
     ``relu``: normalize(X). ``attn``: normalize(attention_features(X, X_ref)).
@@ -147,7 +180,7 @@ def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: 
     if arch == "attn":
         if X_ref is None:
             raise BadInput("arch 'attn' needs the training set X_ref that defines its attention")
-        A = attention_features(X, X_ref, attention, normalize)
+        A = attention_features(X, X_ref, attention, normalize, module)
         return normalize_rows(A) if normalize else A
     raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
 
@@ -186,6 +219,8 @@ class Net(nn.Module):
 
     ``forward(X)`` takes raw inputs (n, d) and uses the stored training set ``X_ref``
     for attention. ``head(phi)`` applies only the ReLU head to given features.
+    ``fixed_features`` is False for trainable attention (``qkv``): then the features move
+    during training and the NTK covers the attention parameters too.
     """
 
     def __init__(self, arch: str, X_ref: torch.Tensor, width: int, n_out: int, seed: int = 0,
@@ -197,13 +232,17 @@ class Net(nn.Module):
         self.arch, self.attention, self.normalize = arch, str(parse_attention(attention)), normalize
         self.register_buffer("X_ref", X_ref.to(dtype))
         self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype)
+        trainable = arch == "attn" and parse_attention(attention).kind is Attention.QKV
+        self.attn = QKVAttention(X_ref.shape[1], seed, dtype) if trainable else None
+        self.fixed_features = not trainable
 
     def features(self, X: torch.Tensor, X_ref: torch.Tensor | None = None) -> torch.Tensor:
-        ref = self.X_ref if X_ref is None else X_ref
-        return features(X.to(self.X_ref.dtype), ref, self.arch, self.attention, self.normalize)
+        dtype = self.X_ref.dtype
+        ref = self.X_ref if X_ref is None else X_ref.to(dtype)
+        return features(X.to(dtype), ref, self.arch, self.attention, self.normalize, self.attn)
 
     def head(self, phi: torch.Tensor) -> torch.Tensor:
         return self.mlp(phi)
 
-    def forward(self, X: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(X))
+    def forward(self, X: torch.Tensor, X_ref: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(self.features(X, X_ref))

@@ -10,7 +10,8 @@ Closed form (``NTKMethod.CLOSED``, the default): with features Φ and S = 1[Φ W
 
 S is 0/1, so ``S1 S2ᵀ`` is an integer count, exact in float32 for m < 2²⁴; the Gram of the
 features is formed in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
-``torch.func`` and is the reference the closed form is tested against.
+``torch.func`` and is the reference the closed form is tested against. Nets with trainable attention (``qkv``) have no closed
+form: their kernel covers every parameter and always comes from autograd.
 """
 
 from __future__ import annotations
@@ -76,22 +77,41 @@ def _closed(head, phi1, phi2, chunk):
     return K
 
 
-def _autograd(head, phi1, phi2, chunk):
+_JACOBIAN_BUDGET = 4 * 2**30  # bytes of per-sample Jacobians the autograd method may hold
+
+
+def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
+    """Σ_c J_c(A1) J_c(A2)ᵀ / c from per-sample Jacobians of ``module(x, *args)`` w.r.t.
+    all its parameters (torch.func: vmap over samples of jacrev)."""
     from torch.func import functional_call, jacrev, vmap
 
-    params = {k: v.detach() for k, v in head.named_parameters()}
-    buffers = dict(head.named_buffers())
+    params = {k: v.detach() for k, v in module.named_parameters()}
+    buffers = dict(module.named_buffers())
+    P = sum(v.numel() for v in params.values())
+    n_rows = A1.shape[0] + (0 if A2 is None else A2.shape[0])
+    with torch.no_grad():
+        c = module(A1[:1], *args).shape[1]
+    need = n_rows * c * P * A1.element_size()
+    if need > _JACOBIAN_BUDGET:
+        raise BadInput(f"the autograd NTK would hold {need / 2**30:.1f} GiB of Jacobians ({n_rows} samples x "
+                       f"{c} outputs x {P} parameters); use fewer points (n) or a smaller width")
 
-    def f_single(p, x):
-        return functional_call(head, (p, buffers), (x[None],))[0]  # (n_out,)
+    def f(p, x):
+        return functional_call(module, (p, buffers), (x[None], *args))[0]  # (c,)
 
-    def jac(phi):
-        J = vmap(jacrev(f_single), in_dims=(None, 0))(params, phi)  # name -> (n, c, *shape)
-        return torch.cat([j.flatten(2) for j in J.values()], dim=2).double()  # (n, c, P)
+    jac = vmap(jacrev(f), in_dims=(None, 0))
 
-    J1 = jac(phi1.detach())
-    J2 = J1 if phi2 is None else jac(phi2.detach())
-    return torch.einsum("icp,jcp->ij", J1, J2) / J1.shape[1]
+    def J(A):  # (n, c, P)
+        return torch.cat([torch.cat([j.flatten(2) for j in jac(params, A[i:i + chunk]).values()], dim=2)
+                          for i in range(0, A.shape[0], chunk)])
+
+    J1 = J(A1.detach())
+    J2 = J1 if A2 is None else J(A2.detach())
+    return torch.einsum("icp,jcp->ij", J1, J2).double() / c
+
+
+def _autograd(head, phi1, phi2, chunk):
+    return _jacobian_ntk(head, phi1, phi2)
 
 
 _NTK_FNS = {NTKMethod.CLOSED: _closed, NTKMethod.AUTOGRAD: _autograd}
@@ -104,11 +124,16 @@ def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
 
     X1: (n1, d), X2: (n2, d) or None for X2 = X1 (then S and the symmetric half are shared).
     X_ref: training set that defines MLP-Attn's attention (default: the net's own).
-    Returns float64 (n1, n2), averaged over outputs, with respect to W.
+    Returns float64 (n1, n2), averaged over outputs, with respect to W — or, for trainable
+    attention (``qkv``, ``net.fixed_features`` False), to every parameter, always by autograd.
+    ``NTKMethod.AUTOGRAD`` differentiates the whole net from its raw inputs.
     """
     method = NTKMethod(method)
     if chunk < 1:
         raise BadInput(f"chunk must be >= 1, got {chunk}")
+    if method is NTKMethod.AUTOGRAD or not net.fixed_features:
+        ref = net.X_ref if X_ref is None else X_ref
+        return _jacobian_ntk(net, X1.to(ref.dtype), None if X2 is None else X2.to(ref.dtype), (ref,))
     with torch.no_grad():
         phi1 = net.features(X1, X_ref)
         phi2 = None if X2 is None else net.features(X2, X_ref)

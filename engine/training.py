@@ -93,21 +93,22 @@ def _per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: in
 
 def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
           progress: Progress | None = None, cancel=None,
-          epoch_features: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
-    """Train ``net.mlp.W`` in place on raw inputs X (n, d) and labels y (n,).
+          epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
+    """Train ``net`` in place on raw inputs X (n, d) and labels y (n,).
 
+    Only W moves, except for trainable attention (``qkv``) whose parameters train too.
     Deterministic on CPU for a given seed (it seeds the batch order). ``cancel`` is any
     object with ``is_set()``; it is checked every epoch and raises ``Cancelled``.
-    ``epoch_features(epoch)``, when given, returns the features (n, d) to train on in that
-    epoch (adversarial training recomputes them from attacked inputs); otherwise the
-    features of X are computed once.
+    ``epoch_inputs(epoch)``, when given, returns the inputs (n, d) to train on in that epoch
+    (adversarial training attacks the current net); MLP-Attn's attention is then computed
+    over those inputs. Otherwise fixed features of X are computed once.
     """
-    return train_many([net], X, y, n_classes, spec, seed, progress, cancel, epoch_features)[0]
+    return train_many([net], X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)[0]
 
 
 def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
                progress: Progress | None = None, cancel=None,
-               epoch_features: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
+               epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
     """Train several nets on the same features as one batched model; same result as ``train`` each.
 
     The nets must share arch, attention and training set (so their features agree); widths
@@ -116,58 +117,89 @@ def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Tra
     widths. The loss is the sum of the nets' mean losses: each block's gradient is its own
     net's, and Adam and weight decay act elementwise, so every net follows the trajectory
     it would follow alone (up to float rounding). Weights are written back in place.
+    Nets with trainable attention are trained one by one (their features move).
     """
-    if epoch_features is not None and len(nets) != 1:
-        raise BadInput("epoch_features trains a single net")
+    if epoch_inputs is not None and len(nets) != 1:
+        raise BadInput("epoch_inputs trains a single net")
+    if not nets[0].fixed_features:
+        return [_train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)
+                for net in nets]
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
         phi = nets[0].features(X)
-    y = y.to(phi.device)
     k, n_out = len(nets), nets[0].mlp.a.shape[1]
-    sizes = [net.mlp.width for net in nets]
     W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
-    W0 = W.detach().clone()
     A = torch.block_diag(*[net.mlp.a / math.sqrt(net.mlp.width) for net in nets])
-    opt = torch.optim.Adam([W], lr=spec.lr, weight_decay=spec.weight_decay, fused=True)  # one kernel per step
+
+    def per_model(idx, inputs):
+        nonlocal phi
+        if inputs is not None:  # new inputs this epoch: features over them, computed once
+            with torch.no_grad():
+                phi = nets[0].features(inputs, X_ref=inputs)
+        rows = phi if idx is None else phi[idx]
+        return _per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, n_out), y if idx is None else y[idx],
+                               loss_name, n_classes)
+
+    history = _optimise([W], per_model, y.to(phi.device), k, spec, seed, progress, cancel, epoch_inputs)
+    curves, snapshots, W0 = history
+    results, offset = [], 0
+    for j, net in enumerate(nets):
+        seg = slice(offset, offset + net.mlp.width)
+        offset += net.mlp.width
+        with torch.no_grad():
+            net.mlp.W.copy_(W[seg])
+        results.append(TrainResult([row[j] for row in curves], W0[0][seg].clone(),
+                                   {e: w[0][seg].clone() for e, w in snapshots.items()}))
+    return results
+
+
+def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs) -> TrainResult:
+    """Full forward passes per batch: the attention's parameters train with W."""
+    loss_name = resolve_loss(spec, n_classes)
+    ref = X
+
+    def per_model(idx, inputs):
+        nonlocal ref
+        if inputs is not None:
+            ref = inputs
+        rows = ref if idx is None else ref[idx]
+        return _per_model_loss(net(rows, X_ref=ref)[:, None, :], y if idx is None else y[idx], loss_name, n_classes)
+
+    params = [net.mlp.W, *net.attn.parameters()]
+    curves, snapshots, W0 = _optimise(params, per_model, y, 1, spec, seed, progress, cancel, epoch_inputs)
+    return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
+
+
+def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs):
+    """The shared Adam loop. ``per_model(idx, new_inputs)`` returns the k mean losses on the
+    rows ``idx`` (None: all rows). Returns (loss curves (epochs + 1, k), snapshots of the
+    parameters by epoch, initial parameters)."""
+    init = [p.detach().clone() for p in params]
+    opt = torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)  # one kernel per step
     g = torch.Generator().manual_seed(int(seed) + 7919)
-    n = phi.shape[0]
-
-    def per_model(phi_b, y_b):
-        return _per_model_loss((torch.relu(phi_b @ W.T) @ A).reshape(-1, k, n_out), y_b, loss_name, n_classes)
-
+    n = y.shape[0]
     with torch.no_grad():
-        losses = [per_model(phi, y)]
-    snapshots = {0: W0.clone()} if 0 in spec.snapshot_epochs else {}
+        losses = [per_model(None, None)]
+    snapshots = {0: [p.clone() for p in init]} if 0 in spec.snapshot_epochs else {}
     for epoch in range(1, spec.epochs + 1):
         if cancel is not None and cancel.is_set():
             raise Cancelled("training cancelled")
-        if epoch_features is not None:
-            phi = epoch_features(epoch).detach()
-        order = torch.randperm(n, generator=g).to(phi.device)
-        total = torch.zeros(k, dtype=phi.dtype, device=phi.device)
+        inputs = None if epoch_inputs is None else epoch_inputs(epoch).detach()
+        order = torch.randperm(n, generator=g).to(y.device)
+        total = torch.zeros(k, dtype=losses[0].dtype, device=y.device)
         for start in range(0, n, spec.batch_size):
             idx = order[start:start + spec.batch_size]
-            opt.zero_grad(set_to_none=False)  # reuse the gradient buffer: no page faults per step
-            batch = per_model(phi[idx], y[idx])
+            opt.zero_grad(set_to_none=False)  # reuse the gradient buffers: no page faults per step
+            batch = per_model(idx, inputs if start == 0 else None)
             batch.sum().backward()
             opt.step()
             total += batch.detach() * idx.numel()
         losses.append(total / n)
         if epoch in spec.snapshot_epochs:
-            snapshots[epoch] = W.detach().clone()
+            snapshots[epoch] = [p.detach().clone() for p in params]
         if progress is not None:
             progress(epoch / spec.epochs, f"epoch {epoch}/{spec.epochs}")
-
-    curves = torch.stack(losses).cpu().tolist()  # (epochs + 1, k): one transfer at the end
-    results, offset = [], 0
-    for j, (net, m) in enumerate(zip(nets, sizes)):
-        seg = slice(offset, offset + m)
-        offset += m
-        with torch.no_grad():
-            net.mlp.W.copy_(W[seg])
-        results.append(TrainResult([row[j] for row in curves], W0[seg].clone(),
-                                   {e: w[seg].clone() for e, w in snapshots.items()}))
-    return results
+    return torch.stack(losses).cpu().tolist(), snapshots, init  # one transfer at the end
 
 
 def accuracy(net, X: torch.Tensor, y: torch.Tensor) -> float:
