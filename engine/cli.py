@@ -101,6 +101,7 @@ def _add_train(p: argparse.ArgumentParser, epochs: int) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--weight-decay", type=float, default=1e-3)
     p.add_argument("--loss", default="auto", choices=["auto", "ce", "mse"])
+    p.add_argument("--snapshot-epochs", type=_ints, default=(), help="epochs at which the kernel is measured")
 
 
 def _data_spec(a) -> DataSpec:
@@ -111,7 +112,7 @@ def _data_spec(a) -> DataSpec:
 
 def _train_spec(a) -> TrainSpec:
     return TrainSpec(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, weight_decay=a.weight_decay,
-                     loss=a.loss)
+                     loss=a.loss, snapshot_epochs=a.snapshot_epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,7 +215,10 @@ def cmd_ntk_sweep(a, cache, progress) -> dict:
     cfg = SweepConfig(data=_data_spec(a), widths=a.widths, archs=a.archs, attention=a.attention,
                       seeds=seeds, train=_train_spec(a), init_std=a.init_std, ridge=a.ridge)
     res = run_ntk_sweep(cfg, cache, a.data_dir, a.device, progress)
-    return {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
+    out = {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
+    if a.snapshot_epochs:
+        out["trajectory"] = _records(res.frames["trajectory"])
+    return out
 
 
 def cmd_malleability(a, cache, progress) -> dict:

@@ -172,6 +172,18 @@ def _ntk_reference(phi_tr: torch.Tensor, phi_te: torch.Tensor, Y: torch.Tensor, 
     return K_inf, f_ntk
 
 
+def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """The net's empirical NTK on X with weights W put in place for the call."""
+    current = net.mlp.W.detach().clone()
+    with torch.no_grad():
+        net.mlp.W.copy_(W)
+    try:
+        return empirical_ntk(net, X)
+    finally:
+        with torch.no_grad():
+            net.mlp.W.copy_(current)
+
+
 def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
                   progress: Progress | None = None, cancel=None) -> Result:
     """Kernel and function distances to the infinite-width NTK across widths.
@@ -181,7 +193,8 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
     (‖f_m(X_test) − f_NTK(X_test)‖_F), function_dist_rms (that over √n_test), test_acc,
     train_acc, weight_movement (‖W_t − W_0‖_F/‖W_0‖_F), final_loss, seconds (per width: all
     widths of one (arch, seed) train together as one batched model).
-    Frame ``losses``: arch, width, seed, epoch, loss.
+    Frame ``losses``: arch, width, seed, epoch, loss. Frame ``trajectory``: the kernel
+    distance at each of ``cfg.train.snapshot_epochs`` (arch, width, seed, epoch, kernel_dist).
     """
     widths = check_positive_ints("widths", cfg.widths)
     seeds = tuple(cfg.seeds)
@@ -199,7 +212,7 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
         X, y, Xt, yt = to_device(sample, dev)
         c = sample.n_classes
         Y = targets(y, c)
-        rows, losses, ref = [], [], {}
+        rows, losses, trajectory, ref = [], [], [], {}
         groups = [(a, s) for a in archs for s in seeds]
         for j, (arch, seed) in enumerate(groups):
             stage = f"{arch} seed {seed}"
@@ -235,11 +248,16 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
                 })
                 losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
                            for e, v in enumerate(tr.losses)]
+                if net.fixed_features:  # snapshots hold W only; trainable attention moves too
+                    trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
+                                    "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
+                                   for e, W_e in sorted(tr.snapshots.items())]
         _tick(progress, cancel, 1.0, "done")
         meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
                 "source": sample.source, "device": str(dev)}
-        return Result("ntk_sweep", {}, {"rows": pd.DataFrame(rows), "losses": pd.DataFrame(losses)},
-                      {}, meta)
+        frames = {"rows": pd.DataFrame(rows), "losses": pd.DataFrame(losses),
+                  "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}
+        return Result("ntk_sweep", {}, frames, {}, meta)
 
     return cached_run("ntk_sweep", cfg, compute, cache)
 

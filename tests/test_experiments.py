@@ -115,3 +115,12 @@ def test_cancel_flag_stops_a_sweep():
 
     with pytest.raises(Cancelled):
         run_ntk_sweep(SweepConfig(data=SYN, widths=(8,), train=TrainSpec(epochs=1)), cancel=Flag())
+
+
+def test_kernel_trajectory_from_snapshots():
+    cfg = SweepConfig(data=SYN, widths=(32,), archs=("relu",), train=TrainSpec(epochs=4, snapshot_epochs=(0, 2, 4)))
+    res = run_ntk_sweep(cfg)
+    traj, row = res.frames["trajectory"], res.frames["rows"].iloc[0]
+    assert list(traj.epoch) == [0, 2, 4]
+    assert traj.kernel_dist.iloc[0] == pytest.approx(row.kernel_dist_init)
+    assert traj.kernel_dist.iloc[-1] == pytest.approx(row.kernel_dist_trained)
