@@ -101,6 +101,8 @@ def _add_train(p: argparse.ArgumentParser, epochs: int) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--weight-decay", type=float, default=1e-3)
     p.add_argument("--loss", default="auto", choices=["auto", "ce", "mse"])
+    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"],
+                   help="adam with coupled L2 decay (paper), adamw, or plain sgd (the NTK setting)")
     p.add_argument("--snapshot-epochs", type=_ints, default=(), help="epochs at which the kernel is measured")
 
 
@@ -112,7 +114,7 @@ def _data_spec(a) -> DataSpec:
 
 def _train_spec(a) -> TrainSpec:
     return TrainSpec(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, weight_decay=a.weight_decay,
-                     loss=a.loss, snapshot_epochs=a.snapshot_epochs)
+                     loss=a.loss, optimizer=a.optimizer, snapshot_epochs=a.snapshot_epochs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from .errors import BadInput, Cancelled
 
 Progress = Callable[[float, str], None]
 LOSSES = ("auto", "ce", "mse")
+OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class TrainSpec:
     epochs: int = 500            # paper: 500; 0 means no training
     lr: float = 1e-3             # Adam learning rate (paper)
     batch_size: int = 128        # paper
-    weight_decay: float = 1e-3   # L2 penalty through Adam's weight_decay (paper)
+    weight_decay: float = 1e-3   # paper: L2 penalty; with "adam" it is coupled (added to the gradient)
+    optimizer: str = "adam"      # "adam" (paper), "adamw" (decoupled decay), "sgd" (plain GD steps, the NTK setting)
     loss: str = "auto"           # "auto": MSE on ±1 for 2 classes, cross-entropy otherwise
     snapshot_epochs: tuple[int, ...] = ()  # epochs after which W is kept (kernel snapshots)
 
@@ -39,6 +41,8 @@ class TrainSpec:
             raise BadInput(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if not self.weight_decay >= 0:
             raise BadInput(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise BadInput(f"unknown optimizer {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
         if self.loss not in LOSSES:
             raise BadInput(f"unknown loss {self.loss!r}; allowed: {', '.join(LOSSES)}")
 
@@ -170,12 +174,19 @@ def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epo
     return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
 
 
+_OPTIMIZERS = {  # all elementwise, so batching widths into one parameter changes nothing
+    "adam": lambda p, **kw: torch.optim.Adam(p, fused=True, **kw),  # fused: one kernel per step
+    "adamw": lambda p, **kw: torch.optim.AdamW(p, fused=True, **kw),
+    "sgd": lambda p, **kw: torch.optim.SGD(p, **kw),
+}
+
+
 def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs):
     """The shared Adam loop. ``per_model(idx, new_inputs)`` returns the k mean losses on the
     rows ``idx`` (None: all rows). Returns (loss curves (epochs + 1, k), snapshots of the
     parameters by epoch, initial parameters)."""
     init = [p.detach().clone() for p in params]
-    opt = torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay, fused=True)  # one kernel per step
+    opt = _OPTIMIZERS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
     g = torch.Generator().manual_seed(int(seed) + 7919)
     n = y.shape[0]
     with torch.no_grad():

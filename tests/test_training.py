@@ -83,7 +83,7 @@ def test_cancel_stops_training():
 
 
 @pytest.mark.parametrize("kwargs", [{"epochs": -1}, {"lr": 0}, {"batch_size": 0}, {"loss": "hinge"},
-                                    {"weight_decay": -1.0}])
+                                    {"weight_decay": -1.0}, {"optimizer": "lbfgs"}])
 def test_bad_train_spec(kwargs):
     with pytest.raises(BadInput):
         TrainSpec(**kwargs)
@@ -95,13 +95,18 @@ def test_cross_entropy_on_binary_is_refused():
         train(Net("relu", X, 8, 1), X, y, 2, TrainSpec(epochs=1, loss="ce"))
 
 
-@pytest.mark.parametrize("arch,c", [("relu", 3), ("attn", 3), ("relu", 2)])
+@pytest.mark.parametrize("arch,c,optimizer", [("relu", 3, "adam"), ("attn", 3, "adam"), ("relu", 2, "adam"),
+                                              ("relu", 3, "adamw"), ("attn", 2, "sgd")])
 @pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
-def test_batched_widths_follow_the_separate_trajectories(arch, c, dtype, rtol):
+def test_batched_widths_follow_the_separate_trajectories(arch, c, optimizer, dtype, rtol):
     from engine.training import train_many
 
+    if optimizer == "adamw" and dtype == torch.float32:
+        # Without coupled decay, dead units get gradients of pure rounding noise, which
+        # Adam's normalisation blows up to ±lr: float32 runs are chaotic there, batched or not.
+        pytest.skip("float32 AdamW amplifies rounding noise; the float64 case checks the equality")
     X, y = _blobs(48, 6, c, seed=3)
-    spec = TrainSpec(epochs=8, lr=5e-3, batch_size=16, weight_decay=1e-3, snapshot_epochs=(4,))
+    spec = TrainSpec(epochs=8, lr=5e-3, batch_size=16, weight_decay=1e-3, snapshot_epochs=(4,), optimizer=optimizer)
     widths = (8, 32, 128)
     alone = [Net(arch, X, w, 1 if c == 2 else c, seed=2, dtype=dtype) for w in widths]
     single = [train(net, X, y, c, spec, seed=9) for net in alone]
@@ -111,3 +116,13 @@ def test_batched_widths_follow_the_separate_trajectories(arch, c, dtype, rtol):
         torch.testing.assert_close(b.mlp.W, a.mlp.W, rtol=rtol, atol=rtol * 1e-2)
         np.testing.assert_allclose(rb.losses, ra.losses, rtol=rtol)
         torch.testing.assert_close(rb.snapshots[4], ra.snapshots[4], rtol=rtol, atol=rtol * 1e-2)
+
+
+def test_sgd_step_is_plain_gradient_descent_with_l2():
+    X, y = _blobs(20, 4, 2)
+    net = Net("relu", X, 16, 1, seed=0, dtype=torch.float64)
+    W0 = net.mlp.W.detach().clone()
+    loss = torch.nn.functional.mse_loss(net(X), 2.0 * y.double()[:, None] - 1)
+    (grad,) = torch.autograd.grad(loss, net.mlp.W)
+    train(net, X, y, 2, TrainSpec(epochs=1, lr=0.1, batch_size=20, weight_decay=0.01, optimizer="sgd"))
+    torch.testing.assert_close(net.mlp.W.detach(), W0 - 0.1 * (grad + 0.01 * W0), rtol=1e-12, atol=1e-14)
