@@ -1,0 +1,99 @@
+"""Influence: which training images push a test prediction up or down, for both nets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from engine import plots
+from engine.malleability import run_influence
+from ui import configs, render
+from ui.common import ARCH_LABELS, require, shared
+from ui.runner import obtain
+
+BOUND = dict(bind="query-params", persist_state="session")
+WIDTHS = (64, 256, 1024, 4096)
+
+
+def controls_ui() -> tuple[int, int, float]:
+    c1, c2, c3 = st.columns(3)
+    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(configs.INFL_WIDTH), key="influence.width", **BOUND)
+    epochs = c2.number_input("Training epochs", 0, 1000, configs.INFL_EPOCHS, step=10, key="influence.epochs",
+                             **BOUND, help="The kernel is the empirical NTK of the trained net (paper: 500 epochs).")
+    ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1], value=1e-3,
+                             key="influence.ridge", **BOUND)
+    return int(width), int(epochs), float(ridge)
+
+
+def pick_ui(n_test: int) -> tuple[int, int]:
+    c1, c2 = st.columns(2)
+    i = c1.number_input("Test image", 0, max(0, n_test - 1), 0, key="influence.test", **BOUND,
+                        help=f"Index among the {n_test} test points.")
+    k = c2.slider("Images per row", 4, 12, 8, key="influence.k", **BOUND)
+    return int(i), int(k)
+
+
+s = shared()
+st.title("Influence of training images")
+st.markdown(
+    "The influence of training point i on a test point x is the exact leave-one-out change of NTK "
+    "kernel ridge regression with the trained net's empirical kernel K_m: I = f(x) − f₋ᵢ(x) = "
+    "[k(x, X) M]_i · α_i / M_ii with M = (K_m + λI)⁻¹ and α = M y, summed over output classes. "
+    "**Positive** means the point pushes the outputs up (removing it would lower them), **negative** "
+    "that it pushes them down. "
+    f"Settings: {s.describe()}, attention `{s.attention}`.")
+require(bool(s.archs), "Pick at least one architecture in the sidebar.")
+width, epochs, ridge = controls_ui()
+cfg = configs.influence_config(s, width, epochs, ridge)
+sec = configs.influence_seconds(cfg, configs.input_dim(s))
+res = obtain("influence", run_influence, cfg, f"Influence at m = {width}", auto=sec < configs.AUTO_SECONDS,
+             button="Compute influences", note=f"About {sec:.0f} s with these settings.")
+if res is None:
+    st.stop()
+
+X, y = res.arrays["X"], res.arrays["y"]
+X_test, y_test = res.arrays["X_test"], res.arrays["y_test"]
+names = list(res.meta.get("class_names") or [str(c) for c in range(int(y.max()) + 1)])
+shape = res.meta.get("image_shape")
+archs = [a for a in cfg.archs if f"{a}_I" in res.arrays]
+i, k = pick_ui(X_test.shape[0])
+
+c1, c2 = st.columns([1, 4])
+with c1:
+    st.plotly_chart(plots.image_grid_fig(X_test[[i]], shape, [f"test #{i}: {names[int(y_test[i])]}"], cols=1),
+                    key="chart.test-image", config=render.PLOTLY_CONFIG)
+with c2:
+    st.markdown(f"**Test image #{i}**, true class **{names[int(y_test[i])]}**. Below, for each architecture, "
+                f"the {k} training images with the most positive (top row) and most negative (bottom row) "
+                "influence on its prediction.")
+
+labels = [names[int(c)] for c in y]
+for arch in archs:
+    data = plots.influence_grid_data(res.arrays[f"{arch}_I"][i], labels, k, arch)
+    st.subheader(ARCH_LABELS[arch])
+    if data.empty:
+        st.info("No training point has a nonzero influence on this test image.")
+        continue
+    render.chart(plots.influence_grid_fig(X, shape, data), data, f"{arch} most positive and negative",
+                 "Top row: training images with the largest positive influence (removing one would lower the "
+                 "outputs most); bottom row: the most negative; the number under each index is its influence.")
+
+st.header("Distribution of influence")
+c1, c2 = st.columns(2)
+with c1:
+    data = pd.concat([pd.DataFrame({"arch": a, "train_index": np.arange(len(labels)), "label": labels,
+                                    "influence": res.arrays[f"{a}_I"][i]}) for a in archs], ignore_index=True)
+    render.chart(plots.influence_hist_fig(data, title=f"Influence on test image #{i}"), data,
+                 f"influence on test {i}",
+                 "How many training points have each influence on this test image; a wider spread means a "
+                 "few points decide the prediction.")
+with c2:
+    if "aggregate" in res.frames:
+        data = plots.influence_hist_data(res.frames["aggregate"])
+        render.chart(plots.influence_hist_fig(data, title="Influence averaged over all test points"),
+                     data, "aggregate influence",
+                     "Each training point's influence averaged over the test points; the points at either tail are "
+                     "the top-τ by magnitude that the malleability attacks target.")
+render.settings(res.config)
+render.cached_note(res)

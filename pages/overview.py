@@ -1,0 +1,102 @@
+"""Overview: the paper's claim, headline numbers here beside the paper's, data and cache."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from engine import paper, plots
+from engine.experiments import run_ntk_sweep, run_spectrum
+from engine.malleability import run_malleability
+from ui import configs, render
+from ui.common import cache_summary, data_dir, dataset_infos, shared
+from ui.runner import obtain, peek
+
+s = shared()
+st.title("Influence malleability in linearized attention")
+st.markdown(f"*{paper.PAPER}* — " + " ".join(paper.CLAIM))
+st.caption("This dashboard recomputes the paper's quantities from scratch with the settings in the sidebar; "
+           "every result is cached on disk, and every chart offers its data as CSV.")
+
+st.header("Headline numbers: here and in the paper")
+spec = obtain("spectrum", run_spectrum, configs.spectrum_config(s), f"Spectrum at n = {s.n}")
+sweep_cfg = configs.sweep_config(s, n_seeds=1, widths=configs.PAPER_WIDTHS)
+sweep = peek("ntk_sweep", sweep_cfg) or obtain(
+    "ntk_sweep", run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
+    auto=configs.sweep_seconds(sweep_cfg, configs.input_dim(s)) < configs.AUTO_SECONDS, button="Measure")
+
+mall_cfg = configs.malleability_config(s, eps=(paper.FLIP_EPS,))
+mall = peek("malleability", mall_cfg) or obtain(
+    "malleability", run_malleability, mall_cfg, "Flip rates at ε = 0.3",
+    auto=configs.malleability_seconds(mall_cfg, configs.input_dim(s)) < configs.AUTO_SECONDS, button="Measure")
+
+key = paper.paper_key(s.dataset) or "mnist"
+rows = []
+if spec is not None:
+    sm = spec.meta["summary"]
+    thr = sm["width_threshold_log10"]
+    v = thr["attn_v2"] if thr["attn_v2"] is not None else thr["attn_v1"]
+    rows += [
+        {"quantity": "κ(G), condition number of the data's Gram", "here": f"{sm['kappa']:.3g}",
+         "paper": "≈ 1.2e3 (MNIST), 8.7e3 (CIFAR-10)"},
+        {"quantity": "κ of the attention features' Gram", "here": f"{sm['kappa_attention']:.3g}",
+         "paper": f"= κ(G)³ = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory")
+         else "= κ(G)³ (linear attention)"},
+        {"quantity": "log10 width MLP-Attn needs for the NTK regime", "here": f"{v:.1f}",
+         "paper": "≫ 24 (MNIST), ≫ 29 (CIFAR-10)"},
+    ]
+if sweep is not None:
+    d = plots.distance_data(sweep.frames["rows"], "function_dist")
+    for arch in ("relu", "attn"):
+        da = d[d["arch"] == arch]
+        if not da.empty and key in paper.NTK_DISTANCE:
+            rows.append({"quantity": f"‖f_m − f_NTK‖, {plots.arch_label(arch)}, m = "
+                                     + " / ".join(str(w) for w in da["width"]),
+                         "here": " / ".join(f"{x:.3g}" for x in da["mean"]),
+                         "paper": " / ".join(f"{x:g}" for x in paper.NTK_DISTANCE[key][arch].values())
+                                  + f" ({key})"})
+flips = paper.FLIP_RATE.get(key, paper.FLIP_RATE["mnist"])
+here = "—"
+if mall is not None:
+    got = plots.flip_data(mall.frames["rows"]).groupby(["arch", "attack"])["flip_rate_pct"].mean()
+    if {"relu", "attn"} <= set(got.index.get_level_values("arch")):
+        here = " vs ".join(" / ".join(f"{got[(a, k)]:.0f}" for k in ("fgsm", "pgd", "mim")) + " %"
+                           for a in ("relu", "attn"))
+rows.append({"quantity": "flip rate FGSM / PGD / MIM at ε = 0.3, 2L-ReLU vs MLP-Attn", "here": here,
+             "paper": " / ".join(f"{v:g}" for v in flips["relu"].values()) + " % vs "
+                      + " / ".join(f"{v:g}" for v in flips["attn"].values()) + " %"})
+st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+st.caption(f"Measured on {s.describe()}; networks trained {configs.NTK_EPOCHS} epochs (the paper: 500), "
+           f"one seed; flip rates with {configs.MALL_STEPS} attack steps. Absolute distances depend on the "
+           "number of test points: compare the trends. The Reproduction page gives a verdict per claim.")
+
+if sweep is not None and key in paper.NTK_DISTANCE:
+    measured = plots.distance_data(sweep.frames["rows"], "function_dist")
+    data = plots.paper_trend_data(measured, paper.ntk_distance_table(key))
+    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper",
+                 "Each line is the distance to the NTK prediction divided by its value at the smallest width: "
+                 "below 1 means the net approaches its kernel limit as it widens, above 1 means it moves away.")
+
+st.header("Pages")
+links = [("pages/spectrum.py", "Spectrum: κ, κ³ and the width needed", ":material/bar_chart:"),
+         ("pages/ntk.py", "NTK convergence against width", ":material/show_chart:"),
+         ("pages/influence.py", "Influence of training images", ":material/image_search:"),
+         ("pages/malleability.py", "Malleability under attacks", ":material/bolt:"),
+         ("pages/reproduction.py", "Reproduction: paper vs here", ":material/fact_check:")]
+cols = st.columns(3)
+for i, (page, label, icon) in enumerate(links):
+    cols[i % 3].page_link(page, label=label, icon=icon)
+
+left, right = st.columns(2)
+with left:
+    st.header("Data sets")
+    infos = pd.DataFrame(dataset_infos(data_dir()))[["name", "available", "reason", "where"]]
+    st.dataframe(infos, hide_index=True, width="stretch",
+                 column_config={"reason": st.column_config.TextColumn(width="large")})
+    st.caption(f"Data folder: `{data_dir()}` (set ENGINE_DATA_DIR to change it).")
+with right:
+    st.header("Cache")
+    cs = cache_summary()
+    st.markdown(f"Results are cached in `{cs['folder']}` ({cs['megabytes']:.1f} MB). Set ENGINE_CACHE_DIR "
+                "to move it; delete the folder to start afresh. A result is keyed by its full settings "
+                "and the engine version.")

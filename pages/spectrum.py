@@ -1,0 +1,76 @@
+"""Spectrum: how linearized attention cubes the eigenvalues of the data's Gram matrix."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine import plots
+from engine.experiments import run_spectrum
+from ui import configs, render
+from ui.common import shared
+from ui.runner import obtain
+
+RTOLS = {"auto: n · machine epsilon": None, "1e-12": 1e-12, "1e-10": 1e-10, "1e-8": 1e-8, "1e-6": 1e-6}
+BOUND = dict(bind="query-params", persist_state="session")
+
+
+def controls_ui() -> tuple[float | None, float]:
+    c1, c2 = st.columns(2)
+    rtol = c1.selectbox("Numerical-rank tolerance (relative to λ_max)", list(RTOLS), key="spectrum.rtol",
+                        **BOUND, help="Eigenvalues below tolerance · λ_max count as zero; κ uses the rest.")
+    eps = c2.select_slider("ε of the v1 bound κ⁶/ε²", [0.01, 0.05, 0.1, 0.2, 0.5], value=0.1,
+                           key="spectrum.eps", **BOUND)
+    return RTOLS[rtol], float(eps)
+
+
+s = shared()
+st.title("Spectrum of G and of the attention features")
+st.markdown(
+    "Rows of X (ℓ2-normalised) give the Gram matrix **G = X Xᵀ**. Linearized attention maps the "
+    "training set to X Xᵀ X, whose Gram is **G³**: every eigenvalue is cubed, so the condition "
+    "number κ = λ_max / λ_min becomes κ³. The paper's bound on the width needed for the NTK regime "
+    "grows like κ(G̃)² = κ⁶ (v1: κ⁶/ε², v2: κ_d⁶ · n ln n). Everything is computed in float64 "
+    f"from `eigvalsh`. Settings: {s.describe()}, attention `{s.attention}`.")
+rtol, eps = controls_ui()
+cfg = configs.spectrum_config(s, rtol=rtol, eps=eps)
+sec = configs.spectrum_seconds(s)
+res = obtain("spectrum", run_spectrum, cfg, f"Spectrum at n = {s.n}", auto=sec < configs.AUTO_SECONDS,
+             button="Compute the spectrum", note=f"n = {s.n} takes about {sec:.0f} s on this machine.")
+if res is None:
+    st.stop()
+
+summ = res.meta["summary"]
+k3 = summ.get("kappa_attention_theory")
+m = st.columns(5)
+m[0].metric("κ(G)", f"{summ['kappa']:.3g}", help="λ_max / λ_rank over the numerical rank")
+m[1].metric("κ(G)³ (theory)", "—" if k3 is None else f"{k3:.3g}")
+m[2].metric("κ of attention Gram (measured)", f"{summ['kappa_attention']:.3g}")
+m[3].metric("numerical rank of G", f"{summ['numerical_rank']} / {summ['n']}",
+            help=f"tolerance {summ['rank_tol']:.3g} (absolute); d = {summ['d']}")
+m[4].metric("κ_d (used by v2)",
+            "singular" if summ["kappa_d_singular"] else f"{summ['kappa_d']:.3g}",
+            help="κ of the rank-min(n, d) truncation of G; undefined when rank < min(n, d), e.g. from "
+                 "MNIST's all-zero border pixels.")
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Eigenvalues")
+    data = plots.spectrum_data(res.arrays["eig_G"], res.arrays["eig_attention"])
+    render.chart(plots.spectrum_fig(data, summ["rank_tol"], s.attention), data, "eigenvalue spectrum",
+                 "Each line lists a Gram matrix's eigenvalues from largest to smallest on a log scale; "
+                 "the attention line falls about three times as steeply because its eigenvalues are cubed.")
+with right:
+    st.subheader("Width needed for the kernel regime")
+    data = plots.width_needed_data(summ["width_threshold_log10"])
+    render.chart(plots.width_needed_fig(data), data, "width needed",
+                 "Bars give log10 of the width each bound asks for; anything right of the green band "
+                 "(1e3–1e5 units) is untrainable, and right of the dashed line beyond the largest models.")
+
+st.subheader("How κ grows with n")
+growth = res.frames["growth"]
+data = plots.kappa_growth_data(growth)
+render.chart(plots.kappa_growth_fig(data), data, "kappa against n",
+             "κ(G) of the first n training points (log scale); the dashed line is its cube and the open circles "
+             "the measured attention κ, which should sit on it until float64 can no longer resolve it (~1e15).")
+render.settings(res.config)
+render.cached_note(res)

@@ -1,0 +1,193 @@
+"""The dashboard through Streamlit's AppTest: every page at its defaults, controls, shareable URLs.
+
+Each test gets its own cache folder (ENGINE_CACHE_DIR). Runs happen in the job manager's
+background threads, so ``settle`` reruns the script until no progress bar is left.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import SHARED_DATA
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk.py", "pages/influence.py",
+         "pages/malleability.py", "pages/reproduction.py")
+HAS_MNIST = (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"]}
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    # A server decides once per process whether to run `pages/` as a v1 multipage app, and
+    # st.navigation turns that off on the first run (ui.common.ensure_entry covers that run).
+    # AppTest re-decides before every run; start each run in the server's steady state, or
+    # every run would begin with ensure_entry's rerun, which drops button clicks.
+    from streamlit.runtime.pages_manager import PagesManager
+
+    init = PagesManager.__init__
+
+    def steady_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", steady_init)
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENGINE_DATA_DIR", str(SHARED_DATA if HAS_MNIST else tmp_path / "no-data"))
+    return tmp_path
+
+
+def settle(at: AppTest, timeout: float = 150.0) -> AppTest:
+    """Rerun until every background job has finished (no progress bar on the page)."""
+    deadline = time.monotonic() + timeout
+    at.run()
+    while at.get("progress") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert not at.get("progress"), "a run did not finish in time"
+    return at
+
+
+def app(query: dict | None = None) -> AppTest:
+    """The app after its first run (AppTest resolves st.navigation's pages only after one)."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query or {})
+    return at.run()
+
+
+def open_page(at: AppTest, page: str) -> AppTest:
+    if page != PAGES[0]:
+        at.switch_page(page)
+    return settle(at)
+
+
+def check_page(at: AppTest, page: str) -> None:
+    assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+    assert not at.error, f"{page}: {[e.value for e in at.error]}"
+    charts = at.get("plotly_chart")
+    assert charts, f"{page} shows no chart"
+    assert len(at.get("download_button")) >= len(charts) - 1, f"{page}: a chart lacks its CSV"
+
+
+def test_every_page_runs_at_defaults_on_synthetic_data(env):
+    at = app(SMALL)
+    for page in PAGES:
+        check_page(open_page(at, page), page)
+
+
+@pytest.mark.skipif(not HAS_MNIST, reason="../shared/datasets/MNIST is absent")
+@pytest.mark.slow
+def test_every_page_runs_at_defaults_on_mnist(env):
+    at = app()
+    settle(at)
+    assert at.selectbox(key="data").value == "mnist"   # the first available data set is the default
+    for page in PAGES:
+        check_page(open_page(at, page), page)
+
+
+def test_default_dataset_falls_back_when_mnist_is_absent(env, monkeypatch):
+    monkeypatch.setenv("ENGINE_DATA_DIR", str(env / "empty"))
+    at = settle(app({"n": "30", "n_test": "10", "widths": ["16"]}))
+    names = at.selectbox(key="data").options
+    assert "mnist" not in names and names[-1] == "synthetic"
+    assert at.selectbox(key="data").value == names[0]
+    assert not at.exception
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_sidebar_controls_change_results(env):
+    at = open_page(app(SMALL), "pages/spectrum.py")
+    assert _metric(at, "numerical rank of G").endswith("/ 60")
+    at.number_input(key="n").set_value(40)
+    settle(at)
+    assert _metric(at, "numerical rank of G").endswith("/ 40")
+    at.selectbox(key="attention").set_value("stacked:2")
+    settle(at)
+    assert "stacked:2" in " ".join(m.value for m in at.markdown)
+    assert not at.exception
+
+
+def test_page_controls_change_results(env):
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    rows = at.dataframe[0].value
+    assert set(rows["width"]) == {16, 64} and set(rows["seed"]) == {0}
+    at.number_input(key="ntk.seeds").set_value(2)
+    settle(at)
+    assert set(at.dataframe[0].value["seed"]) == {0, 1}
+    assert not at.exception
+
+
+def test_query_parameters_restore_a_view(env):
+    view = {**SMALL, "n": "50", "seed": "3", "archs": ["2L-ReLU"], "ntk.epochs": "0", "ntk.seeds": "1"}
+    at = open_page(app(view), "pages/ntk.py")
+    assert at.number_input(key="n").value == 50
+    assert at.number_input(key="seed").value == 3
+    assert at.multiselect(key="widths").value == [16, 64]
+    assert at.multiselect(key="archs").value == ["relu"]
+    assert at.number_input(key="ntk.epochs").value == 0
+    rows = at.dataframe[0].value
+    assert set(rows["arch"]) == {"relu"} and set(rows["seed"]) == {3}
+    assert "no loss curves" in " ".join(c.value for c in at.caption)
+
+
+def test_settings_persist_across_page_switches(env):
+    at = open_page(app(SMALL), "pages/spectrum.py")
+    at.number_input(key="n").set_value(30)
+    settle(at)
+    open_page(at, "pages/influence.py")
+    assert at.number_input(key="n").value == 30
+    assert not at.exception
+
+
+def test_engine_errors_show_as_one_line(env):
+    at = open_page(app({**SMALL, "classes": "1-1"}), "pages/spectrum.py")
+    assert not at.exception
+    assert at.error, "the bad class pair should show an error box"
+    message = at.error[0].value
+    assert "synthetic classes" in message and "\n" not in message
+
+
+def test_heavy_runs_wait_for_a_click_and_can_be_cancelled(env):
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    at.number_input(key="n").set_value(1000)
+    at.multiselect(key="widths").set_value([16, 16384])
+    at.number_input(key="ntk.epochs").set_value(1000)
+    at.run()
+    run = [b for b in at.button if b.label == "Run the sweep"]
+    assert run, "heavy settings should wait for a click"
+    assert not at.get("progress")
+    run[0].click().run()
+    cancel = [b for b in at.button if b.label == "Cancel"]
+    assert cancel and at.get("progress"), "a started run shows a progress bar and a Cancel button"
+    assert "left" in at.get("progress")[0].proto.text
+    cancel[0].click().run()
+    deadline = time.monotonic() + 60
+    while not any("cancelled" in i.value for i in at.info) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert any("cancelled" in i.value for i in at.info)
+    assert not at.exception
+
+
+def test_every_page_runs_on_a_binary_task(env):
+    at = app({**SMALL, "classes": "0-1"})
+    for page in PAGES:
+        check_page(open_page(at, page), page)
+
+
+def test_malleability_options_render(env):
+    view = {**SMALL, "mall.interventions": "true", "mall.retrain": "true", "mall.perturb": "all",
+            "mall.eps": ["0.05"], "mall.attacks": ["PGD"], "mall.steps": "3", "mall.epochs": "5"}
+    at = open_page(app(view), "pages/malleability.py")
+    if any(b.label == "Run the attacks" for b in at.button):
+        next(b for b in at.button if b.label == "Run the attacks").click()
+        settle(at)
+    check_page(at, "malleability with options")
+    assert any(h.value == "Interventions" for h in at.header)

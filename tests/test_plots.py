@@ -1,0 +1,148 @@
+"""engine.plots: axis titles on every figure, block averages against a plain numpy loop."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from engine import plots
+
+
+def _block_means_loop(K: np.ndarray, b: int) -> np.ndarray:
+    """The simplest reference: a double loop over blocks."""
+    r, c = math.ceil(K.shape[0] / b), math.ceil(K.shape[1] / b)
+    out = np.empty((r, c))
+    for i in range(r):
+        for j in range(c):
+            out[i, j] = K[i * b:(i + 1) * b, j * b:(j + 1) * b].mean()
+    return out
+
+
+@pytest.mark.parametrize("shape,max_side", [((7, 7), 10), ((1000, 1000), 500), ((1001, 999), 500),
+                                            ((1234, 1234), 500), ((50, 30), 7)])
+def test_block_average_matches_loop(shape, max_side):
+    K = np.random.default_rng(0).standard_normal(shape)
+    small, b = plots.block_average(K, max_side)
+    assert small.dtype == np.float32
+    assert max(small.shape) <= max_side
+    assert b == max(1, math.ceil(max(shape) / max_side))
+    np.testing.assert_allclose(small, _block_means_loop(K, b), rtol=1e-5, atol=1e-6)
+
+
+def test_heatmap_ships_at_most_500_cells_per_side():
+    n = 1100
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((n, 40))
+    K_m, K_inf = A @ A.T / 40, A @ A.T / 40 + 0.01
+    fig = plots.kernel_heatmaps_fig(K_m, K_inf, 256, "relu")
+    heatmaps = [t for t in fig.data if isinstance(t, go.Heatmap)]
+    assert len(heatmaps) == 3
+    for t in heatmaps:
+        z = np.asarray(t.z)
+        assert z.shape[0] <= plots.MAX_SIDE and z.shape[1] <= plots.MAX_SIDE
+        assert z.dtype == np.float32
+    small, b = plots.block_average(K_m)
+    np.testing.assert_allclose(np.asarray(heatmaps[0].z), small)
+    np.testing.assert_allclose(np.asarray(heatmaps[2].z), _block_means_loop(K_m - K_inf, b), rtol=1e-4, atol=1e-5)
+    assert plots.kernel_diff_data(K_m, K_inf).shape == small.shape
+
+
+def _rows():
+    rows = [{"arch": a, "width": w, "seed": s, "kernel_dist_init": 1 / math.sqrt(w) + 0.01 * s,
+             "kernel_dist_trained": 2 / math.sqrt(w), "function_dist": 10.0 + s + (w if a == "attn" else -w) / 1e3}
+            for a in ("relu", "attn") for w in (16, 64, 256) for s in (0, 1, 2)]
+    losses = [{"arch": a, "width": w, "seed": 0, "epoch": e, "loss": 1.0 / (1 + e)}
+              for a in ("relu", "attn") for w in (16, 64) for e in range(4)]
+    return pd.DataFrame(rows), pd.DataFrame(losses)
+
+
+def _titled(fig: go.Figure) -> bool:
+    return bool(fig.layout.xaxis.title.text) and bool(fig.layout.yaxis.title.text)
+
+
+def test_every_chart_has_axis_titles():
+    rows, losses = _rows()
+    eig = np.geomspace(10, 1e-3, 30)
+    growth = pd.DataFrame({"n": [10, 20, 30], "numerical_rank": [10, 20, 30], "kappa": [5.0, 10.0, 20.0],
+                           "kappa_attention": [125.0, 1e3, 8e3], "kappa_attention_theory": [125.0, 1e3, 8e3]})
+    mall = pd.DataFrame([{"arch": a, "attack": k, "eps": e, "flip_rate": 0.1, "spearman": 0.9}
+                         for a in ("relu", "attn") for k in ("fgsm", "pgd") for e in (0.05, 0.3)])
+    inter = pd.DataFrame([{"arch": a, "intervention": i, "test_acc": 0.8, "influence_change": 0.1}
+                          for a in ("relu", "attn") for i in ("none", "curated")])
+    agg = pd.DataFrame({"arch": ["relu"] * 5 + ["attn"] * 5, "train_index": list(range(5)) * 2,
+                        "label": [0, 1] * 5, "influence": np.linspace(-1, 1, 10)})
+    measured = plots.distance_data(rows, "function_dist")
+    paper = pd.DataFrame({"arch": ["relu", "relu", "attn", "attn"], "width": [16, 256, 16, 256],
+                          "value": [4.0, 3.0, 1.0, 2.0]})
+    compare = pd.DataFrame({"attack": ["FGSM", "PGD"] * 2, "arch": ["relu", "relu", "attn", "attn"],
+                            "paper": [4, 3, 30, 29], "measured": [5, 4, 20, 25]})
+    figs = [
+        plots.spectrum_fig(plots.spectrum_data(eig, eig ** 3), 1e-12),
+        plots.width_needed_fig(plots.width_needed_data({"attn_v1": 27.0, "attn_v2": None, "relu_v1": 10.0})),
+        plots.kappa_growth_fig(plots.kappa_growth_data(growth)),
+        plots.distance_fig(plots.distance_data(rows, "kernel_dist_init"), "kernel_dist_init"),
+        plots.distance_fig(measured, "function_dist"),
+        plots.loss_fig(plots.loss_data(losses)),
+        plots.paper_trend_fig(plots.paper_trend_data(measured, paper)),
+        plots.influence_hist_fig(plots.influence_hist_data(agg)),
+        plots.influence_bar_fig(np.array([0.1, -0.2]), ["#1", "#2"], "x"),
+        plots.flip_bars_fig(plots.flip_data(mall), 0.3),
+        plots.eps_sweep_fig(plots.flip_data(mall)),
+        plots.interventions_fig(inter),
+        plots.influence_shift_fig(np.array([0.1, -0.2, 0.3]), np.array([-0.1, -0.1, 0.2]), 1),
+        plots.compare_bars_fig(compare, "attack", "flip rate (%)"),
+        plots.kernel_heatmaps_fig(np.eye(4), np.eye(4), 16, "attn"),
+        plots.before_after_fig(np.zeros(16), np.full(16, 0.1), None),
+    ]
+    for fig in figs:
+        assert isinstance(fig, go.Figure)
+        assert _titled(fig), fig.layout.title.text
+        assert all(t.hovertemplate or t.hoverinfo == "skip" or isinstance(t, go.Image) for t in fig.data)
+
+
+def test_distance_data_spans_seeds():
+    rows, _ = _rows()
+    d = plots.distance_data(rows, "kernel_dist_init")
+    r = d[(d["arch"] == "relu") & (d["width"] == 16)].iloc[0]
+    assert r["seeds"] == 3
+    assert r["min"] == pytest.approx(0.25) and r["max"] == pytest.approx(0.27)
+    assert r["mean"] == pytest.approx(0.26)
+
+
+def test_paper_trend_is_relative_to_smallest_width():
+    rows, _ = _rows()
+    paper = pd.DataFrame({"arch": ["relu", "relu"], "width": [16, 4096], "value": [45.1, 39.2]})
+    data = plots.paper_trend_data(plots.distance_data(rows, "function_dist"), paper)
+    p = data[data["source"] == "paper"]
+    assert p["relative"].tolist() == pytest.approx([1.0, 39.2 / 45.1])
+
+
+def test_influence_extremes():
+    v = np.array([0.5, -1.0, 0.0, 2.0, -0.1, 0.2])
+    top, bottom = plots.influence_extremes(v, 2)
+    assert top.tolist() == [3, 0] and bottom.tolist() == [1, 4]
+    top, bottom = plots.influence_extremes(np.array([1.0, 2.0]), 3)
+    assert top.tolist() == [1, 0] and bottom.size == 0
+
+
+def test_image_grid_handles_grey_rgb_and_flat():
+    grey = plots.image_grid_fig(np.random.rand(3, 784), (1, 28, 28), ["a", "b", "c"])
+    assert sum(isinstance(t, go.Heatmap) for t in grey.data) == 3
+    rgb = plots.image_grid_fig(np.random.rand(2, 3 * 8 * 8), (3, 8, 8), ["a", "b"])
+    assert sum(isinstance(t, go.Image) for t in rgb.data) == 2
+    flat = plots.image_grid_fig(np.random.rand(2, 64), None, ["a", "b"])
+    assert np.asarray(flat.data[0].z).shape == (8, 8)
+
+
+def test_influence_grid_puts_positive_above_negative():
+    values = np.array([0.3, -0.2, 0.1, 0.0, -0.5])
+    data = plots.influence_grid_data(values, list("abcde"), 2, "relu")
+    assert data["role"].tolist() == ["positive", "positive", "negative", "negative"]
+    assert data["train_index"].tolist() == [0, 2, 4, 1]
+    one_sided = plots.influence_grid_data(np.array([0.3, 0.2, 0.1]), list("abc"), 2, "attn")
+    fig = plots.influence_grid_fig(np.random.rand(3, 16), None, one_sided)
+    assert len(fig.data) == 2                       # the empty second row has no traces
