@@ -67,6 +67,7 @@ PAGES = [
     st.Page("pages/ntk.py", title="NTK convergence", icon=":material/show_chart:", url_path="ntk"),
     st.Page("pages/influence.py", title="Influence", icon=":material/image_search:", url_path="influence"),
     st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:", url_path="malleability"),
+    st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path="scaling"),
     st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
             url_path="reproduction"),
 ]

@@ -16,7 +16,7 @@ from tests.conftest import SHARED_DATA
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk.py", "pages/influence.py",
-         "pages/malleability.py", "pages/reproduction.py")
+         "pages/malleability.py", "pages/scaling.py", "pages/reproduction.py")
 HAS_MNIST = (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"]}
 

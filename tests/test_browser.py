@@ -27,7 +27,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 # A deep link first: a fresh server must still route it through app.py (see ui.common.ensure_entry).
 PAGES = {"ntk": "ntk", "overview": "", "spectrum": "spectrum", "influence": "influence",
-         "malleability": "malleability", "reproduction": "reproduction"}
+         "malleability": "malleability", "scaling": "scaling", "reproduction": "reproduction"}
 PAGE_TIMEOUT_MS = 120_000
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,

@@ -146,3 +146,24 @@ def test_influence_grid_puts_positive_above_negative():
     one_sided = plots.influence_grid_data(np.array([0.3, 0.2, 0.1]), list("abc"), 2, "attn")
     fig = plots.influence_grid_fig(np.random.rand(3, 16), None, one_sided)
     assert len(fig.data) == 2                       # the empty second row has no traces
+
+
+def test_scaling_data_follows_the_fit_and_keeps_censored_points():
+    import math
+
+    import pandas as pd
+
+    from engine import plots
+
+    widths = pd.DataFrame({"arch": ["relu", "relu", "attn", "attn"], "attention": [None, None, "linear", "linear"],
+                           "kappa": [2.0, 8.0, 2.0, 8.0], "width_needed": [100.0, 400.0, 300.0, None],
+                           "censored": [False, False, False, True]})
+    fit = pd.DataFrame({"arch": ["relu", "attn"], "attention": [None, "linear"], "points": [2, 1],
+                        "exponent": [1.0, None], "intercept": [math.log(50.0), None], "theory_exponent": [2.0, 6.0]})
+    data = plots.scaling_data(widths, fit)
+    relu = data[data.arch == "relu"]
+    assert list(relu.fitted_width) == pytest.approx([100.0, 400.0])
+    assert data[data.arch == "attn"].fitted_width.isna().all() and data.censored.sum() == 1
+    fig = plots.scaling_fig(data, max_width=1024)
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    assert any(t.name == "MLP-Attn (linear): above 1024" for t in fig.data)

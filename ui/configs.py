@@ -96,3 +96,22 @@ def malleability_seconds(cfg, d: int) -> float:
     per_arch = (4 * n * d * m * (1 + cfg.train.epochs) + kernel * (1 + grad_steps * 3)
                 + (4 * n * d * m * cfg.train.epochs if cfg.retrain else 0))
     return len(cfg.archs) * per_arch / FLOPS + 0.5
+
+
+# ---------------------------------------------------------------- scaling law
+
+def scaling_config(kappas, archs, attentions, target: float, measure: str, epochs: int, lr: float,
+                   max_width: int, n: int = 64, d: int = 32, seed: int = 0):
+    from engine.scaling import ScalingConfig
+
+    return ScalingConfig(n=int(n), d=int(d), kappas=tuple(float(k) for k in kappas), archs=tuple(archs),
+                         attentions=tuple(attentions), target=float(target), measure=measure,
+                         max_width=int(max_width), seed=int(seed),
+                         train=TrainSpec(epochs=int(epochs), lr=float(lr)))
+
+
+def scaling_seconds(cfg) -> float:
+    """About ten bisection steps per (κ, model); each trains a net of up to max_width."""
+    models = ("relu" in cfg.archs) + len(cfg.attentions) * ("attn" in cfg.archs)
+    per_eval = 4 * cfg.n * cfg.d * cfg.max_width / 4 * (1 + (cfg.train.epochs if cfg.measure != "init" else 0))
+    return len(cfg.kappas) * models * 10 * per_eval / FLOPS + 0.5
