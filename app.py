@@ -7,11 +7,13 @@ across pages (``persist_state="session"``) and lives in the URL's query paramete
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                        WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                       ensure_entry)
+                       ensure_entry, upload_ui, uploaded_names)
 
 ensure_entry()  # before anything is drawn; see its docstring
 
@@ -23,9 +25,9 @@ BOUND = dict(bind="query-params", persist_state="session")  # every shared contr
 
 def sidebar_ui() -> Shared:
     """Draw the shared controls; returns their values."""
-    names = available_names()
+    names = available_names() + uploaded_names()
     st.header("Data and models")
-    base = st.selectbox("Data set", names, key="data", **BOUND,
+    base = st.selectbox("Data set", names, key="data", **BOUND, format_func=lambda v: Path(v).name,
                         help="The first available of mnist, fashion-mnist, cifar10; synthetic needs no files.")
     classes = st.text_input("Classes", "all", key="classes", **BOUND,
                             help=f"`all`, or two classes `a-b` for a binary task, e.g. "
@@ -42,7 +44,8 @@ def sidebar_ui() -> Shared:
                            help="2L-ReLU on the inputs; MLP-Attn: the same net on attention features.")
     attention = st.selectbox("Attention of MLP-Attn", ATTENTION_CHOICES, key="attention", **BOUND,
                              accept_new_options=True,
-                             help="linear is the paper's; stacked:k, truncated:r and softmax:T are options. "
+                             help="linear is the paper's; stacked:k, truncated:r and softmax:T are options; "
+                                  "qkv trains W_Q, W_K, W_V (its NTK needs autograd: small n only). "
                                   "Type another, e.g. stacked:3.")
     device = st.selectbox("Device", DEVICE_CHOICES, key="device", **BOUND,
                           help="auto uses a CUDA GPU when one is visible.")
@@ -51,6 +54,8 @@ def sidebar_ui() -> Shared:
                widths=tuple(sorted(int(w) for w in widths)), archs=tuple(a for a in ARCH_CHOICES if a in archs),
                attention=(attention or "linear").strip(), device=device)
     st.caption(f"Task: **{s.dataset}**")
+    with st.expander("Your own data"):
+        upload_ui()
     with st.expander("Data sets here"):
         for info in dataset_infos(data_dir()):
             mark = "✅" if info["available"] else "⛔"

@@ -523,3 +523,30 @@ def _npz(spec: DataSpec, path: Path) -> Sample:
                   tuple(str(c) for c in classes.tolist()),
                   None if shape is None else tuple(int(s) for s in shape), box,
                   str(path.resolve()), spec)
+
+
+def store_npz(blob: bytes, name: str, folder: str | os.PathLike) -> Path:
+    """Save an uploaded ``.npz`` under ``folder`` by content hash and check it loads.
+
+    The file name carries the SHA-256 of the bytes, so the path (which is part of every
+    cache key) changes whenever the content does. A file that fails the checks of
+    ``load_sample`` is removed again and the error (BadInput / DataCorrupt) propagates.
+    """
+    import hashlib
+
+    if len(blob) > MAX_NPZ_BYTES:
+        raise BadInput(f"{name} is {len(blob) / 2**20:.0f} MB; the limit is {MAX_NPZ_BYTES // 2**20} MB")
+    stem = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in Path(name).stem)[:40] or "data"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{stem}-{hashlib.sha256(blob).hexdigest()[:16]}.npz"
+    if not path.exists():
+        tmp = path.with_suffix(".part")
+        tmp.write_bytes(blob)
+        tmp.replace(path)
+    try:
+        _npz(DataSpec(str(path), n=2, n_test=1), path)
+    except Exception:
+        path.unlink(missing_ok=True)
+        raise
+    return path

@@ -191,3 +191,24 @@ def test_malleability_options_render(env):
         settle(at)
     check_page(at, "malleability with options")
     assert any(h.value == "Interventions" for h in at.header)
+
+
+def test_an_uploaded_npz_is_a_data_set(env):
+    import io
+
+    import numpy as np
+
+    from engine.data import store_npz
+
+    buf = io.BytesIO()
+    rng = np.random.default_rng(0)
+    np.savez(buf, X=rng.random((80, 6, 6)), y=np.arange(80) % 3)
+    path = str(store_npz(buf.getvalue(), "mine.npz", env / "uploads"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["uploads"] = [path]
+    at.query_params.update({"n": "40", "n_test": "10", "widths": ["16"]})
+    at.run()
+    at.selectbox(key="data").set_value(path).run()
+    at = open_page(at, "pages/spectrum.py")
+    check_page(at, "pages/spectrum.py")
+    assert any("mine-" in str(c.value) for c in at.caption)

@@ -430,3 +430,24 @@ def test_npz_missing_and_not_zip(tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
     with pytest.raises(DataCorrupt, match="junk.npz"):
         load_sample(DataSpec(str(tmp_path / "junk.npz")))
+
+
+def test_store_npz_is_content_addressed_and_validated(tmp_path):
+    import io
+
+    from engine.data import store_npz
+
+    buf = io.BytesIO()
+    np.savez(buf, X=np.random.default_rng(0).random((12, 3, 3)), y=np.arange(12) % 2)
+    p1 = store_npz(buf.getvalue(), "my data.npz", tmp_path)
+    assert p1.parent == tmp_path and p1.name.startswith("my_data-") and p1.suffix == ".npz"
+    assert store_npz(buf.getvalue(), "my data.npz", tmp_path) == p1
+    s = load_sample(DataSpec(str(p1), n=8, n_test=4))
+    assert s.X.shape == (8, 9) and s.image_shape == (1, 3, 3)
+    bad = io.BytesIO()
+    np.savez(bad, X=np.zeros((5, 2)), y=np.zeros(5, dtype=np.int64))  # one class only
+    with pytest.raises(BadInput, match="2 classes"):
+        store_npz(bad.getvalue(), "bad.npz", tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p1.name]
+    with pytest.raises(DataCorrupt):
+        store_npz(b"not a zip", "junk.npz", tmp_path)

@@ -8,6 +8,7 @@ and the job manager are held once per server process with ``st.cache_resource``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass, replace
 
 import streamlit as st
@@ -21,7 +22,7 @@ from engine.jobs import JobManager
 WIDTH_CHOICES = (4, 16, 64, 256, 1024, 4096, 16384)
 ARCH_CHOICES = ("relu", "attn")
 ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
-ATTENTION_CHOICES = ("linear", "stacked:2", "truncated:10", "softmax:0.1")
+ATTENTION_CHOICES = ("linear", "stacked:2", "truncated:10", "softmax:0.1", "qkv")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PAIR_EXAMPLES = {"mnist": "3-8", "fashion-mnist": "0-6", "cifar10": "automobile-airplane",
                  "synthetic": "0-1"}
@@ -93,6 +94,32 @@ def available_names() -> list[str]:
     order = ["mnist", "fashion-mnist", "cifar10", "synthetic"]
     names = [i["name"] for i in dataset_infos(data_dir()) if i["available"]]
     return sorted(names, key=lambda s: order.index(s) if s in order else len(order)) or ["synthetic"]
+
+
+def uploaded_names() -> list[str]:
+    """Paths of the .npz files uploaded in this session (content-addressed, see store_npz)."""
+    return list(st.session_state.get("uploads", []))
+
+
+def upload_ui() -> None:
+    """A file uploader for the user's own .npz; stores it next to the cache and lists it."""
+    from engine.data import store_npz
+
+    file = st.file_uploader("Your own data (.npz)", type=["npz"], key="upload",
+                            help="Arrays X (n × d, n × h × w or n × c × h × w) and integer y; optionally "
+                                 "X_test and y_test. Read with allow_pickle=False; at most 200 MB.")
+    if file is None:
+        return
+    try:
+        path = str(store_npz(file.getvalue(), file.name, get_cache().directory / "uploads"))
+    except EngineError as exc:
+        st.error(str(exc))
+        return
+    uploads = st.session_state.setdefault("uploads", [])
+    if path not in uploads:
+        uploads.append(path)
+        st.rerun()  # the data set list above was drawn without it
+    st.caption(f"Added to the data sets as `{Path(path).name}`.")
 
 
 def default_dataset() -> str:
