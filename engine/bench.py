@@ -55,7 +55,7 @@ def gemm_rate(size: int, device: torch.device, sync) -> float:
     """FLOP/s of one fp32 (size × size) @ (size × size) GEMM."""
     A = torch.rand(size, size, device=device)
     B = torch.rand(size, size, device=device)
-    return 2 * size**3 / _best(lambda: A @ B, 5, sync)
+    return 2 * size**3 / _best(lambda: A @ B, 10, sync)
 
 
 def torch_func_ntk(head: TwoLayerReLU, phi1: torch.Tensor, phi2: torch.Tensor) -> torch.Tensor:
@@ -78,7 +78,7 @@ def bench_entk(n: int, m: int, d: int, device: torch.device, sync, peak: float) 
     g = torch.Generator().manual_seed(0)
     phi = normalize_rows(torch.rand(n, d, generator=g)).to(device)
     head = TwoLayerReLU(d, m, 1, seed=0).to(device)
-    t_closed = _best(lambda: empirical_ntk_features(head, phi), 10, sync)
+    t_closed = _best(lambda: empirical_ntk_features(head, phi), 30, sync)
     t_recipe = _best(lambda: torch_func_ntk(head, phi, phi), 1, sync)
     K = empirical_ntk_features(head, phi)
     K_ref = torch_func_ntk(head, phi, phi).double()
@@ -101,8 +101,8 @@ def bench_training(n: int, widths, epochs: int, device: torch.device, sync, peak
     def nets():
         return [Net("relu", X, w, c, seed=0).to(device) for w in widths]
 
-    t_batched = _best(lambda: train_many(nets(), X, y, c, spec), 1, sync)
-    t_loop = _best(lambda: [train(net, X, y, c, spec) for net in nets()], 1, sync)
+    t_batched = _best(lambda: train_many(nets(), X, y, c, spec), 2, sync)
+    t_loop = _best(lambda: [train(net, X, y, c, spec) for net in nets()], 2, sync)
     M = sum(widths)
     # Per sample and step: Φ Wᵀ and the weight gradient (2·d·M each), readout and its gradient.
     flops = epochs * n * 2 * (2 * d * M + 2 * M * len(widths) * c)
