@@ -20,3 +20,16 @@ from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_lo
 from .training import TrainSpec, train
 
 __version__ = ENGINE_VERSION
+
+__all__ = [
+    "__version__", "aggregate", "ARCHS", "attack", "AttackMethod", "AttackSpec", "Attention",
+    "attention_features", "available_datasets", "BadInput", "Cache", "CacheCorrupt", "cached_run",
+    "Cancelled", "DataCorrupt", "DataMissing", "DataSpec", "eig_spectrum", "empirical_ntk",
+    "ENGINE_VERSION", "EngineError", "features", "gram_spectrum", "infinite_ntk",
+    "influence_matrix", "InfluenceConfig", "kernel_regression", "KernelConfig", "load_sample",
+    "loo_influence", "MalleabilityConfig", "Net", "net_influence", "NTKMethod", "parse_attention",
+    "relative_distance", "resolve_data_dir", "resolve_device", "Result", "run_influence",
+    "run_kernels", "run_malleability", "run_ntk_sweep", "run_scaling", "run_spectrum", "Sample",
+    "ScalingConfig", "Spectrum", "SpectrumConfig", "SweepConfig", "theory_exponent", "top_indices",
+    "train", "TrainSpec", "TwoLayerReLU", "width_thresholds_log10",
+]

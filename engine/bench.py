@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .models import Net, TwoLayerReLU, normalize_rows
-from .ntk import NTKMethod, empirical_ntk_features
+from .ntk import empirical_ntk_features
 from .training import TrainSpec, train, train_many
 
 ROOT = Path(__file__).resolve().parent.parent

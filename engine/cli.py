@@ -10,14 +10,13 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from .cache import Cache
 from .data import DataSpec, available_datasets, resolve_data_dir
-from .errors import BadInput, EngineError
+from .errors import EngineError
 from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
 from .malleability import MalleabilityConfig, run_malleability
 from .scaling import ScalingConfig, run_scaling

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -93,6 +93,29 @@ def to_device(sample: Sample, device: torch.device, dtype=torch.float32):
     """Training and test inputs and labels moved once to the device."""
     return (sample.X.to(device, dtype), sample.y.to(device),
             sample.X_test.to(device, dtype), sample.y_test.to(device))
+
+
+@dataclass
+class Prepared:
+    """A drawn sample on the device: the preamble every experiment shares."""
+
+    device: torch.device
+    sample: Sample
+    X: torch.Tensor    # (n, d) float32 training inputs
+    y: torch.Tensor    # (n,) labels
+    Xt: torch.Tensor   # (n_test, d) float32 test inputs
+    yt: torch.Tensor   # (n_test,)
+    c: int             # classes
+    Y: torch.Tensor    # (n, n_out) float64 regression targets
+
+
+def prepare(data: DataSpec, data_dir, device: str, progress: Progress | None, cancel) -> Prepared:
+    """Load the draw once and move it to the device once."""
+    dev = resolve_device(device)
+    _tick(progress, cancel, 0.0, "loading data")
+    sample = load_sample(data, data_dir)
+    X, y, Xt, yt = to_device(sample, dev)
+    return Prepared(dev, sample, X, y, Xt, yt, sample.n_classes, targets(y, sample.n_classes))
 
 
 def theory_kappa(attention: str, spec: spectral.Spectrum) -> float | None:
@@ -206,12 +229,8 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
         raise BadInput(f"ridge must be > 0, got {cfg.ridge!r}")
 
     def compute() -> Result:
-        dev = resolve_device(device)
-        _tick(progress, cancel, 0.0, "loading data")
-        sample = load_sample(cfg.data, data_dir)
-        X, y, Xt, yt = to_device(sample, dev)
-        c = sample.n_classes
-        Y = targets(y, c)
+        p = prepare(cfg.data, data_dir, device, progress, cancel)
+        dev, sample, X, y, Xt, yt, c, Y = p.device, p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
         rows, losses, trajectory, ref = [], [], [], {}
         groups = [(a, s) for a in archs for s in seeds]
         for j, (arch, seed) in enumerate(groups):

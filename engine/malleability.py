@@ -32,13 +32,12 @@ import torch
 
 from .attacks import AttackSpec, attack
 from .cache import Cache, Result, cached_run
-from .data import DataSpec, load_sample
-from .device import resolve_device
+from .data import DataSpec
 from .errors import BadInput
-from .experiments import _check_archs, _tick, to_device
+from .experiments import _check_archs, _tick, prepare
 from .influence import aggregate, net_influence, top_indices
 from .models import ARCHS, Net, check_width, parse_attention
-from .training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, targets, train
+from .training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, train
 
 Progress = Callable[[float, str], None]
 PERTURB = ("top", "all")
@@ -111,11 +110,11 @@ def _fit(cfg, arch, X, y, c, dev, box=None, adversarial: AttackSpec | None = Non
     """A net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
     net = _fresh_net(cfg, arch, X, c, dev)
     loss = resolve_loss(cfg.train, c)
-    epoch_inputs = None
-    if adversarial is not None:
-        def epoch_inputs(epoch):
-            return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box)
-    train(net, X, y, c, cfg.train, cfg.seed, progress, cancel, epoch_inputs)
+
+    def attacked(epoch):  # a fresh attack on the current net every epoch
+        return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box)
+
+    train(net, X, y, c, cfg.train, cfg.seed, progress, cancel, None if adversarial is None else attacked)
     return net
 
 
@@ -147,12 +146,8 @@ def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=Non
     _validate(cfg)
 
     def compute() -> Result:
-        dev = resolve_device(device)
-        _tick(progress, cancel, 0.0, "loading data")
-        sample = load_sample(cfg.data, data_dir)
-        X, y, Xt, yt = to_device(sample, dev)
-        c = sample.n_classes
-        Y = targets(y, c)
+        p = prepare(cfg.data, data_dir, device, progress, cancel)
+        dev, sample, X, y, Xt, yt, c, Y = p.device, p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
         arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
                   "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
         agg_rows, summary = [], []
@@ -221,12 +216,9 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
     _validate(cfg)
 
     def compute() -> Result:
-        dev = resolve_device(device)
-        _tick(progress, cancel, 0.0, "loading data")
-        sample = load_sample(cfg.data, data_dir)
-        X, y, Xt, yt = to_device(sample, dev)
-        c, box = sample.n_classes, sample.box
-        Y = targets(y, c)
+        p = prepare(cfg.data, data_dir, device, progress, cancel)
+        dev, sample, X, y, Xt, yt, c, Y = p.device, p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+        box = sample.box
         loss = resolve_loss(cfg.train, c)
         rows, inter, arrays = [], [], {}
         for k, arch in enumerate(cfg.archs):

@@ -2,7 +2,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
 from engine.data import DataSpec, load_sample
 from engine.errors import BadInput, Cancelled

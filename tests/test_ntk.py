@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import ATOL64, RTOL64
-from engine.models import Net, TwoLayerReLU, features
+from engine.models import Net, TwoLayerReLU
 from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
                         relative_distance)
 

@@ -3,7 +3,6 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
-import torch
 
 from engine.data import DataSpec, load_sample
 from engine.models import attention_features, normalize_rows
