@@ -13,7 +13,7 @@ import streamlit as st
 
 from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                        WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                       ensure_entry, upload_ui, uploaded_names)
+                       ensure_entry, fetch_ui, upload_ui, uploaded_names)
 
 ensure_entry()  # before anything is drawn; see its docstring
 
@@ -60,6 +60,8 @@ def sidebar_ui() -> Shared:
         for info in dataset_infos(data_dir()):
             mark = "✅" if info["available"] else "⛔"
             st.markdown(f"{mark} **{info['name']}** — {info['reason']}  \n`{info['where']}`")
+            if not info["available"] and info["name"] != "synthetic":
+                fetch_ui(info["name"])
     return s
 
 

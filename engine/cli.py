@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .cache import Cache
-from .data import DataSpec, available_datasets, resolve_data_dir
+from .data import DataSpec, available_datasets, fetch_dataset, resolve_data_dir
 from .errors import EngineError
 from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
 from .malleability import MalleabilityConfig, run_malleability
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("datasets", help="which data sets are available here and where")
     _add_common(p)
+    p.add_argument("--fetch", metavar="NAME", help="download (or unpack) mnist, fashion-mnist or cifar10 first")
 
     p = sub.add_parser("spectrum", help="Gram spectrum, condition numbers and width thresholds")
     _add_common(p)
@@ -195,6 +196,8 @@ def cmd_bench(a, progress) -> dict:
 
 
 def cmd_datasets(a) -> dict:
+    if a.fetch:
+        print(f"{a.fetch}: files in {fetch_dataset(a.fetch, a.data_dir)}", file=sys.stderr)
     root = resolve_data_dir(a.data_dir)
     infos = available_datasets(a.data_dir)
     return {"data_dir": str(root), "datasets": [vars(i) if hasattr(i, "__dict__") else i._asdict() for i in infos]}

@@ -246,6 +246,19 @@ def available_datasets(data_dir: str | os.PathLike | None = None) -> list[Datase
     return out
 
 
+def fetch_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """Make an image data set's files present (system copy or download); returns its folder.
+
+    Raises BadInput for names without files and DataMissing, naming the files and folder,
+    when they cannot be had here (no network, read-only folder).
+    """
+    base = name.strip().lower()
+    if base not in _FILES:
+        raise BadInput(f"nothing to fetch for {name!r}; data sets with files: {', '.join(_FILES)}")
+    root = resolve_data_dir(data_dir)
+    return _locate(base, root, allow_download=True) / _FILES[base][0]
+
+
 # ---------------------------------------------------------------- image files
 
 def _locate(base: str, root: Path, allow_download: bool) -> Path:

@@ -212,3 +212,10 @@ def test_an_uploaded_npz_is_a_data_set(env):
     at = open_page(at, "pages/spectrum.py")
     check_page(at, "pages/spectrum.py")
     assert any("mine-" in str(c.value) for c in at.caption)
+
+
+def test_a_missing_data_set_offers_a_download_that_reports_its_outcome(env):
+    at = settle(app(SMALL))
+    at.button(key="fetch.cifar10").click().run()
+    assert any("cifar10 not found" in e.value and "cifar-10-batches-py" in e.value for e in at.error)
+    assert not at.exception

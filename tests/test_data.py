@@ -451,3 +451,19 @@ def test_store_npz_is_content_addressed_and_validated(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [p1.name]
     with pytest.raises(DataCorrupt):
         store_npz(b"not a zip", "junk.npz", tmp_path)
+
+
+def test_fetch_dataset_unpacks_the_system_copy_or_names_the_files(tmp_path, monkeypatch):
+    from engine.data import SYSTEM_COPIES, fetch_dataset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    with pytest.raises(BadInput, match="nothing to fetch"):
+        fetch_dataset("synthetic", tmp_path)
+    if (SYSTEM_COPIES["fashion-mnist"] / "train-images-idx3-ubyte.gz").exists():
+        folder = fetch_dataset("fashion-mnist", tmp_path / "data")
+        assert (folder / "train-images-idx3-ubyte").is_file()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    with pytest.raises(DataMissing, match="cifar-10-batches-py"):
+        fetch_dataset("cifar10", ro)

@@ -96,6 +96,24 @@ def available_names() -> list[str]:
     return sorted(names, key=lambda s: order.index(s) if s in order else len(order)) or ["synthetic"]
 
 
+def fetch_ui(name: str) -> None:
+    """A button that downloads (or unpacks) a missing data set; reports the outcome."""
+    from engine.data import fetch_dataset
+
+    if not st.button(f"Download {name}", key=f"fetch.{name}",
+                     help="Fetches the files through torchvision; needs network access."):
+        return
+    try:
+        with st.spinner(f"Fetching {name}…"):
+            folder = fetch_dataset(name, data_dir())
+    except EngineError as exc:
+        st.error(str(exc))
+        return
+    dataset_infos.clear()
+    st.success(f"{name} is in {folder}.")
+    st.rerun()
+
+
 def uploaded_names() -> list[str]:
     """Paths of the .npz files uploaded in this session (content-addressed, see store_npz)."""
     return list(st.session_state.get("uploads", []))
