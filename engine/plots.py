@@ -284,6 +284,27 @@ def loss_fig(data: pd.DataFrame) -> go.Figure:
     return _style(fig, "epoch (0 = before training)", "mean training loss (nats for CE, squared error for MSE)")
 
 
+def trajectory_data(trajectory: pd.DataFrame) -> pd.DataFrame:
+    """Kernel distance to K∞ at the snapshot epochs, averaged over seeds, per (arch, width)."""
+    return trajectory.groupby(["arch", "width", "epoch"])["kernel_dist"].mean().reset_index()
+
+
+def trajectory_fig(data: pd.DataFrame) -> go.Figure:
+    """‖K_t − K∞‖/‖K∞‖ against epoch, one line per (arch, width), log y."""
+    fig = go.Figure()
+    widths = sorted(data["width"].unique())
+    for arch, da in _by_arch(data):
+        for w, d in da.groupby("width"):
+            fig.add_trace(go.Scatter(
+                x=d["epoch"], y=_positive(d["kernel_dist"]), mode="lines+markers", name=f"{arch_label(arch)} m={w}",
+                line=dict(color=ARCH_COLORS.get(arch, "black"), dash="solid" if arch == "relu" else "dash"),
+                opacity=0.35 + 0.65 * (widths.index(w) + 1) / len(widths),
+                hovertemplate=f"{arch_label(arch)} m={w}<br>epoch %{{x}}<br>distance %{{y:.4g}}<extra></extra>"))
+    _style(fig, "epoch (0 = initialisation)", "relative kernel distance to K∞ (unitless)", logy=True)
+    _log_ticks(fig, data["kernel_dist"])
+    return fig
+
+
 def paper_trend_data(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Function distance relative to its value at the smallest width, here and in the paper.
 

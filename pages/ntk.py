@@ -72,6 +72,11 @@ if res is not None:
         render.chart(plots.loss_fig(data), data, "training loss",
                      "Mean training loss per epoch for each width (darker = wider), averaged over seeds; "
                      "flat lines mean the nets barely train in these epochs.")
+        if not res.frames["trajectory"].empty:
+            data = plots.trajectory_data(res.frames["trajectory"])
+            render.chart(plots.trajectory_fig(data), data, "kernel distance during training",
+                         "The kernel's distance to K∞ at five points of training; a line that stays flat is "
+                         "the lazy (kernel) regime, a rising one means training moves the kernel.")
     else:
         st.caption("Epochs = 0: the networks are not trained, so there are no loss curves and the trained "
                    "kernel equals the initial one.")

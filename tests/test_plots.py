@@ -167,3 +167,16 @@ def test_scaling_data_follows_the_fit_and_keeps_censored_points():
     fig = plots.scaling_fig(data, max_width=1024)
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert any(t.name == "MLP-Attn (linear): above 1024" for t in fig.data)
+
+
+def test_trajectory_data_averages_seeds():
+    import pandas as pd
+
+    from engine import plots
+
+    traj = pd.DataFrame({"arch": ["relu"] * 4, "width": [16] * 4, "seed": [0, 1, 0, 1], "epoch": [0, 0, 5, 5],
+                         "kernel_dist": [0.2, 0.4, 0.3, 0.5]})
+    data = plots.trajectory_data(traj)
+    assert list(data.kernel_dist) == pytest.approx([0.3, 0.4])
+    fig = plots.trajectory_fig(data)
+    assert fig.layout.yaxis.type == "log" and fig.layout.xaxis.title.text

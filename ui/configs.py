@@ -43,8 +43,10 @@ def spectrum_seconds(s: Shared) -> float:
 def sweep_config(s: Shared, epochs: int = NTK_EPOCHS, n_seeds: int = NTK_SEEDS, ridge: float = 1e-3,
                  widths: tuple[int, ...] | None = None) -> SweepConfig:
     seeds = tuple(int(s.seed) + i for i in range(int(n_seeds)))
+    snapshots = tuple(sorted({int(epochs) * k // 4 for k in range(5)})) if epochs > 0 else ()
     return SweepConfig(data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
-                       attention=s.attention, seeds=seeds, train=TrainSpec(epochs=int(epochs)), ridge=ridge)
+                       attention=s.attention, seeds=seeds,
+                       train=TrainSpec(epochs=int(epochs), snapshot_epochs=snapshots), ridge=ridge)
 
 
 def sweep_seconds(cfg: SweepConfig, d: int) -> float:
