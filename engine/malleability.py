@@ -34,7 +34,7 @@ from .attacks import AttackSpec, attack
 from .cache import Cache, Result, cached_run
 from .data import DataSpec
 from .errors import BadInput
-from .experiments import _check_archs, _tick, prepare
+from .experiments import Prepared, _check_archs, _tick, prepare
 from .influence import aggregate, net_influence, top_indices
 from .models import ARCHS, Net, check_width, parse_attention
 from .training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, train
@@ -173,15 +173,16 @@ def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=Non
 
 # ---------------------------------------------------------------- malleability
 
-def _measure(cfg, arch, net, X, Y, y, Xt, yt, c, dev, box, spec, I0, top, loss, cancel, progress):
-    """Attack, recompute influences, and compare with the clean ones."""
+def _measure(cfg, arch, net, p: Prepared, spec, I0, agg0, top, loss, cancel):
+    """Attack, recompute influences, and compare with the clean ones (I0, agg0)."""
+    X, y, Y, Xt, yt, c = p.X, p.y, p.Y, p.Xt, p.yt, p.c
     mask = None
     if cfg.perturb == "top":
         mask = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         mask[top] = True
-    Xp = attack(net, X, y, c, spec, loss, mask, box)
+    Xp = attack(net, X, y, c, spec, loss, mask, p.sample.box)
     if cfg.retrain:
-        net_after = _fit(cfg, arch, Xp, y, c, dev, cancel=cancel)
+        net_after = _fit(cfg, arch, Xp, y, c, p.device, cancel=cancel)
         I1 = net_influence(net_after, Xp, Y, Xt, cfg.ridge)
         acc_after = accuracy(net_after, Xt, yt)
     else:
@@ -189,7 +190,7 @@ def _measure(cfg, arch, net, X, Y, y, Xt, yt, c, dev, box, spec, I0, top, loss, 
         with torch.no_grad():  # MLP-Attn's test features now use the perturbed set's C
             pred = predict_labels(net.head(net.features(Xt, X_ref=Xp)))
         acc_after = float((pred == yt).double().mean())
-    agg0, agg1 = aggregate(I0), aggregate(I1)
+    agg1 = aggregate(I1)
     moved = (Xp - X).abs().amax(dim=1)
     row = {
         "flip_rate": _signs_differ(agg0[top], agg1[top]),
@@ -234,8 +235,7 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
             for j, (method, eps) in enumerate(combos):
                 _tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo), f"{arch}: {method} ε={eps}")
                 spec = _attack_spec(cfg, method, eps)
-                row, Xp, agg1 = _measure(cfg, arch, net, X, Y, y, Xt, yt, c, dev, box, spec, I0, top, loss,
-                                         cancel, progress)
+                row, Xp, agg1 = _measure(cfg, arch, net, p, spec, I0, agg0, top, loss, cancel)
                 rows.append({"arch": arch, "attack": method, "eps": eps, **row, "test_acc": acc,
                              "n_top": int(top.numel()), "perturb": cfg.perturb, "retrain": cfg.retrain,
                              "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
@@ -250,8 +250,7 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
                     first_Xp = Xp
             if cfg.interventions:
                 _tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch}: interventions")
-                inter += _interventions(cfg, arch, X, y, Y, Xt, yt, c, dev, box, agg0, top, acc, first_Xp,
-                                        loss, net, cancel)
+                inter += _interventions(cfg, arch, net, p, agg0, top, acc, first_Xp, loss, cancel)
         _tick(progress, cancel, 1.0, "done")
         meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
                 "class_names": list(sample.class_names), "shown_attack": cfg.attacks[0],
@@ -263,19 +262,23 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
     return cached_run("malleability", cfg, compute, cache)
 
 
-def _interventions(cfg, arch, X, y, Y, Xt, yt, c, dev, box, agg0, top, acc, Xp_top, loss, net, cancel):
-    """Curated / Transformed / Adversarial retraining, compared with the clean net."""
+def _interventions(cfg, arch, net, p: Prepared, agg0, top, acc, X_attacked, loss, cancel):
+    """Curated / Transformed / Adversarial retraining, compared with the clean net.
+
+    ``X_attacked``: the training set after the first attack (its top-τ rows replace the
+    clean ones in Transformed)."""
+    X, y, Y, Xt, yt, c = p.X, p.y, p.Y, p.Xt, p.yt, p.c
     out = [{"arch": arch, "intervention": "none", "test_acc": acc, "influence_change": 0.0,
             "spearman": 1.0, "flip_rate": 0.0}]
     keep = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     keep[top] = False
-    X_adv_all = attack(net, X, y, c, _attack_spec(cfg, "pgd", cfg.eps[0]), loss, None, box)
+    X_adv_all = attack(net, X, y, c, _attack_spec(cfg, "pgd", cfg.eps[0]), loss, None, p.sample.box)
     X_transformed = X.clone()
-    X_transformed[top] = Xp_top[top]
+    X_transformed[top] = X_attacked[top]
     cases = {"curated": (X[keep], y[keep], Y[keep]), "transformed": (X_transformed, y, Y),
              "adversarial": (X_adv_all, y, Y)}
     for name, (Xn, yn, Yn) in cases.items():
-        new = _fit(cfg, arch, Xn, yn, c, dev, cancel=cancel)
+        new = _fit(cfg, arch, Xn, yn, c, p.device, cancel=cancel)
         agg_new = aggregate(net_influence(new, Xn, Yn, Xt, cfg.ridge))
         ref = agg0[keep] if name == "curated" else agg0
         row = {"arch": arch, "intervention": name, "test_acc": accuracy(new, Xt, yt),

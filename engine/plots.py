@@ -269,19 +269,25 @@ def loss_data(losses: pd.DataFrame) -> pd.DataFrame:
     return losses.groupby(["arch", "width", "epoch"])["loss"].mean().reset_index()
 
 
-def loss_fig(data: pd.DataFrame) -> go.Figure:
-    """Training loss per epoch, one line per (arch, width), averaged over seeds."""
+def _epoch_lines(data: pd.DataFrame, value: str, what: str, mode: str = "lines", logy: bool = False) -> go.Figure:
+    """One line per (arch, width) of ``value`` against epoch: arch colour, darker = wider.
+    With ``logy`` non-positive values become gaps."""
     fig = go.Figure()
     widths = sorted(data["width"].unique())
     for arch, da in _by_arch(data):
-        for i, (w, d) in enumerate(da.groupby("width")):
-            shade = 0.35 + 0.65 * (widths.index(w) + 1) / len(widths)
+        for w, d in da.groupby("width"):
             fig.add_trace(go.Scatter(
-                x=d["epoch"], y=d["loss"], mode="lines", name=f"{arch_label(arch)} m={w}",
+                x=d["epoch"], y=_positive(d[value]) if logy else d[value], mode=mode, name=f"{arch_label(arch)} m={w}",
                 line=dict(color=ARCH_COLORS.get(arch, "black"), dash="solid" if arch == "relu" else "dash"),
-                opacity=shade,
-                hovertemplate=f"{arch_label(arch)} m={w}<br>epoch %{{x}}<br>loss %{{y:.4g}}<extra></extra>"))
-    return _style(fig, "epoch (0 = before training)", "mean training loss (nats for CE, squared error for MSE)")
+                opacity=0.35 + 0.65 * (widths.index(w) + 1) / len(widths),
+                hovertemplate=f"{arch_label(arch)} m={w}<br>epoch %{{x}}<br>{what} %{{y:.4g}}<extra></extra>"))
+    return fig
+
+
+def loss_fig(data: pd.DataFrame) -> go.Figure:
+    """Training loss per epoch, one line per (arch, width), averaged over seeds."""
+    return _style(_epoch_lines(data, "loss", "loss"), "epoch (0 = before training)",
+                  "mean training loss (nats for CE, squared error for MSE)")
 
 
 def trajectory_data(trajectory: pd.DataFrame) -> pd.DataFrame:
@@ -291,15 +297,7 @@ def trajectory_data(trajectory: pd.DataFrame) -> pd.DataFrame:
 
 def trajectory_fig(data: pd.DataFrame) -> go.Figure:
     """‖K_t − K∞‖/‖K∞‖ against epoch, one line per (arch, width), log y."""
-    fig = go.Figure()
-    widths = sorted(data["width"].unique())
-    for arch, da in _by_arch(data):
-        for w, d in da.groupby("width"):
-            fig.add_trace(go.Scatter(
-                x=d["epoch"], y=_positive(d["kernel_dist"]), mode="lines+markers", name=f"{arch_label(arch)} m={w}",
-                line=dict(color=ARCH_COLORS.get(arch, "black"), dash="solid" if arch == "relu" else "dash"),
-                opacity=0.35 + 0.65 * (widths.index(w) + 1) / len(widths),
-                hovertemplate=f"{arch_label(arch)} m={w}<br>epoch %{{x}}<br>distance %{{y:.4g}}<extra></extra>"))
+    fig = _epoch_lines(data, "kernel_dist", "distance", mode="lines+markers", logy=True)
     _style(fig, "epoch (0 = initialisation)", "relative kernel distance to K∞ (unitless)", logy=True)
     _log_ticks(fig, data["kernel_dist"])
     return fig
