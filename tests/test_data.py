@@ -1,21 +1,30 @@
-"""Tests for engine/data.py on real MNIST / Fashion-MNIST where present, fake CIFAR-10 files
-in its own format, synthetic matrices and user .npz files."""
+"""Tests for engine/data/ on real MNIST / Fashion-MNIST where present, fake CIFAR-10 files
+in its own format, synthetic matrices and user .npz files (including hostile ones)."""
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import hashlib
+import io
+import os
 import pickle
 import shutil
+import zipfile
 from pathlib import Path
 from urllib.error import URLError
 
 import numpy as np
+import numpy.lib.format as npy
 import pytest
 import torch
+from conftest import ATOL32, ATOL64, RTOL64
 
-from engine.data import (DATASETS, DataSpec, available_datasets, load_sample, parse_dataset,
-                         resolve_data_dir)
+from engine.data import (DATASETS, DECAYS, MAX_ABS_VALUE, MAX_NPZ_BYTES, DataSpec,
+                         available_datasets, data_fingerprint, engine_data_dir, fetch_dataset,
+                         load_sample, parse_dataset, resolve_data_dir, store_npz, writable)
 from engine.errors import BadInput, DataCorrupt, DataMissing
+from engine.settings import meta, settings
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 MNIST_RAW = SHARED / "MNIST" / "raw"
@@ -37,6 +46,7 @@ def _private_cache(tmp_path, monkeypatch):
     # never touch the real user cache or inherit a data dir from the environment
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("ENGINE_DATA_DIR", raising=False)
+    monkeypatch.delenv("ENGINE_CACHE_DIR", raising=False)
 
 
 def _tv_mnist(train: bool):
@@ -81,8 +91,17 @@ def test_parse_dataset_rejects(name, needle):
     assert needle in _one_line(e)
 
 
-def test_datasets_constant():
-    assert DATASETS == ("mnist", "fashion-mnist", "cifar10", "synthetic")
+def test_every_dataset_name_is_served(tmp_path):
+    # a name added to DATASETS must parse, be listed, and be named wherever names are offered
+    listed = [i.name for i in available_datasets(tmp_path / "none")]
+    assert sorted(listed) == sorted(DATASETS)
+    with pytest.raises(BadInput) as e:
+        parse_dataset("imagenet")
+    help_text = meta(DataSpec, "dataset").help
+    for name in DATASETS:
+        assert parse_dataset(f" {name.upper()} ") == (name, None)
+        assert name in _one_line(e) and name in help_text
+    assert load_sample(DataSpec("synthetic", n=4, n_test=2)).source == "generated"
 
 
 def test_resolve_data_dir(tmp_path, monkeypatch):
@@ -94,10 +113,33 @@ def test_resolve_data_dir(tmp_path, monkeypatch):
     assert not (tmp_path / "xdg").exists() and not (tmp_path / "a").exists()
 
 
-@pytest.mark.parametrize("kw", [dict(n=1), dict(n_test=0), dict(seed=-1), dict(n=2.5)])
-def test_bad_sizes(kw):
-    with pytest.raises(BadInput):
-        load_sample(DataSpec("synthetic", **kw))
+@pytest.mark.parametrize("kw, needle", [
+    (dict(n=1), "n must be >= 2"), (dict(n=60001), "<= 60000 points"), (dict(n=2.5), "integer"),
+    (dict(n=True), "integer"), (dict(n_test=0), "n_test"), (dict(n_test=10001), "<= 10000"),
+    (dict(seed=-1), "seed"), (dict(normalize=1), "true or false"),
+    (dict(dataset=""), "empty"), (dict(dataset="   "), "empty"), (dict(dataset=None), "dataset"),
+    (dict(synthetic_d=4097), "<= 4096"), (dict(synthetic_kappa=1e13), "<= 1e+12"),
+    (dict(synthetic_kappa=float("inf")), "finite"), (dict(synthetic_classes=101), "<= 100"),
+    (dict(synthetic_decay="cubic"), "geometric, linear, power"),
+])
+def test_spec_rejects_on_construction(kw, needle):
+    with pytest.raises(BadInput) as e:
+        DataSpec(**{"dataset": "synthetic", **kw})
+    assert needle in _one_line(e)
+
+
+def test_spec_declares_every_setting_once():
+    declared = {f.name: m for f, m in settings(DataSpec)}
+    assert set(declared) == {f.name for f in dataclasses.fields(DataSpec)}
+    for name, m in declared.items():
+        assert m.help and m.help[0].islower(), name
+    for name in ("n", "n_test", "seed", "synthetic_d", "synthetic_kappa", "synthetic_classes"):
+        assert declared[name].lo is not None and declared[name].hi is not None, name
+    assert declared["synthetic_decay"].choices == DECAYS
+    assert "ℓ2" in declared["normalize"].help and "row" in declared["normalize"].help
+    spec = DataSpec(n=np.int64(10), synthetic_kappa=5)  # numpy ints and int kappa are coerced
+    assert type(spec.n) is int and type(spec.synthetic_kappa) is float
+    assert spec == DataSpec(n=10, synthetic_kappa=5.0)
 
 
 # ---------------------------------------------------------------- MNIST (shared subset)
@@ -156,8 +198,8 @@ def test_mnist_n_too_large():
     with pytest.raises(BadInput) as e:
         load_sample(DataSpec("mnist:3-8", n=most + 1), SHARED)
     assert f"n={most + 1}" in _one_line(e) and f"maximum is {most}" in str(e.value)
-    with pytest.raises(BadInput, match="n_test=100000"):
-        load_sample(DataSpec("mnist", n=10, n_test=100000), SHARED)
+    with pytest.raises(BadInput, match="n_test=9000 .* maximum is 2000"):  # 2,000 test digits
+        load_sample(DataSpec("mnist", n=10, n_test=9000), SHARED)
 
 
 @needs_mnist
@@ -331,20 +373,21 @@ def test_synthetic_spectrum(decay, n, d, kappa):
     X = s.X.numpy()
     ev = np.linalg.eigvalsh(X @ X.T)[::-1]  # float64, descending
     r = min(n, d)
-    assert (ev > ev[0] * 1e-12).sum() == r
-    assert ev[0] / ev[r - 1] == pytest.approx(kappa, rel=1e-8)
+    assert (ev > ev[0] * ATOL64).sum() == r  # zero eigenvalues sit at rounding level
+    assert ev[0] / ev[r - 1] == pytest.approx(kappa, rel=RTOL64)
     lam = ev[:r] / ev[0]
     if decay == "geometric" and kappa > 1:
-        assert np.allclose(lam[1:] / lam[:-1], kappa ** (-1 / (r - 1)), rtol=1e-8)
+        np.testing.assert_allclose(lam[1:] / lam[:-1], kappa ** (-1 / (r - 1)), rtol=RTOL64)
     if decay == "linear":
-        assert np.allclose(np.diff(lam), -(1 - 1 / kappa) / (r - 1), atol=1e-10)
-    assert np.linalg.norm(X, axis=1).mean() == pytest.approx(1.0, rel=1e-12)
+        np.testing.assert_allclose(np.diff(lam), -(1 - 1 / kappa) / (r - 1), rtol=RTOL64,
+                                   atol=ATOL64)
+    assert np.linalg.norm(X, axis=1).mean() == pytest.approx(1.0, rel=RTOL64)
     # test rows: same subspace, similar scale, not copies of training rows
     T = s.X_test.numpy()
     basis = np.linalg.svd(X, full_matrices=False)[2][:r]
-    assert np.allclose(T - T @ basis.T @ basis, 0, atol=1e-10)
+    np.testing.assert_allclose(T - T @ basis.T @ basis, 0, atol=ATOL64)
     assert 0.5 < np.linalg.norm(T, axis=1).mean() < 2
-    assert np.abs(T[:, None] - X[None]).max(-1).min() > 1e-6
+    assert np.abs(T[:, None] - X[None]).max(-1).min() > ATOL32  # no test row copies a train row
     assert s.box is None and s.image_shape is None and s.source == "generated"
     assert s.class_names == tuple(str(i) for i in range(10)) and s.y.max() < 10
 
@@ -364,10 +407,12 @@ def test_synthetic_reproducible_and_pair():
 @pytest.mark.parametrize("kw", [dict(synthetic_kappa=0.5), dict(synthetic_kappa=float("nan")),
                                 dict(synthetic_decay="cubic"), dict(synthetic_d=0),
                                 dict(synthetic_classes=1),
-                                dict(synthetic_d=1, synthetic_kappa=10.0)])
+                                dict(synthetic_d=1, synthetic_kappa=10.0),
+                                dict(n=20000, synthetic_d=4096)])
 def test_synthetic_rejects(kw):
-    with pytest.raises(BadInput):
-        load_sample(DataSpec("synthetic", n=10, n_test=5, **kw))
+    with pytest.raises(BadInput) as e:
+        load_sample(DataSpec("synthetic", **{"n": 10, "n_test": 5, **kw}))
+    _one_line(e)
 
 
 def test_synthetic_unknown_class():
@@ -403,15 +448,30 @@ def test_npz_with_test_split_and_floats(tmp_path):
              y_test=np.arange(8) % 2)
     s = load_sample(DataSpec(str(tmp_path / "f.npz"), n=30, n_test=8))
     assert s.image_shape == (3, 2, 2) and s.box is None and s.d == 12
-    assert np.allclose(np.sort(s.X.numpy(), 0), np.sort(X.reshape(30, -1), 0))
-    assert np.allclose(np.sort(s.X_test.numpy(), 0), np.sort(X[:8].reshape(8, -1) + 0.5, 0))
+    np.testing.assert_allclose(np.sort(s.X.numpy(), 0), np.sort(X.reshape(30, -1), 0),
+                               rtol=RTOL64, atol=ATOL64)
+    np.testing.assert_allclose(np.sort(s.X_test.numpy(), 0),
+                               np.sort(X[:8].reshape(8, -1) + 0.5, 0), rtol=RTOL64, atol=ATOL64)
 
 
 @pytest.mark.parametrize("arrays, err, needle", [
-    (dict(X=np.zeros((10, 3)), y=np.arange(9) % 2), BadInput, "y must be"),
+    (dict(X=np.zeros((10, 3)), y=np.arange(9) % 2), BadInput, "one label per row of X, shape (10,)"),
+    (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2, X_test=np.zeros((4, 3)),
+          y_test=np.arange(5) % 2), BadInput, "y_test must be one label per row of X_test"),
     (dict(X=np.zeros((10, 3)), y=np.zeros(10, dtype=int)), BadInput, "at least 2 classes"),
     (dict(X=np.full((10, 3), np.nan), y=np.arange(10) % 2), BadInput, "NaN"),
+    (dict(X=np.r_[np.zeros((9, 3)), [[0, np.inf, 0]]], y=np.arange(10) % 2), BadInput, "infinite"),
+    (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2, X_test=np.full((4, 3), -np.inf),
+          y_test=np.arange(4) % 2), BadInput, "X_test holds NaN or infinite"),
+    (dict(X=np.full((10, 3), 1e101), y=np.arange(10) % 2), BadInput, "limit is 1e+100"),
+    (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2, X_test=np.full((4, 3), -2e150),
+          y_test=np.arange(4) % 2), BadInput, "X_test holds values up to 2e+150"),
+    (dict(X=np.zeros((10, 0)), y=np.arange(10) % 2), BadInput, "X has no features"),
+    (dict(X=np.zeros((10, 0, 4)), y=np.arange(10) % 2), BadInput, "X has no features"),
     (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2 + 0.0), BadInput, "integer labels"),
+    (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2 == 0), BadInput, "integer labels"),
+    (dict(X=np.zeros((10, 3)), y=np.array(["a", "b"] * 5)), BadInput, "integer labels"),
+    (dict(X=np.zeros((10, 3), dtype=complex), y=np.arange(10) % 2), BadInput, "numeric"),
     (dict(X=np.zeros(10), y=np.arange(10) % 2), BadInput, "shape"),
     (dict(X=np.zeros((10, 3)), y=np.arange(10) % 2, X_test=np.zeros((4, 3))), BadInput, "X_test"),
     (dict(images=np.zeros((10, 3))), BadInput, "needs arrays X and y"),
@@ -422,6 +482,18 @@ def test_npz_rejects(tmp_path, arrays, err, needle):
     with pytest.raises(err) as e:
         load_sample(DataSpec(str(tmp_path / "bad.npz"), n=4, n_test=2))
     assert needle in _one_line(e)
+    buf = io.BytesIO()  # an upload gets the same one-line error and leaves nothing behind
+    np.savez(buf, **arrays)
+    with pytest.raises(err) as e:
+        store_npz(buf.getvalue(), "bad.npz", tmp_path / "uploads")
+    assert needle in _one_line(e) and list((tmp_path / "uploads").glob("*")) == []
+
+
+def test_npz_large_but_finite_values_load(tmp_path):
+    X = np.full((10, 3), MAX_ABS_VALUE) * (np.arange(10) % 2 * 2 - 1)[:, None]
+    np.savez(tmp_path / "big.npz", X=X, y=np.arange(10) % 2)
+    s = load_sample(DataSpec(str(tmp_path / "big.npz"), n=6, n_test=4))
+    assert s.X.abs().max().item() == MAX_ABS_VALUE and torch.isfinite(s.X @ s.X.T).all()
 
 
 def test_npz_missing_and_not_zip(tmp_path):
@@ -433,10 +505,6 @@ def test_npz_missing_and_not_zip(tmp_path):
 
 
 def test_store_npz_is_content_addressed_and_validated(tmp_path):
-    import io
-
-    from engine.data import store_npz
-
     buf = io.BytesIO()
     np.savez(buf, X=np.random.default_rng(0).random((12, 3, 3)), y=np.arange(12) % 2)
     p1 = store_npz(buf.getvalue(), "my data.npz", tmp_path)
@@ -454,7 +522,7 @@ def test_store_npz_is_content_addressed_and_validated(tmp_path):
 
 
 def test_fetch_dataset_unpacks_the_system_copy_or_names_the_files(tmp_path, monkeypatch):
-    from engine.data import SYSTEM_COPIES, fetch_dataset
+    from engine.data import SYSTEM_COPIES
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     with pytest.raises(BadInput, match="nothing to fetch"):
@@ -467,3 +535,247 @@ def test_fetch_dataset_unpacks_the_system_copy_or_names_the_files(tmp_path, monk
     ro.chmod(0o555)
     with pytest.raises(DataMissing, match="cifar-10-batches-py"):
         fetch_dataset("cifar10", ro)
+
+
+# ---------------------------------------------------------------- fingerprints
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    with open(path, "r+b") as f:  # same inode
+        f.write(data)
+        f.truncate()
+
+
+def test_fingerprint_npz_follows_content(tmp_path):
+    path = tmp_path / "u.npz"
+    np.savez(path, X=np.zeros((6, 2)), y=np.arange(6) % 2)
+    spec = DataSpec(str(path), n=3, n_test=2)
+    first = data_fingerprint(spec)
+    assert first == data_fingerprint(spec) == hashlib.sha256(path.read_bytes()).hexdigest()
+    buf = io.BytesIO()
+    np.savez(buf, X=np.ones((6, 2)), y=np.arange(6) % 2)
+    before = path.stat()
+    _rewrite_in_place(path, buf.getvalue())
+    assert (path.stat().st_ino, path.stat().st_size) == (before.st_ino, before.st_size)
+    assert data_fingerprint(spec) == hashlib.sha256(buf.getvalue()).hexdigest() != first
+
+
+def test_fingerprint_is_memoised_per_file_state(tmp_path):
+    path = tmp_path / "u.npz"
+    np.savez(path, X=np.zeros((6, 2)), y=np.arange(6) % 2)
+    old = path.stat().st_mtime_ns - 3600 * 10**9  # an hour old: not racy, so memoised
+    os.utime(path, ns=(old, old))
+    spec = DataSpec(str(path), n=3, n_test=2)
+    first = data_fingerprint(spec)
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF
+    _rewrite_in_place(path, bytes(data))
+    os.utime(path, ns=(old, old))  # same path, size, mtime and inode: the memo answers
+    assert data_fingerprint(spec) == first
+    os.utime(path, ns=(old + 10**9, old + 10**9))  # any change of state: read again
+    assert data_fingerprint(spec) == hashlib.sha256(bytes(data)).hexdigest() != first
+
+
+def test_fingerprint_rereads_freshly_written_files(tmp_path):
+    # a rewrite within one tick of the file clock keeps size, mtime and inode: not memoised
+    path = tmp_path / "u.npz"
+    np.savez(path, X=np.zeros((6, 2)), y=np.arange(6) % 2)
+    stamp = path.stat().st_mtime_ns
+    spec = DataSpec(str(path), n=3, n_test=2)
+    first = data_fingerprint(spec)
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF
+    _rewrite_in_place(path, bytes(data))
+    os.utime(path, ns=(stamp, stamp))
+    assert data_fingerprint(spec) == hashlib.sha256(bytes(data)).hexdigest() != first
+
+
+@needs_mnist
+def test_fingerprint_mnist_folders(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        (root / "MNIST" / "raw").mkdir(parents=True)
+        for f in IDX:
+            shutil.copyfile(MNIST_RAW / f, root / "MNIST" / "raw" / f)
+    labels = b / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    data = bytearray(labels.read_bytes())
+    data[-1] = (data[-1] + 1) % 10  # one test label differs
+    labels.write_bytes(bytes(data))
+    fa = data_fingerprint(DataSpec("mnist"), a)
+    assert len(fa) == 64 and fa == data_fingerprint(DataSpec("mnist:3-8", n=10), a)
+    assert data_fingerprint(DataSpec("mnist"), SHARED) == fa  # same files, another folder
+    assert data_fingerprint(DataSpec("mnist"), b) != fa
+    assert data_fingerprint(DataSpec("mnist"), a) == fa
+
+
+def test_fingerprint_cifar_and_synthetic(fake_cifar):
+    root, folder, _, _ = fake_cifar
+    spec = DataSpec("cifar10", n=10, n_test=5)
+    first = data_fingerprint(spec, root, allow_download=False)
+    (folder / "batches.meta").write_bytes((folder / "batches.meta").read_bytes() + b"\0")
+    assert data_fingerprint(spec, root, allow_download=False) != first
+    assert data_fingerprint(DataSpec("synthetic:0-1", seed=3)) == "synthetic"
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10", "gone.npz"])
+def test_fingerprint_missing_is_load_samples_error(tmp_path, dataset):
+    spec = DataSpec(str(tmp_path / dataset) if dataset.endswith(".npz") else dataset)
+    with pytest.raises(DataMissing) as loading:
+        load_sample(spec, tmp_path, allow_download=False)
+    with pytest.raises(DataMissing) as hashing:
+        data_fingerprint(spec, tmp_path, allow_download=False)
+    assert _one_line(hashing) == _one_line(loading)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- hostile .npz files
+
+def _npz_with_headers(members: dict[str, tuple], payload: int = 0) -> bytes:
+    """An .npz whose members declare (dtype, shape) but hold only `payload` zero bytes."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (dtype, shape) in members.items():
+            with zf.open(name, "w", force_zip64=True) as f:
+                npy.write_array_header_1_0(f, {"descr": np.dtype(dtype).str,
+                                               "fortran_order": False, "shape": shape})
+                for _ in range(payload >> 20):
+                    f.write(bytes(1 << 20))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def zip_bomb() -> bytes:
+    """A real zip bomb: ~0.25 MB of zip holding X.npy, 1 MB over the limit of zeros."""
+    size = MAX_NPZ_BYTES + 2**20
+    bomb = _npz_with_headers({"X.npy": ("u1", (size,))}, payload=size)
+    buf = io.BytesIO(bomb)
+    with zipfile.ZipFile(buf, "a") as zf:
+        with zf.open("y.npy", "w") as f:
+            npy.write_array(f, np.arange(3))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def no_unpacking(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the arrays were read before the sizes were checked")
+
+    monkeypatch.setattr(np, "load", refuse)
+
+
+def test_zip_bomb_is_refused_unread(tmp_path, zip_bomb, no_unpacking):
+    assert len(zip_bomb) < MAX_NPZ_BYTES // 100  # small on disk, the bound is on what it unpacks
+    path = tmp_path / "bomb.npz"
+    path.write_bytes(zip_bomb)
+    with pytest.raises(BadInput) as e:
+        load_sample(DataSpec(str(path), n=2, n_test=1))
+    msg = _one_line(e)
+    assert "X.npy" in msg and "201 MB" in msg and "limit is 200 MB" in msg
+    with pytest.raises(BadInput, match="X.npy.*201 MB.*limit is 200 MB"):
+        store_npz(zip_bomb, "bomb.npz", tmp_path / "uploads")
+    assert not (tmp_path / "uploads").exists()
+
+
+@pytest.mark.parametrize("members, needle", [
+    ({"X.npy": ("f8", (10**6, 10**6)), "y.npy": ("i8", (10**6,))},
+     "X.npy declares float64 (1000000, 1000000), 7,629,395 MB unpacked; the limit is 200 MB"),
+    ({"X.npy": ("u1", (60 * 2**20,)), "y.npy": ("u1", (60 * 2**20,)),
+      "X_test.npy": ("u1", (60 * 2**20,)), "y_test.npy": ("u1", (60 * 2**20,))},
+     "arrays declare 240 MB in all; the limit is 200 MB"),
+])
+def test_npz_headers_are_checked_before_reading(tmp_path, members, needle, no_unpacking):
+    blob = _npz_with_headers(members)  # headers that lie: the data are not there
+    (tmp_path / "lie.npz").write_bytes(blob)
+    with pytest.raises(BadInput) as e:
+        load_sample(DataSpec(str(tmp_path / "lie.npz"), n=2, n_test=1))
+    assert needle in _one_line(e)
+    with pytest.raises(BadInput) as e:
+        store_npz(blob, "lie.npz", tmp_path / "uploads")
+    assert needle in _one_line(e)
+
+
+def test_npz_truncated_member_is_corrupt(tmp_path):
+    blob = _npz_with_headers({"X.npy": ("f8", (10, 3)), "y.npy": ("i8", (10,))})
+    (tmp_path / "short.npz").write_bytes(blob)
+    with pytest.raises(DataCorrupt) as e:
+        load_sample(DataSpec(str(tmp_path / "short.npz"), n=4, n_test=2))
+    assert "short.npz" in _one_line(e)
+
+
+# ---------------------------------------------------------------- read-only folders, clean failures
+
+def test_writable(tmp_path):
+    assert writable(tmp_path) and writable(tmp_path / "new" / "deeper")
+    (tmp_path / "file").write_text("x")
+    assert not writable(tmp_path / "file" / "child")
+    assert not writable("/proc/influence-malleability/data")  # fails for root too
+    assert not writable("/sys/influence-malleability")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)  # root could write here, but the engine leaves a read-only folder alone
+    try:
+        assert not writable(ro) and not writable(ro / "data")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_engine_data_dir(tmp_path, monkeypatch):
+    assert engine_data_dir() == tmp_path / "xdg" / "influence-malleability" / "datasets"
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    assert engine_data_dir() == tmp_path / "cache" / "datasets"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "xdg").exists()
+
+
+@needs_fashion
+def test_fashion_unwritable_data_dir_uses_engine_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    spec = DataSpec("fashion-mnist", n=20, n_test=10)
+    s = load_sample(spec, "/proc/influence-malleability/data", allow_download=False)
+    own = tmp_path / "cache" / "datasets" / "FashionMNIST" / "raw"
+    assert Path(s.source) == own and all((own / f).is_file() for f in IDX)
+    fp = data_fingerprint(spec, "/proc/influence-malleability/data", allow_download=False)
+    assert fp == data_fingerprint(spec, tmp_path / "data")  # same bytes, unpacked elsewhere
+    info = {i.name: i for i in available_datasets("/proc/influence-malleability/data")}
+    assert Path(info["fashion-mnist"].where) == own
+
+
+def test_failed_unpack_leaves_nothing(tmp_path, monkeypatch):
+    from engine.data import SYSTEM_COPIES
+
+    src = tmp_path / "system"
+    src.mkdir()
+    for f in IDX:  # the third file is broken, after two were unpacked
+        (src / f"{f}.gz").write_bytes(b"not gzip" if f == IDX[2] else gzip.compress(b"x" * 64))
+    monkeypatch.setitem(SYSTEM_COPIES, "fashion-mnist", src)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for root in (tmp_path / "new" / "data", kept):
+        with pytest.raises(DataCorrupt) as e:
+            load_sample(DataSpec("fashion-mnist"), root, allow_download=False)
+        assert IDX[2] in _one_line(e)
+    assert not (tmp_path / "new").exists()
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+    assert not (tmp_path / "xdg").exists()
+
+
+@pytest.mark.parametrize("cls, leftover", [("MNIST", "MNIST/raw/train-images-idx3-ubyte.gz"),
+                                           ("CIFAR10", "cifar-10-python.tar.gz")])
+def test_failed_download_leaves_no_folders(tmp_path, monkeypatch, cls, leftover):
+    import torchvision
+
+    def half_done(self):  # as torchvision does: folders first, then part of a file, then the error
+        (Path(self.root) / leftover).parent.mkdir(parents=True, exist_ok=True)
+        (Path(self.root) / leftover).write_bytes(b"partial")
+        raise URLError("connection reset")
+
+    monkeypatch.setattr(getattr(torchvision.datasets, cls), "download", half_done)
+    name = {"MNIST": "mnist", "CIFAR10": "cifar10"}[cls]
+    with pytest.raises(DataMissing, match="download failed.*connection reset"):
+        load_sample(DataSpec(name), tmp_path / "new" / "data")
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "kept"
+    (kept / "MNIST").mkdir(parents=True)  # existed before: stays, with nothing new inside
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(DataMissing):
+        fetch_dataset(name, kept)
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == ["MNIST", "notes.txt"]
