@@ -35,6 +35,12 @@ class CacheCorrupt(EngineError):
     exit_code = 1
 
 
+class CacheError(EngineError):
+    """The cache folder cannot be used: not a folder, not private, not writable (exit code 2)."""
+
+    exit_code = 2
+
+
 class Cancelled(EngineError):
     """A long run was cancelled through its cancel flag."""
 
