@@ -1,10 +1,19 @@
 """Background jobs for long experiment runs: progress, ETA, cancel, dedupe by cache key.
 
-A ``JobManager`` runs ``run_*(cfg, progress=..., cancel=..., **kwargs)`` calls on a small
-thread pool (torch releases the GIL in its kernels). A job is identified by the config's
-cache key (``engine.cache.config_key(kind, cfg)``), so two callers asking for the same
-result, e.g. two browser tabs, share one computation. Finished jobs keep their ``Result``
-in memory (a few of them) while the engine's disk cache keeps them for good.
+A ``JobManager`` runs ``run_*(cfg, progress=..., cancel=..., **kwargs)`` calls on daemon
+threads, at most ``max_workers`` at a time (torch releases the GIL in its kernels). A job is
+identified by the config's cache key (``engine.cache.config_key(kind, cfg, data_dir)``), so
+two callers asking for the same result, e.g. two browser tabs, share one computation.
+Finished jobs keep their ``Result`` in memory (a few of them) while the engine's disk cache
+keeps them for good.
+
+Cancelling is cooperative: ``cancel`` sets the job's flag and the run raises
+``engine.errors.Cancelled`` at its next check; the job is CANCELLED the moment it does (a
+queued job at once). A finished job never blocks a new submission: a DONE one is served, a
+FAILED or CANCELLED one (or one that is being cancelled) is replaced by a fresh run.
+
+Worker threads are daemons and an ``atexit`` hook sets every job's cancel flag without
+waiting, so a server stops promptly even while a run is in a long torch call.
 
 The dashboard holds one manager per server process (``st.cache_resource``); this module
 never imports streamlit.
@@ -12,11 +21,13 @@ never imports streamlit.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import threading
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
+import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,15 +44,17 @@ class JobState(str, enum.Enum):
 
 
 FINISHED = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
-MIN_FRAC_FOR_ETA = 0.02  # below this, a linear extrapolation is noise
-MIN_SECONDS_FOR_ETA = 0.5
+RATE_WINDOW_S = 10.0       # the ETA follows the progress rate over about this many recent seconds
+MIN_SAMPLES_FOR_ETA = 3    # progress reports needed before an ETA is shown
+MIN_SECONDS_FOR_ETA = 0.5  # ... and the time they must span; a shorter rate is noise
+SAMPLE_EVERY_S = 0.1       # reports closer than this overwrite the newest sample (bounded history)
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     """One run. Fields are written by the worker thread and read by anyone."""
 
-    key: str                       # cache key of (kind, config): the dedupe identity
+    key: str                       # cache key of (kind, config, data): the dedupe identity
     kind: str
     label: str                     # one line for the user, e.g. "NTK sweep, 8 nets"
     state: JobState = JobState.QUEUED
@@ -54,12 +67,19 @@ class Job:
     error: str | None = None       # one line (EngineError message, or type: message)
     detail: str | None = None      # traceback of unexpected errors, for logs
     cancel_event: threading.Event = field(default_factory=threading.Event)
-    future: Future | None = None
     clock: Callable[[], float] = time.monotonic
+    # (clock time, frac) of recent progress reports: one at or before the rate window, the rest in it
+    history: deque = field(default_factory=deque, repr=False)
+    finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def done(self) -> bool:
         return self.state in FINISHED
+
+    @property
+    def cancelling(self) -> bool:
+        """Cancel was asked for and the run has not stopped yet."""
+        return self.cancel_event.is_set() and not self.done
 
     def elapsed_s(self) -> float:
         if self.started is None:
@@ -67,62 +87,94 @@ class Job:
         return (self.finished or self.clock()) - self.started
 
     def eta_s(self) -> float | None:
-        """Seconds left by linear extrapolation of progress; None until it means something."""
+        """Seconds left at the progress rate of the last ``RATE_WINDOW_S`` seconds.
+
+        0.0 once done; None while queued, after a failure or cancel, and until there are
+        ``MIN_SAMPLES_FOR_ETA`` reports spanning ``MIN_SECONDS_FOR_ETA`` with some progress,
+        or when the estimate has run out (the run is slower than its recent rate said).
+        """
         if self.state is not JobState.RUNNING:
             return 0.0 if self.state is JobState.DONE else None
-        elapsed = self.elapsed_s()
-        if self.frac < MIN_FRAC_FOR_ETA or elapsed < MIN_SECONDS_FOR_ETA:
+        samples = tuple(self.history)  # a snapshot: the worker appends while we read
+        if len(samples) < MIN_SAMPLES_FOR_ETA:
             return None
-        return elapsed * (1.0 - self.frac) / self.frac
+        (t0, f0), (t1, f1) = samples[0], samples[-1]
+        if t1 - t0 < MIN_SECONDS_FOR_ETA or f1 <= f0:
+            return None
+        left = (1.0 - f1) * (t1 - t0) / (f1 - f0) - (self.clock() - t1)  # counts down between reports
+        return left if left >= 0.0 else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job has finished (or timeout); True if it has."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
+        return self.done or self.finished_event.wait(timeout)
 
     def _progress(self, frac: float, stage: str) -> None:
+        now = self.clock()
         self.frac = min(max(float(frac), self.frac), 1.0)  # never runs backwards
         self.stage = stage
+        h = self.history
+        if len(h) >= 2 and now - h[-2][0] < SAMPLE_EVERY_S:
+            h[-1] = (now, self.frac)
+        else:
+            h.append((now, self.frac))
+        while len(h) > 1 and h[1][0] <= now - RATE_WINDOW_S:  # keep one sample at the window's start
+            h.popleft()
 
 
 class JobManager:
     """Runs experiment calls in the background, one job per cache key.
 
-    ``submit`` returns the existing job for the same (kind, config) when one is queued,
-    running or done; a failed or cancelled job is replaced by a fresh one.
+    ``submit`` returns the existing job for the same (kind, config, data_dir) when one is
+    done, or queued or running and not being cancelled; otherwise it starts a fresh one.
+    ``clock`` times everything (progress samples, ETA); tests inject a fake one.
     """
 
     def __init__(self, max_workers: int = 2, keep_finished: int = 8,
                  clock: Callable[[], float] = time.monotonic):
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-job")
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._threads: set[threading.Thread] = set()
         self._jobs: dict[str, Job] = {}
+        self._live: set[Job] = set()   # not finished, including replaced ones still stopping
         self._lock = threading.Lock()
         self._keep = keep_finished
         self._clock = clock
+        self._closed = False
+        _MANAGERS.add(self)
 
     @staticmethod
-    def key(kind: str, config) -> str:
-        return config_key(kind, config)
+    def key(kind: str, config, data_dir=None) -> str:
+        """The job identity, ``config_key(kind, config, data_dir)``; raises what that raises
+        (e.g. ``DataMissing`` when the data cannot be fingerprinted)."""
+        return config_key(kind, config, data_dir)
 
-    def submit(self, kind: str, config, fn: Callable[..., Result], label: str = "", **kwargs) -> Job:
-        """Start ``fn(config, progress=, cancel=, **kwargs)`` unless the same key is live or done."""
-        key = config_key(kind, config)
+    def submit(self, kind: str, config, fn: Callable[..., Result], label: str = "", *,
+               data_dir=None, **kwargs) -> Job:
+        """Start ``fn(config, progress=, cancel=, [data_dir=], **kwargs)`` unless the same key is live or done.
+
+        data_dir: part of the job's identity (``config_key``'s data fingerprint) and passed
+        on to ``fn`` when given. Raises what ``config_key`` raises.
+        """
+        key = config_key(kind, config, data_dir)
+        if data_dir is not None:
+            kwargs["data_dir"] = data_dir
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the job manager has been shut down")
             job = self._jobs.get(key)
-            if job is not None and job.state not in (JobState.FAILED, JobState.CANCELLED):
+            if job is not None and (job.state is JobState.DONE or not (job.done or job.cancelling)):
                 return job
             job = Job(key, kind, label or kind, submitted=self._clock(), clock=self._clock)
             self._jobs[key] = job
+            self._live.add(job)
             self._evict()
-            job.future = self._pool.submit(self._run, job, fn, config, kwargs)
+            thread = threading.Thread(target=self._thread, args=(job, fn, config, kwargs),
+                                      name=f"engine-job-{kind}", daemon=True)
+            self._threads = {t for t in self._threads if t.is_alive()} | {thread}
+            thread.start()
             return job
 
-    def get(self, kind: str, config) -> Job | None:
-        return self._jobs.get(config_key(kind, config))
+    def get(self, kind: str, config, data_dir=None) -> Job | None:
+        return self._jobs.get(config_key(kind, config, data_dir))
 
     def get_key(self, key: str) -> Job | None:
         return self._jobs.get(key)
@@ -133,14 +185,16 @@ class JobManager:
             return sorted(self._jobs.values(), key=lambda j: j.submitted, reverse=True)
 
     def cancel(self, key: str) -> bool:
-        """Ask a queued or running job to stop; True if there was one to stop."""
-        job = self._jobs.get(key)
-        if job is None or job.done:
-            return False
-        job.cancel_event.set()
-        if job.future is not None and job.future.cancel():  # never started
-            self._finish(job, JobState.CANCELLED, error="cancelled before it started")
-        return True
+        """Ask a queued or running job to stop; True if there was one to stop.
+
+        A queued job is CANCELLED at once; a running one when its run raises ``Cancelled``.
+        """
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None or job.done:
+                return False
+            self._cancel(job)
+            return True
 
     def forget(self, key: str) -> None:
         """Drop a finished job (its result stays in the disk cache)."""
@@ -149,23 +203,45 @@ class JobManager:
             if job is not None and job.done:
                 del self._jobs[key]
 
-    def shutdown(self, cancel: bool = True) -> None:
-        if cancel:
-            for job in list(self._jobs.values()):
-                job.cancel_event.set()
-        self._pool.shutdown(wait=True, cancel_futures=cancel)
+    def shutdown(self, cancel: bool = True, wait: bool = True, timeout: float | None = None) -> None:
+        """Refuse new jobs; with ``cancel`` set every unfinished job's flag; with ``wait`` join the workers."""
+        with self._lock:
+            self._closed = True
+            if cancel:
+                for job in list(self._live):
+                    self._cancel(job)
+            threads = list(self._threads)
+        if wait:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for t in threads:
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # ---------------------------------------------------------------- worker side
 
-    def _run(self, job: Job, fn, config, kwargs) -> None:
-        if job.cancel_event.is_set():
+    def _cancel(self, job: Job) -> None:
+        """Caller holds the lock."""
+        job.cancel_event.set()
+        if job.state is JobState.QUEUED:
             self._finish(job, JobState.CANCELLED, error="cancelled before it started")
-            return
-        job.state, job.started, job.stage = JobState.RUNNING, self._clock(), "starting"
+
+    def _thread(self, job: Job, fn, config, kwargs) -> None:
+        while not self._slots.acquire(timeout=0.1):  # queued; wake now and then to notice a cancel
+            if job.done:
+                return
+        try:
+            with self._lock:
+                if job.state is not JobState.QUEUED:  # cancelled while it waited
+                    return
+                job.state, job.started, job.stage = JobState.RUNNING, self._clock(), "starting"
+            self._run(job, fn, config, kwargs)
+        finally:
+            self._slots.release()
+
+    def _run(self, job: Job, fn, config, kwargs) -> None:
         try:
             result = fn(config, progress=job._progress, cancel=job.cancel_event, **kwargs)
         except Cancelled as exc:
-            self._finish(job, JobState.CANCELLED, error=str(exc))
+            self._finish(job, JobState.CANCELLED, error=str(exc) or "cancelled")
         except EngineError as exc:
             self._finish(job, JobState.FAILED, error=str(exc))
         except Exception as exc:  # anything else is a bug, but the UI must still say so in one line
@@ -176,6 +252,9 @@ class JobManager:
             job.result = result
             job.frac, job.stage = 1.0, "done"
             self._finish(job, JobState.DONE)
+        finally:
+            if not job.done:  # SystemExit and the like: never leave a job "running" forever
+                self._finish(job, JobState.FAILED, error="the run was interrupted")
 
     def _finish(self, job: Job, state: JobState, error: str | None = None,
                 detail: str | None = None) -> None:
@@ -183,10 +262,22 @@ class JobManager:
         job.finished = self._clock()
         if job.started is None:
             job.started = job.finished
-        job.state = state  # last, so that readers who see `done` see everything else
+        job.state = state  # after the fields above, so that readers who see `done` see them too
+        job.finished_event.set()
+        self._live.discard(job)
 
     def _evict(self) -> None:
         """Keep at most `keep_finished` finished jobs (oldest go first); caller holds the lock."""
         finished = sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.finished or 0.0)
         for job in finished[:max(0, len(finished) - self._keep)]:
             del self._jobs[job.key]
+
+
+_MANAGERS: weakref.WeakSet[JobManager] = weakref.WeakSet()
+
+
+@atexit.register
+def _cancel_all_at_exit() -> None:
+    """Ask every run to stop when the interpreter exits; never wait (the threads are daemons)."""
+    for manager in list(_MANAGERS):
+        manager.shutdown(cancel=True, wait=False)

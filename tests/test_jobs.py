@@ -1,12 +1,18 @@
-"""engine.jobs: dedupe by cache key, cancel, progress and ETA, captured errors."""
+"""engine.jobs: dedupe by cache key, cancel, progress and ETA, captured errors, shutdown."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import engine.jobs
 from engine.cache import Result, config_key
 from engine.errors import BadInput, Cancelled
 from engine.jobs import Job, JobManager, JobState
@@ -96,21 +102,69 @@ def test_cancel_before_start():
     m.shutdown()
 
 
-def test_progress_and_eta():
+def test_progress_and_eta_follow_the_recent_rate():
     now = [100.0]
     job = Job("k", "fake", "label", clock=lambda: now[0])
     assert job.eta_s() is None                       # queued
     job.state, job.started = JobState.RUNNING, 100.0
-    now[0] = 110.0
+    now[0] = 110.0                                   # 10 s of setup before the first report
     job._progress(0.25, "training")
     assert job.stage == "training" and job.elapsed_s() == pytest.approx(10.0)
-    assert job.eta_s() == pytest.approx(30.0)        # 10 s for a quarter, 30 s for the rest
+    assert job.eta_s() is None                       # one sample: no rate yet
+    now[0] = 111.0
+    job._progress(0.30, "training")
+    assert job.eta_s() is None                       # two samples are not enough
+    now[0] = 112.0
+    job._progress(0.35, "training")
+    assert job.eta_s() == pytest.approx(13.0)        # 5 %/s, 65 % left; the setup does not count
+    now[0] = 113.0
+    assert job.eta_s() == pytest.approx(12.0)        # counts down between reports
+    now[0] = 140.0
+    assert job.eta_s() is None                       # overdue: no made-up "0 s left"
     job._progress(0.1, "late report")                # progress never runs backwards
-    assert job.frac == 0.25
-    job._progress(0.001, "x")
+    assert job.frac == 0.35
     fresh = Job("k2", "fake", "l", state=JobState.RUNNING, started=110.0, clock=lambda: now[0])
-    fresh._progress(0.001, "start")
-    assert fresh.eta_s() is None                     # too early to extrapolate
+    for _ in range(5):
+        fresh._progress(0.001, "start")              # no progress at all: no rate
+    assert fresh.eta_s() is None
+
+
+def test_eta_uses_the_last_ten_seconds_with_the_managers_clock():
+    """Slow for 60 s, then fast: the ETA follows the fast rate, not the average since start."""
+    now = [1000.0]
+    m = JobManager(clock=lambda: now[0])
+    reported, gate = threading.Event(), threading.Event()
+
+    def run(cfg, progress=None, cancel=None, **kwargs):
+        for t in range(61):                          # 0.5 %/s for a minute: 30 %
+            now[0] = 1000.0 + t
+            progress(0.005 * t, "slow part")
+        for t in range(1, 21):                       # then 2 %/s for 20 s: 70 %
+            now[0] = 1060.0 + t
+            progress(0.30 + 0.02 * t, "fast part")
+        reported.set()
+        gate.wait(5)
+        return Result("fake", {})
+
+    job = m.submit("fake", Cfg(7), run)
+    assert reported.wait(5)
+    assert job.state is JobState.RUNNING and job.frac == pytest.approx(0.70)
+    assert job.elapsed_s() == pytest.approx(80.0)
+    assert job.eta_s() == pytest.approx(15.0)        # 30 % at 2 %/s; since start it would be 34 s
+    assert len(job.history) <= 12                    # only the window (plus its first sample) is kept
+    gate.set()
+    assert job.wait(5) and job.eta_s() == 0.0
+    m.shutdown()
+
+
+def test_frequent_reports_keep_a_short_history():
+    now = [0.0]
+    job = Job("k", "fake", "l", state=JobState.RUNNING, started=0.0, clock=lambda: now[0])
+    for i in range(10_000):                          # a report every millisecond for 10 s
+        now[0] = i * 1e-3
+        job._progress(i / 20_000, "step")
+    assert len(job.history) <= 110
+    assert job.eta_s() == pytest.approx(10.0, rel=0.01)
 
 
 def test_progress_reaches_the_job(manager):
@@ -152,3 +206,126 @@ def test_finished_jobs_are_evicted():
     assert len(m.jobs()) <= 3
     assert m.get("fake", Cfg(99)) is not None
     m.shutdown()
+
+
+def looping(cfg, progress=None, cancel=None, every: float = 0.05, limit: float = 60.0, **kwargs):
+    """A run that checks its cancel flag every `every` seconds, for up to `limit` seconds."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        if cancel.is_set():
+            raise Cancelled("cancelled in the loop")
+        progress(min((time.monotonic() - start) / limit, 1.0), "looping")
+        time.sleep(every)
+    return Result("loop", {})
+
+
+def _running(job, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while job.state is JobState.QUEUED and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert job.state is JobState.RUNNING
+
+
+def test_cancel_takes_effect_within_a_second(manager):
+    job = manager.submit("loop", Cfg(1), looping)
+    _running(job)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    assert manager.cancel(job.key)
+    assert job.cancelling
+    assert job.wait(1.0), "a run that checks its flag every 50 ms must stop within 1 s"
+    assert time.monotonic() - t0 < 1.0
+    assert job.state is JobState.CANCELLED and not job.cancelling
+
+
+def test_a_queued_job_is_cancelled_at_once():
+    m = JobManager(max_workers=1)
+    first = m.submit("loop", Cfg(1), looping)
+    queued = m.submit("loop", Cfg(2), looping)
+    _running(first)
+    assert m.cancel(queued.key)
+    assert queued.state is JobState.CANCELLED       # no wait for a free worker
+    m.shutdown()
+    assert first.state is JobState.CANCELLED
+
+
+def test_finished_jobs_never_block_a_new_submission(manager):
+    job = manager.submit("loop", Cfg(1), looping)
+    _running(job)
+    manager.cancel(job.key)
+    stopping = manager.submit("loop", Cfg(1), looping)  # asked again while it is still stopping
+    assert stopping is not job and not stopping.cancel_event.is_set()
+    assert job.wait(1) and job.state is JobState.CANCELLED
+    assert manager.get("loop", Cfg(1)) is stopping
+    manager.cancel(stopping.key)
+    assert stopping.wait(1)
+    done = manager.submit("loop", Cfg(1), looping, limit=0.0)
+    assert done.wait(5) and done.state is JobState.DONE
+    assert manager.submit("loop", Cfg(1), looping) is done   # a done job is served
+
+
+def test_shutdown_sets_every_cancel_flag():
+    m = JobManager(max_workers=1)
+    jobs = [m.submit("loop", Cfg(x), looping) for x in range(3)]
+    _running(jobs[0])
+    m.shutdown(cancel=True, wait=False)
+    assert all(j.cancel_event.is_set() for j in jobs)
+    assert all(j.state is JobState.CANCELLED for j in jobs[1:])  # the queued ones at once
+    assert jobs[0].wait(1) and jobs[0].state is JobState.CANCELLED
+    with pytest.raises(RuntimeError):
+        m.submit("loop", Cfg(9), looping)
+
+
+def test_data_dir_is_part_of_the_key_and_reaches_the_run(manager, monkeypatch):
+    assert manager.key("fake", Cfg(1), "/data/a") == config_key("fake", Cfg(1), "/data/a")
+    seen = []
+
+    def key(kind, config, data_dir=None):             # as if the data in the two folders differed
+        seen.append(data_dir)
+        return config_key(kind, config, data_dir) + f"|{data_dir}"
+
+    monkeypatch.setattr(engine.jobs, "config_key", key)
+    fn = Counter(steps=1, open_gate=True)
+    a = manager.submit("fake", Cfg(1), fn, data_dir="/data/a")
+    b = manager.submit("fake", Cfg(1), fn, data_dir="/data/b")
+    assert a is not b and a.key.endswith("|/data/a")
+    assert a.wait(5) and a.result.meta["data_dir"] == "/data/a"
+    assert manager.get("fake", Cfg(1), data_dir="/data/a") is a
+    assert manager.key("fake", Cfg(1), "/data/b") == b.key
+    assert "/data/a" in seen
+    assert b.wait(5)
+
+
+SIGTERM_SCRIPT = """
+import signal, sys, time
+sys.path.insert(0, {root!r})
+from engine.jobs import JobManager, JobState
+from tests.test_jobs import looping
+
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))   # as streamlit's server does, in effect
+m = JobManager()
+jobs = [m.submit("loop", {{"x": x}}, looping, every={every}, limit=60.0) for x in range(2)]
+while any(j.state is not JobState.RUNNING for j in jobs):
+    time.sleep(0.01)
+print("running", flush=True)
+jobs[0].wait()
+"""
+
+
+@pytest.mark.parametrize("every", [0.1, 30.0], ids=["checks-its-flag", "in-a-long-call"])
+def test_the_process_exits_soon_after_sigterm_with_jobs_running(tmp_path, every):
+    root = str(Path(__file__).resolve().parents[1])
+    script = tmp_path / "server.py"
+    script.write_text(SIGTERM_SCRIPT.format(root=root, every=every))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=root)
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

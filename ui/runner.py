@@ -1,95 +1,141 @@
 """Get an experiment result for a page: from the job manager, the disk cache, or a new job.
 
-``obtain`` never blocks for long: quick runs finish within ``INLINE_WAIT_S`` and render at
-once; longer ones show a progress bar with stage text, ETA and a Cancel button in a
-fragment that polls the job every ``POLL_S`` seconds and reruns the page when it is done.
-Jobs live in the server's ``JobManager``, so they survive widget changes, page switches and
-closed tabs, and two tabs asking for the same config share one job.
+``obtain`` never blocks for long and never leaves a blank: a progress bar appears as soon as
+a job is queued or running, quick runs finish within ``INLINE_WAIT_S`` and render at once,
+longer ones keep a progress bar with stage text, ETA and a Cancel button in a fragment that
+polls the job every ``POLL_S`` seconds and reruns the page when it is done. Jobs live in the
+server's ``JobManager``, so they survive widget changes, page switches and closed tabs, and
+two tabs asking for the same config share one job. After a failure or a cancel, one click on
+"Try again" / "Run again", in any tab, starts a fresh run (the buttons submit in their
+``on_click`` callback, so the click counts even if the page draws differently next time).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import streamlit as st
 
-from engine.cache import Result, config_key
-from engine.jobs import JobState
+from engine.cache import Result
+from engine.errors import EngineError
+from engine.jobs import Job, JobManager, JobState
 from ui.common import get_cache, get_manager, shared
 
-INLINE_WAIT_S = 3.0   # wait this long for a fresh job before showing a progress bar
+INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment
 POLL_S = 0.7          # progress bar refresh
+DRAW_S = 0.25         # progress bar refresh while waiting inline
+CANCEL_WAIT_S = 1.0   # after Cancel, wait this long for the run to stop before redrawing the page
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "estimating…"
+def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
+def _status(job: Job) -> str:
+    """The progress bar's text: label, stage, percent, elapsed time and ETA."""
+    if job.cancelling:
+        state = "cancelling…"
+    elif job.state is JobState.QUEUED:
+        state = "waiting for a free worker"
+    else:
+        state = job.stage
+    eta = job.eta_s()
+    left = "estimating time left" if eta is None else f"about {_duration(eta)} left"
+    return f"**{job.label}** — {state} · {job.frac:.0%} · {_duration(job.elapsed_s())} elapsed · {left}"
+
+
 @st.fragment(run_every=POLL_S)
 def _progress(key: str) -> None:
-    job = get_manager().get_key(key)
+    manager = get_manager()
+    job = manager.get_key(key)
     if job is None or job.done:
         st.rerun(scope="app")
-    state = "waiting for a free worker" if job.state is JobState.QUEUED else job.stage
-    st.progress(job.frac, text=f"**{job.label}** — {state} · {job.frac:.0%} · "
-                               f"{_duration(job.elapsed_s())} elapsed · about {_duration(job.eta_s())} left")
+    st.progress(job.frac, text=_status(job))
+    if job.cancelling:
+        return  # no second Cancel; the bar says "cancelling…" until the run stops
     if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run; nothing is cached"):
-        get_manager().cancel(key)
+        manager.cancel(key)
+        job.wait(CANCEL_WAIT_S)  # a run that checks its flag between steps stops well within this
         st.rerun(scope="app")
+
+
+def _submit(manager: JobManager, kind: str, cfg, fn, label: str, data_dir, kwargs: dict) -> None:
+    """Button callback: (re)submit; replaces a failed or cancelled job, joins a live one."""
+    manager.submit(kind, cfg, fn, label, data_dir=data_dir, **kwargs)
 
 
 def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = True,
-           button: str = "Run", note: str = "") -> Result | None:
+           button: str = "Run", note: str = "", data_dir=None) -> Result | None:
     """The result of ``fn(cfg, ...)``, or None while it is being computed or waits for a click.
 
     kind: the cache kind ``fn`` stores under (its first argument to ``cached_run``).
     auto: start at once when nothing is cached (quick settings); otherwise show ``button``.
-    Engine errors appear as one-line ``st.error`` boxes.
+    data_dir: the data folder, part of the result's identity (``config_key``) and passed to
+        ``fn``; None for the engine's default.
+    Engine errors appear as one-line ``st.error`` boxes, a failed run's with a "Try again"
+    button; a cancelled run shows a note with a "Run again" button.
     """
     manager, cache = get_manager(), get_cache()
-    key = config_key(kind, cfg)
+    try:
+        key = manager.key(kind, cfg, data_dir)  # fingerprints the data, so it can fail
+    except EngineError as exc:
+        st.error(str(exc))
+        return None
     job = manager.get_key(key)
     if job is not None and job.state is JobState.DONE:
         return job.result
     if job is None or job.done:
-        hit = cache.get(kind, cfg, on_corrupt=st.warning)
+        hit = cache.get(kind, cfg, on_corrupt=st.warning, data_dir=data_dir)
         if hit is not None:
             return hit
-    if job is not None and job.state is JobState.FAILED:
-        st.error(job.error)
-        if not st.button("Try again", key=f"retry.{key[:16]}"):
-            return None
-        job = None
-    elif job is not None and job.state is JobState.CANCELLED:
-        st.info(f"{label}: cancelled.")
-        if not st.button("Run again", key=f"again.{key[:16]}"):
-            return None
-        job = None
-    if job is None:
-        if not auto:
+    slot = st.empty()  # one place for the button, the progress bar, the error, or nothing
+    kwargs = dict(cache=cache, device=shared().device)
+    args = (manager, kind, cfg, fn, label, data_dir, kwargs)
+    if job is None and auto:
+        job = manager.submit(kind, cfg, fn, label, data_dir=data_dir, **kwargs)
+    elif job is None:
+        with slot.container():
             if note:
                 st.caption(note)
-            if not st.button(button, key=f"run.{key[:16]}", type="primary"):
-                return None
-        job = manager.submit(kind, cfg, fn, label, cache=cache, device=shared().device)
-    if job.wait(INLINE_WAIT_S):
-        if job.state is JobState.DONE:
-            return job.result
-        if job.state is JobState.FAILED:
-            st.error(job.error)
-        else:
-            st.info(f"{label}: cancelled.")
+            st.button(button, key=f"run.{key[:16]}", type="primary", on_click=_submit, args=args)
         return None
-    _progress(key)
+    elif job.done:
+        _ended(slot, job, label, key, args)
+        return None
+    deadline = time.monotonic() + INLINE_WAIT_S
+    slot.progress(job.frac, text=_status(job))  # on screen at once, not after the inline wait
+    while not job.wait(max(0.0, min(DRAW_S, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            with slot.container():
+                _progress(key)
+            return None
+        slot.progress(job.frac, text=_status(job))
+    if job.state is JobState.DONE:
+        slot.empty()
+        return job.result
+    _ended(slot, job, label, key, args)
     return None
 
 
-def peek(kind: str, cfg) -> Result | None:
+def _ended(slot, job: Job, label: str, key: str, args: tuple) -> None:
+    """A failed or cancelled job: its message and one button that starts a fresh run."""
+    with slot.container():
+        if job.state is JobState.FAILED:
+            st.error(job.error)
+            st.button("Try again", key=f"retry.{key[:16]}", on_click=_submit, args=args)
+        else:
+            st.info(f"{label}: cancelled.")
+            st.button("Run again", key=f"again.{key[:16]}", on_click=_submit, args=args)
+
+
+def peek(kind: str, cfg, data_dir=None) -> Result | None:
     """A finished result if one exists (memory or disk), without starting anything."""
-    job = get_manager().get(kind, cfg)
+    try:
+        job = get_manager().get(kind, cfg, data_dir)
+    except EngineError:  # no key without the data; `obtain` says why
+        return None
     if job is not None and job.state is JobState.DONE:
         return job.result
-    return get_cache().get(kind, cfg, on_corrupt=st.warning)
+    return get_cache().get(kind, cfg, on_corrupt=st.warning, data_dir=data_dir)
