@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import requires_cuda
+from conftest import (ATOL32_ONE_PASS, ATOL64, RTOL32, RTOL32_ONE_PASS, RTOL64, RTOL_DEVICES_INIT,
+                      RTOL_DEVICES_TRAINED, requires_cuda)
+from engine.attacks import AttackSpec, attack
 from engine.data import DataSpec
 from engine.device import resolve_device
 from engine.experiments import SweepConfig, run_ntk_sweep
-from engine.malleability import MalleabilityConfig, run_malleability
+from engine.malleability import MalleabilityConfig, example_key, run_malleability
 from engine.models import Net, TwoLayerReLU, normalize_rows
 from engine.ntk import _counts, empirical_ntk, empirical_ntk_features
 from engine.training import TrainSpec
@@ -39,7 +41,7 @@ def test_cuda_kernel_matches_the_cpu_float64_reference(arch):
     net = Net(arch, X, 512, 2, seed=1).to(CUDA)
     K = empirical_ntk(net, X.to(CUDA).float(), chunk=16).cpu()
     K_ref = empirical_ntk(net64, X, method="autograd")
-    np.testing.assert_allclose(K.numpy(), K_ref.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(K.numpy(), K_ref.numpy(), rtol=RTOL32_ONE_PASS, atol=ATOL32_ONE_PASS)
 
 
 def test_twenty_thousand_points_fit_and_agree_on_a_block():
@@ -48,7 +50,7 @@ def test_twenty_thousand_points_fit_and_agree_on_a_block():
     K = empirical_ntk_features(head, phi)
     assert K.shape == (20_000, 20_000)
     block = empirical_ntk_features(head.double(), phi[:300].double())
-    torch.testing.assert_close(K[:300, :300], block, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(K[:300, :300], block, rtol=RTOL32_ONE_PASS, atol=ATOL32_ONE_PASS)
 
 
 def test_sweep_on_cuda_matches_cpu():
@@ -56,12 +58,49 @@ def test_sweep_on_cuda_matches_cpu():
     cpu = run_ntk_sweep(cfg, device="cpu").frames["rows"]
     gpu = run_ntk_sweep(cfg, device="cuda").frames["rows"]
     assert gpu.shape == cpu.shape
-    np.testing.assert_allclose(gpu.kernel_dist_init, cpu.kernel_dist_init, rtol=1e-3)
-    np.testing.assert_allclose(gpu.kernel_dist_trained, cpu.kernel_dist_trained, rtol=1e-2)
+    np.testing.assert_allclose(gpu.kernel_dist_init, cpu.kernel_dist_init, rtol=RTOL_DEVICES_INIT)
+    np.testing.assert_allclose(gpu.kernel_dist_trained, cpu.kernel_dist_trained, rtol=RTOL_DEVICES_TRAINED)
 
 
-def test_malleability_runs_on_cuda():
-    cfg = MalleabilityConfig(data=SYN, width=64, train=TrainSpec(epochs=3), attacks=("fgsm", "pgd", "mim"),
-                             eps=(0.1,), steps=3)
-    rows = run_malleability(cfg, device="cuda").frames["rows"]
-    assert len(rows) == 6 and rows.flip_rate.between(0, 1).all()
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+@pytest.mark.parametrize("method", ["fgsm", "pgd", "mim"])
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_attacks_on_cuda_match_the_cpu_float64_reference(arch, method, norm):
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(40, 12, generator=g, dtype=torch.float64)
+    y = torch.arange(40) % 3
+    net = Net(arch, X, 64, 3, seed=1, dtype=torch.float64)
+    spec = AttackSpec(method, 0.1, steps=4, random_start=True, norm=norm)
+    mask = torch.arange(40) < 10
+    ref = attack(net, X, y, 3, spec, "ce", mask=mask)
+    got = attack(net.to(CUDA), X.to(CUDA), y.to(CUDA), 3, spec, "ce", mask=mask.to(CUDA))
+    assert got.device.type == "cuda"
+    np.testing.assert_allclose(got.cpu().numpy(), ref.numpy(), rtol=RTOL64, atol=ATOL64)
+    assert torch.equal(got[10:].cpu(), X[10:]) and not torch.equal(ref[:10], X[:10])
+
+
+def _malleability_against(device: str, reference: str = "cpu"):
+    """Untrained nets (no training noise to amplify): clean influences agree between devices,
+    and each device's rows follow from its own stored influences."""
+    cfg = MalleabilityConfig(data=SYN, width=64, seeds=(0,), train=TrainSpec(epochs=0), tau=0.25,
+                             attacks=("fgsm", "pgd", "mim"), eps=(0.1,), attack=AttackSpec(steps=3))
+    got = run_malleability(cfg, device=device)
+    ref = run_malleability(cfg, device=reference)
+    rows, ref_rows = got.frames["rows"], ref.frames["rows"]
+    assert len(rows) == 6 and list(rows.test_acc) == list(ref_rows.test_acc)
+    for r in rows.itertuples():
+        key = lambda what: example_key(r.arch, r.attack, r.eps, what)  # noqa: E731
+        before, after, top = (got.arrays[key(w)] for w in ("infl_before", "infl_after", "top_idx"))
+        scale = np.abs(ref.arrays[key("infl_before")]).max()
+        np.testing.assert_allclose(before, ref.arrays[key("infl_before")], rtol=RTOL_DEVICES_INIT,
+                                   atol=RTOL_DEVICES_INIT * scale)
+        assert r.flip_rate == np.mean(np.sign(before[top]) != np.sign(after[top]))
+        assert np.abs(got.arrays[key("X_pert")] - got.arrays[key("X_clean")]).max() <= 0.1 * (1 + RTOL32)
+
+
+def test_malleability_on_cuda_matches_cpu():
+    _malleability_against("cuda")
+
+
+def test_torch_device_passes_through():
+    assert resolve_device(torch.device("cuda", 0)) == torch.device("cuda", 0)

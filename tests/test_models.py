@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ATOL64, RTOL64
+from conftest import ATOL64, ATOL64_CHAIN, ATOL64_POWER, RTOL64, RTOL64_CHAIN, RTOL64_POWER
 from engine.errors import BadInput
 from engine.models import Net, TwoLayerReLU, attention_features, features, parse_attention
 
@@ -47,7 +47,7 @@ def test_linear_attention_is_ZZtZ_and_gram_is_G_cubed():
     A = attention_features(X, X, "linear").numpy()
     np.testing.assert_allclose(A, Z @ Z.T @ Z, rtol=RTOL64, atol=ATOL64)
     G = Z @ Z.T
-    np.testing.assert_allclose(A @ A.T, np.linalg.matrix_power(G, 3), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(A @ A.T, np.linalg.matrix_power(G, 3), rtol=RTOL64_CHAIN, atol=ATOL64_CHAIN)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -56,9 +56,10 @@ def test_stacked_attention_matches_matrix_power(k):
     Z = _unit(X)
     C = Z.T @ Z
     A = attention_features(X, X, f"stacked:{k}").numpy()
-    np.testing.assert_allclose(A, Z @ np.linalg.matrix_power(C, k), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(A, Z @ np.linalg.matrix_power(C, k), rtol=RTOL64_CHAIN, atol=ATOL64_CHAIN)
     G = Z @ Z.T
-    np.testing.assert_allclose(A @ A.T, np.linalg.matrix_power(G, 2 * k + 1), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(A @ A.T, np.linalg.matrix_power(G, 2 * k + 1),
+                               rtol=RTOL64_POWER, atol=ATOL64_POWER)
 
 
 @pytest.mark.parametrize("r", [1, 3, 5])
@@ -69,13 +70,13 @@ def test_truncated_attention_matches_eigendecomposition(r):
     Vr, lr = V[:, ::-1][:, :r], lam[::-1][:r]
     Cr = Vr @ np.diag(lr) @ Vr.T
     np.testing.assert_allclose(attention_features(X, X, f"truncated:{r}").numpy(), Z @ Cr.T,
-                               rtol=1e-9, atol=1e-9)
+                               rtol=RTOL64_CHAIN, atol=ATOL64_CHAIN)
 
 
 def test_truncated_full_rank_equals_linear():
     X = _rand(10, 4)
     np.testing.assert_allclose(attention_features(X, X, "truncated:4"), attention_features(X, X, "linear"),
-                               rtol=1e-9, atol=1e-9)
+                               rtol=RTOL64_CHAIN, atol=ATOL64_CHAIN)
 
 
 def test_softmax_attention_matches_loop():
