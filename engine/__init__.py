@@ -8,13 +8,18 @@ from .cache import ENGINE_VERSION, Cache, Result, cached_run
 from .data import DataSpec, Sample, available_datasets, load_sample, resolve_data_dir
 from .device import resolve_device
 from .errors import BadInput, CacheCorrupt, Cancelled, DataCorrupt, DataMissing, EngineError
+from .budget import Budget, Estimate
+from .calibration import estimate
 from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
                           run_spectrum)
 from .attacks import AttackMethod, AttackSpec, attack
 from .influence import aggregate, influence_matrix, loo_influence, net_influence, top_indices
 from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
+from .runs import Prepared, prepare, tick
+from .settings import setting, validate
 from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
-from .ntk import NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, relative_distance
+from .ntk import (NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, prediction_gap,
+                  relative_distance, whitened_distance)
 from .scaling import ScalingConfig, run_scaling, theory_exponent
 from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10
 from .training import TrainSpec, train
@@ -22,7 +27,8 @@ from .training import TrainSpec, train
 __version__ = ENGINE_VERSION
 
 __all__ = [
-    "__version__", "aggregate", "ARCHS", "attack", "AttackMethod", "AttackSpec", "Attention",
+    "__version__", "aggregate", "Budget", "Estimate", "estimate", "prediction_gap", "Prepared", "prepare",
+    "setting", "tick", "validate", "whitened_distance", "ARCHS", "attack", "AttackMethod", "AttackSpec", "Attention",
     "attention_features", "available_datasets", "BadInput", "Cache", "CacheCorrupt", "cached_run",
     "Cancelled", "DataCorrupt", "DataMissing", "DataSpec", "eig_spectrum", "empirical_ntk",
     "ENGINE_VERSION", "EngineError", "features", "gram_spectrum", "infinite_ntk",

@@ -1,44 +1,64 @@
 """``python -m engine``: the engine without a browser, for scripts, sweeps and cache warming.
 
-Results go to stdout (``--json`` for machine-readable output), progress to stderr.
-Exit codes: 0 ok, 2 bad arguments, 3 data missing or corrupt, 130 cancelled.
+Every experiment flag is generated from its config dataclass (``engine.settings``): the
+default, bounds, unit and help shown by ``--help`` are the ones the engine validates, and
+``--preset quick|paper`` starts from a named instance of the same dataclass. Results go to
+stdout (``--json`` for one JSON object), progress to stderr. Exit codes: 0 ok, 2 bad
+arguments or over budget, 3 data missing or corrupt, 130 cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from . import budget as B
+from .attacks import AttackSpec
 from .cache import Cache
 from .data import DataSpec, available_datasets, fetch_dataset, resolve_data_dir
 from .errors import EngineError
+from .experiments import PRESETS as EXP_PRESETS
 from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
+from .malleability import PRESETS as MALL_PRESETS
 from .malleability import MalleabilityConfig, run_malleability
+from .scaling import PRESETS as SCALING_PRESETS
 from .scaling import ScalingConfig, run_scaling
+from .settings import add_arguments, from_args
 from .training import TrainSpec
 
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+PRESETS = {kind: dict(p) for kind, p in {**EXP_PRESETS, **MALL_PRESETS, **SCALING_PRESETS}.items()}
+NESTED = {"data": DataSpec, "train": TrainSpec, "attack": AttackSpec}
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+@dataclass(frozen=True)
+class Command:
+    config: type                  # the config dataclass whose settings are the flags
+    run: Callable                 # run_*(cfg, cache, data_dir, device, progress, budget=...)
+    preset: str                   # key of its presets in PRESETS
+    help: str
+    frames: tuple[str, ...]       # result frames printed, the first as "rows"
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+COMMANDS = {
+    "spectrum": Command(SpectrumConfig, run_spectrum, "spectrum",
+                        "Gram spectrum, condition numbers and width thresholds", ("growth",)),
+    "ntk-sweep": Command(SweepConfig, run_ntk_sweep, "sweep",
+                         "kernel and function distances to K∞ across widths, per seed", ("rows", "summary")),
+    "malleability": Command(MalleabilityConfig, run_malleability, "malleability",
+                            "influence flip rates under attacks on the training data",
+                            ("rows", "summary", "interventions", "interventions_summary")),
+    "scaling": Command(ScalingConfig, run_scaling, "scaling",
+                       "width needed to stay near K∞ against κ, with the fitted exponent",
+                       ("widths", "fit", "curve")),
+}
 
 
 def _jsonable(obj):
@@ -49,6 +69,8 @@ def _jsonable(obj):
         return [_jsonable(v) for v in obj]
     if isinstance(obj, (np.integer,)):
         return int(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(obj) else None
     if obj is pd.NA:
@@ -82,41 +104,26 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _add_data(p: argparse.ArgumentParser, n: int, n_test: int) -> None:
-    p.add_argument("--dataset", default="mnist",
-                   help="mnist, fashion-mnist, cifar10, synthetic, NAME:A-B for a binary pair, or a .npz path")
-    p.add_argument("--n", type=int, default=n, help="training points")
-    p.add_argument("--n-test", type=int, default=n_test, help="test points")
-    p.add_argument("--seed", type=int, default=0, help="data draw seed (and network seed unless --seeds)")
-    p.add_argument("--no-normalize", action="store_true", help="do not l2-normalise rows")
-    p.add_argument("--synthetic-d", type=int, default=64)
-    p.add_argument("--synthetic-kappa", type=float, default=100.0)
-    p.add_argument("--synthetic-decay", default="geometric")
+def _values(cfg) -> dict:
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
 
-def _add_train(p: argparse.ArgumentParser, epochs: int) -> None:
-    p.add_argument("--epochs", type=int, default=epochs, help="0 means no training")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--weight-decay", type=float, default=1e-3)
-    p.add_argument("--loss", default="auto", choices=["auto", "ce", "mse"])
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd"],
-                   help="adam with coupled L2 decay (paper), adamw, or plain sgd (the NTK setting)")
-    p.add_argument("--snapshot-epochs", type=_ints, default=(), help="epochs at which the kernel is measured")
+def _add_config(p: argparse.ArgumentParser, cmd: Command, preset: str) -> None:
+    base = PRESETS[cmd.preset].get(preset) or cmd.config()
+    p.add_argument("--preset", choices=sorted(PRESETS[cmd.preset]), default=preset,
+                   help="start from a named configuration (flags override it)")
+    for name, cls in NESTED.items():
+        if any(f.name == name for f in dataclasses.fields(cmd.config)):
+            add_arguments(p, cls, defaults=_values(getattr(base, name)))
+    add_arguments(p, cmd.config, defaults=_values(base))
+    p.add_argument("--max-seconds", type=float, default=B.DEFAULT_SECONDS,
+                   help=f"refuse runs estimated above this many seconds (default: {B.DEFAULT_SECONDS:g})")
+    p.add_argument("--max-gib", type=float, default=None,
+                   help="refuse runs estimated above this memory (default: 80%% of available memory)")
+    p.add_argument("--estimate", action="store_true", help="print the run's estimated time and memory only")
 
 
-def _data_spec(a) -> DataSpec:
-    return DataSpec(dataset=a.dataset, n=a.n, n_test=a.n_test, seed=a.seed, normalize=not a.no_normalize,
-                    synthetic_d=a.synthetic_d, synthetic_kappa=a.synthetic_kappa,
-                    synthetic_decay=a.synthetic_decay)
-
-
-def _train_spec(a) -> TrainSpec:
-    return TrainSpec(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, weight_decay=a.weight_decay,
-                     loss=a.loss, optimizer=a.optimizer, snapshot_epochs=a.snapshot_epochs)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -124,64 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--fetch", metavar="NAME", help="download (or unpack) mnist, fashion-mnist or cifar10 first")
 
-    p = sub.add_parser("spectrum", help="Gram spectrum, condition numbers and width thresholds")
-    _add_common(p)
-    _add_data(p, n=400, n_test=1)
-    p.add_argument("--attention", default="linear", help="linear, stacked:K, truncated:R, softmax:T, qkv")
-    p.add_argument("--rank-rtol", type=float, default=None, help="numerical rank tolerance relative to λ_max")
-    p.add_argument("--eps", type=float, default=0.1, help="ε of the v1 threshold κ⁶/ε²")
-    p.add_argument("--growth", type=_ints, default=(), help="prefix sizes for κ against n, e.g. 50,100,200")
-
-    p = sub.add_parser("ntk-sweep", help="kernel and function distance to K∞ across widths")
-    _add_common(p)
-    _add_data(p, n=400, n_test=200)
-    _add_train(p, epochs=0)
-    p.add_argument("--widths", type=_ints, default=(16, 64, 256, 1024, 4096))
-    p.add_argument("--archs", type=_names, default=("relu", "attn"))
-    p.add_argument("--attention", default="linear", help="linear, stacked:K, truncated:R, softmax:T, qkv")
-    p.add_argument("--seeds", type=_ints, default=None, help="network seeds (default: --seed)")
-    p.add_argument("--init-std", type=float, default=1.0)
-    p.add_argument("--ridge", type=float, default=1e-3, help="relative ridge of the NTK regression")
-
-    p = sub.add_parser("malleability", help="influence flip rates under attacks on the training data")
-    _add_common(p)
-    _add_data(p, n=500, n_test=100)
-    _add_train(p, epochs=100)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--archs", type=_names, default=("relu", "attn"))
-    p.add_argument("--attention", default="linear", help="linear, stacked:K, truncated:R, softmax:T, qkv")
-    p.add_argument("--init-std", type=float, default=1.0)
-    p.add_argument("--attack", type=_names, default=("pgd",), help="fgsm, pgd, mim (comma-separated)")
-    p.add_argument("--eps", type=float, default=0.05, help="l-inf radius in pixel units")
-    p.add_argument("--eps-sweep", type=_floats, default=None, help="several radii, e.g. 0.01,0.05,0.1,0.3")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--step-size", type=float, default=None, help="default 2.5*eps/steps")
-    p.add_argument("--random-start", action="store_true")
-    p.add_argument("--momentum", type=float, default=1.0, help="MIM decay")
-    p.add_argument("--tau", type=float, default=0.1, help="share of points tracked (top by |influence|)")
-    p.add_argument("--ridge", type=float, default=1e-3, help="kernel ridge λ, relative to mean diag K")
-    p.add_argument("--perturb", default="top", choices=["top", "all"], help="which training points move")
-    p.add_argument("--retrain", action="store_true", help="retrain on the perturbed data before re-measuring")
-    p.add_argument("--adversarial-training", action="store_true", help="train on PGD examples")
-    p.add_argument("--interventions", action="store_true", help="Curated / Transformed / Adversarial retraining")
-    p = sub.add_parser("scaling", help="width needed to stay near K∞ against κ, with the fitted exponent")
-    _add_common(p)
-    p.add_argument("--n", type=int, default=64)
-    p.add_argument("--d", type=int, default=32)
-    p.add_argument("--kappas", type=_floats, default=(2.0, 4.0, 8.0, 16.0, 32.0))
-    p.add_argument("--decay", default="geometric")
-    p.add_argument("--archs", type=_names, default=("relu", "attn"))
-    p.add_argument("--attentions", type=_names, default=("linear",), help="e.g. linear,stacked:2,truncated:8")
-    p.add_argument("--target", type=float, default=0.1, help="kernel distance to stay within")
-    p.add_argument("--measure", default="trained", choices=["trained", "init", "movement"])
-    p.add_argument("--min-width", type=int, default=16)
-    p.add_argument("--max-width", type=int, default=2**15)
-    p.add_argument("--seeds", type=_ints, default=(0,))
-    p.add_argument("--seed", type=int, default=0, help="data seed")
-    _add_train(p, epochs=50)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        _add_common(p)
+        _add_config(p, cmd, preset if preset in PRESETS[cmd.preset] else "default")
 
     p = sub.add_parser("bench", help="speed figures measured side by side (ratios, not timings)")
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute on a 2-core CPU")
+    p.add_argument("--scale", action="store_true", help="n = 8000 steps against their floors")
+    p.add_argument("--estimates", action="store_true", help="run-time estimates against measured runs")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-page", action="store_true", help="skip the dashboard render benchmark")
     p.add_argument("--json", action="store_true")
@@ -189,10 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+for _cmd in COMMANDS.values():  # "default" is the dataclass's own defaults
+    PRESETS[_cmd.preset].setdefault("default", _cmd.config())
+
+
+def config_from_args(cmd: Command, a: argparse.Namespace):
+    """The config the parsed flags describe (nested configs built from their own flags)."""
+    nested = {name: from_args(cls, a) for name, cls in NESTED.items()
+              if any(f.name == name for f in dataclasses.fields(cmd.config))}
+    return from_args(cmd.config, a, **nested)
+
+
 def cmd_bench(a, progress) -> dict:
     from . import bench
 
-    return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress)
+    if a.estimates:
+        from . import calibration
+
+        return calibration.run(progress=progress)
+    return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress, scale=a.scale)
 
 
 def cmd_datasets(a) -> dict:
@@ -200,76 +173,63 @@ def cmd_datasets(a) -> dict:
         print(f"{a.fetch}: files in {fetch_dataset(a.fetch, a.data_dir)}", file=sys.stderr)
     root = resolve_data_dir(a.data_dir)
     infos = available_datasets(a.data_dir)
-    return {"data_dir": str(root), "datasets": [vars(i) if hasattr(i, "__dict__") else i._asdict() for i in infos]}
+    return {"data_dir": str(root), "datasets": [dataclasses.asdict(i) for i in infos]}
 
 
-def cmd_spectrum(a, cache, progress) -> dict:
-    cfg = SpectrumConfig(data=_data_spec(a), attention=a.attention, rtol=a.rank_rtol, eps=a.eps,
-                         growth_ns=a.growth)
-    res = run_spectrum(cfg, cache, a.data_dir, a.device, progress)
-    out = dict(res.meta["summary"])
-    if a.growth:
-        out["growth"] = _records(res.frames["growth"])
+def run_command(name: str, a, progress) -> dict:
+    from .calibration import estimate
+
+    cmd = COMMANDS[name]
+    cfg = config_from_args(cmd, a)
+    est = estimate(cfg)
+    if a.estimate:
+        return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
+    limit = None if a.max_gib is None else int(a.max_gib * B.GIB)
+    cache = None if a.no_cache else Cache(a.cache_dir)
+    res = cmd.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
+    out = dict(res.meta.get("summary", {})) if name == "spectrum" else {}
+    for i, frame in enumerate(cmd.frames):
+        df = res.frames.get(frame)
+        if df is None or (df.empty and i > 0):
+            continue
+        out["rows" if i == 0 and name != "spectrum" else frame] = _records(df)
+    if name != "spectrum":
+        out["meta"] = res.meta
+    out["config"] = res.config
+    out["provenance"] = getattr(res, "provenance", None)
     out["cached"] = res.cached
     return out
-
-
-def cmd_ntk_sweep(a, cache, progress) -> dict:
-    seeds = a.seeds if a.seeds else (a.seed,)
-    cfg = SweepConfig(data=_data_spec(a), widths=a.widths, archs=a.archs, attention=a.attention,
-                      seeds=seeds, train=_train_spec(a), init_std=a.init_std, ridge=a.ridge)
-    res = run_ntk_sweep(cfg, cache, a.data_dir, a.device, progress)
-    out = {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
-    if a.snapshot_epochs:
-        out["trajectory"] = _records(res.frames["trajectory"])
-    return out
-
-
-def cmd_malleability(a, cache, progress) -> dict:
-    cfg = MalleabilityConfig(
-        data=_data_spec(a), archs=a.archs, width=a.width, attention=a.attention, seed=a.seed,
-        train=_train_spec(a), init_std=a.init_std, attacks=a.attack, eps=a.eps_sweep or (a.eps,),
-        steps=a.steps, step_size=a.step_size, random_start=a.random_start, momentum=a.momentum,
-        tau=a.tau, ridge=a.ridge, perturb=a.perturb, retrain=a.retrain,
-        adversarial_training=a.adversarial_training, interventions=a.interventions)
-    res = run_malleability(cfg, cache, a.data_dir, a.device, progress)
-    out = {"rows": _records(res.frames["rows"]), "meta": res.meta, "cached": res.cached}
-    if a.interventions:
-        out["interventions"] = _records(res.frames["interventions"])
-    return out
-
-
-def cmd_scaling(a, cache, progress) -> dict:
-    cfg = ScalingConfig(n=a.n, d=a.d, kappas=a.kappas, decay=a.decay, archs=a.archs, attentions=a.attentions,
-                        target=a.target, measure=a.measure, min_width=a.min_width, max_width=a.max_width,
-                        seeds=a.seeds, seed=a.seed, train=_train_spec(a))
-    res = run_scaling(cfg, cache, None, a.device, progress)
-    return {"rows": _records(res.frames["widths"]), "fit": _records(res.frames["fit"]), "cached": res.cached}
-
-
-COMMANDS = {"spectrum": cmd_spectrum, "ntk-sweep": cmd_ntk_sweep, "malleability": cmd_malleability,
-            "scaling": cmd_scaling}
 
 
 def _print_human(out: dict) -> None:
     if "rows" in out:
         print(pd.DataFrame(out["rows"]).to_string(index=False))
-        for extra in ("interventions", "fit"):
-            if not out.get(extra):
-                continue
-            print()
-            print(pd.DataFrame(out[extra]).to_string(index=False))
+        for extra in ("summary", "interventions", "interventions_summary", "fit"):
+            if out.get(extra):
+                print(f"\n{extra}:")
+                print(pd.DataFrame(out[extra]).to_string(index=False))
     elif "datasets" in out:
         print(f"data dir: {out['data_dir']}")
         for d in out["datasets"]:
             print(f"  {d['name']:14s} {'yes' if d['available'] else 'no ':4s} {d['where'] or d['reason']}")
     else:
         for k, v in out.items():
-            print(f"{k}: {v}")
+            if k not in ("config", "provenance"):
+                print(f"{k}: {v}")
+
+
+def _preset_of(argv: list[str]) -> str | None:
+    for i, v in enumerate(argv):
+        if v == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if v.startswith("--preset="):
+            return v.split("=", 1)[1]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_preset_of(argv))
     a = parser.parse_args(argv)
     try:
         if a.command == "datasets":
@@ -277,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.command == "bench":
             out = cmd_bench(a, _StderrProgress(a.quiet))
         else:
-            fn = COMMANDS[a.command]
-            cache = None if a.no_cache else Cache(a.cache_dir)
-            out = fn(a, cache, _StderrProgress(a.quiet))
+            out = run_command(a.command, a, _StderrProgress(a.quiet))
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

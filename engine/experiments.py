@@ -1,9 +1,11 @@
 """Whole experiments from frozen configs: spectra, width sweeps, kernel views.
 
-Each ``run_*`` takes a config dataclass (its canonical form is the cache key and is stored
-with the result), returns a ``cache.Result`` of DataFrames and arrays, reports progress as
-``progress(fraction, stage)`` and stops with ``Cancelled`` when ``cancel.is_set()``.
-The device is not part of the key: CPU and CUDA compute the same quantities.
+Each ``run_*`` takes a config dataclass (its canonical form, with fingerprints of the data
+and the engine's code, is the cache key and is stored with the result), returns a
+``cache.Result`` of DataFrames and arrays, reports progress as ``progress(fraction, stage)``
+and stops with ``Cancelled`` when ``cancel.is_set()``. ``estimate(cfg)`` beside each run
+gives its time and memory from all parameters; a run over its ``Budget`` is refused before
+it starts. The device is not part of the key: CPU and CUDA compute the same quantities.
 """
 
 from __future__ import annotations
@@ -11,22 +13,41 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from . import budget as B
 from . import spectral
+from .budget import Budget, Estimate
 from .cache import Cache, Result, cached_run
-from .data import DataSpec, Sample, load_sample
+from .data import DataSpec, load_sample
 from .device import resolve_device
-from .errors import BadInput, Cancelled
-from .models import ARCHS, Attention, Net, attention_features, check_width, features, parse_attention
-from .ntk import empirical_ntk, infinite_ntk, kernel_regression, relative_distance
-from .training import TrainSpec, accuracy, n_outputs, targets, train, train_many
+from .errors import BadInput
+from .models import ARCHS, MAX_WIDTH, Attention, Net, attention_features, features, parse_attention
+from .ntk import (empirical_ntk, infinite_ntk, kernel_regression, prediction_gap, relative_distance,
+                  whitened_distance)
+from .runs import Progress, check_finite, prepare, tick
+from .settings import normalised, setting, validate
+from .tables import summarize
+from .training import TrainSpec, accuracy, n_outputs, predict_labels, train, train_many
 
-Progress = Callable[[float, str], None]
+ATTENTION_HELP = "attention variant of MLP-Attn: linear, stacked:K, truncated:R, softmax:T, qkv"
+
+
+def _attention_setting(help: str = ATTENTION_HELP):
+    return setting("linear", help, check=parse_attention)
+
+
+def _ridge_setting():
+    return setting(1e-3, "ridge λ of kernel regression, relative to the mean diagonal of the kernel",
+                   lo=0, lo_open=True, hi=1e3)
+
+
+def _init_setting():
+    return setting(1.0, "standard deviation of the initial weights W ~ N(0, σ²); K∞ does not depend on it",
+                   lo=0, lo_open=True, hi=100.0)
 
 
 # ---------------------------------------------------------------- configs
@@ -34,89 +55,67 @@ Progress = Callable[[float, str], None]
 @dataclass(frozen=True)
 class SpectrumConfig:
     data: DataSpec = DataSpec(n=400, n_test=1)
-    attention: str = "linear"        # attention variant whose feature Gram is measured
-    rtol: float | None = None        # numerical-rank tolerance relative to λ_max; None: n·eps
-    eps: float = 0.1                 # ε in the v1 threshold κ⁶/ε²
-    growth_ns: tuple[int, ...] = ()  # prefixes of the draw for "κ against n" (each ≤ n)
+    attention: str = _attention_setting("attention variant whose feature Gram is measured")
+    rtol: float | None = setting(None, "numerical-rank tolerance relative to λ_max (none: n·eps64)",
+                                 flag="--rank-rtol", lo=0, lo_open=True, hi=1.0)
+    eps: float = setting(0.1, "ε of the paper's v1 width threshold κ⁶/ε²", lo=0, lo_open=True, hi=1.0)
+    growth_ns: tuple[int, ...] = setting((), "prefix sizes of the draw for κ against n (each ≤ n)",
+                                         unit="points", flag="--growth", lo=2, hi=60_000, max_len=20)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        too_big = [g for g in self.growth_ns if g > self.data.n]
+        if too_big:
+            raise BadInput(f"growth sizes {too_big} exceed n = {self.data.n}")
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     data: DataSpec = DataSpec()
-    widths: tuple[int, ...] = (16, 64, 256, 1024, 4096)
-    archs: tuple[str, ...] = ARCHS
-    attention: str = "linear"        # variant used by the attn arch
-    seeds: tuple[int, ...] = (0,)    # network init seeds (data seed is data.seed)
     train: TrainSpec = TrainSpec()
-    init_std: float = 1.0            # W ~ N(0, init_std²); the arc-cosine K∞ does not depend on it
-    ridge: float = 1e-3              # ridge of the NTK regression f_NTK, relative to mean diag K∞
+    widths: tuple[int, ...] = setting((16, 64, 256, 1024, 4096), "hidden widths m of the sweep",
+                                      unit="units", lo=1, hi=MAX_WIDTH, max_len=16)
+    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
+    attention: str = _attention_setting()
+    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds (init and batch order); "
+                                     "rows per seed and mean ± sd over them", lo=0, hi=2**31 - 1, max_len=50)
+    init_std: float = _init_setting()
+    ridge: float = _ridge_setting()
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
 
 
 @dataclass(frozen=True)
 class KernelConfig:
     data: DataSpec = DataSpec()
-    arch: str = "relu"
-    width: int = 1024
-    attention: str = "linear"
-    seed: int = 0
     train: TrainSpec = TrainSpec()
-    init_std: float = 1.0
+    arch: str = setting("relu", "architecture: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
+    width: int = setting(1024, "hidden width m", unit="units", lo=1, hi=MAX_WIDTH)
+    attention: str = _attention_setting()
+    seed: int = setting(0, "network seed", lo=0, hi=2**31 - 1)
+    init_std: float = _init_setting()
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+
+
+PRESETS = {  # named instances of the same dataclasses: the dashboard's quick runs and the paper's
+    "spectrum": {"quick": SpectrumConfig(data=DataSpec(n=200, n_test=1)),
+                 "paper": SpectrumConfig(data=DataSpec(n=1000, n_test=1))},
+    "sweep": {"quick": SweepConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),
+                                   widths=(16, 64, 256, 1024)),
+              "paper": SweepConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),
+                                   widths=(16, 1024, 4096))},
+    "kernels": {"quick": KernelConfig(data=DataSpec(n=200, n_test=1), train=TrainSpec(epochs=20)),
+                "paper": KernelConfig(data=DataSpec(n=1000, n_test=1), train=TrainSpec(epochs=500))},
+}
 
 
 # ---------------------------------------------------------------- helpers
-
-def check_positive_ints(name: str, values) -> tuple[int, ...]:
-    values = tuple(values)
-    if not values:
-        raise BadInput(f"{name} must not be empty")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise BadInput(f"{name} must be positive integers, got {v!r}")
-    return tuple(int(v) for v in values)
-
-
-def _check_archs(archs) -> tuple[str, ...]:
-    for a in archs:
-        if a not in ARCHS:
-            raise BadInput(f"unknown arch {a!r}; allowed: {', '.join(ARCHS)}")
-    return tuple(archs)
-
-
-def _tick(progress: Progress | None, cancel, frac: float, stage: str) -> None:
-    if cancel is not None and cancel.is_set():
-        raise Cancelled(f"cancelled during: {stage}")
-    if progress is not None:
-        progress(min(max(frac, 0.0), 1.0), stage)
-
-
-def to_device(sample: Sample, device: torch.device, dtype=torch.float32):
-    """Training and test inputs and labels moved once to the device."""
-    return (sample.X.to(device, dtype), sample.y.to(device),
-            sample.X_test.to(device, dtype), sample.y_test.to(device))
-
-
-@dataclass
-class Prepared:
-    """A drawn sample on the device: the preamble every experiment shares."""
-
-    device: torch.device
-    sample: Sample
-    X: torch.Tensor    # (n, d) float32 training inputs
-    y: torch.Tensor    # (n,) labels
-    Xt: torch.Tensor   # (n_test, d) float32 test inputs
-    yt: torch.Tensor   # (n_test,)
-    c: int             # classes
-    Y: torch.Tensor    # (n, n_out) float64 regression targets
-
-
-def prepare(data: DataSpec, data_dir, device: str, progress: Progress | None, cancel) -> Prepared:
-    """Load the draw once and move it to the device once."""
-    dev = resolve_device(device)
-    _tick(progress, cancel, 0.0, "loading data")
-    sample = load_sample(data, data_dir)
-    X, y, Xt, yt = to_device(sample, dev)
-    return Prepared(dev, sample, X, y, Xt, yt, sample.n_classes, targets(y, sample.n_classes))
-
 
 def theory_kappa(attention: str, spec: spectral.Spectrum) -> float | None:
     """κ of the attention features' Gram predicted from the input Gram's eigenvalues."""
@@ -128,71 +127,95 @@ def theory_kappa(attention: str, spec: spectral.Spectrum) -> float | None:
     if att.kind is Attention.TRUNCATED:
         k = spec.kappa_top(int(att.param))
         return None if k is None else k ** 3
-    return None  # softmax: no closed form
+    return None  # softmax, qkv: no closed form
+
+
+def theory_formula(attention: str) -> str | None:
+    """The formula behind ``theory_kappa`` in words, for labels: κ³, κ⁵, (λ₁/λ_r)³."""
+    att = parse_attention(attention)
+    if att.kind is Attention.LINEAR:
+        return "κ(G)^3"
+    if att.kind is Attention.STACKED:
+        return f"κ(G)^{2 * int(att.param) + 1}"
+    if att.kind is Attention.TRUNCATED:
+        return f"(λ_1/λ_{int(att.param)})^3"
+    return None
 
 
 # ---------------------------------------------------------------- spectrum
 
-def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig) -> dict:
+def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig) -> tuple[dict, object, object]:
     n, d = Z.shape
     spec = spectral.gram_spectrum(Z, cfg.rtol)
-    k = min(n, d)
-    kappa_d = spec.kappa_top(k)
+    kappa_d = spec.kappa_top(min(n, d))
     A = attention_features(X_raw, X_raw, cfg.attention, cfg.data.normalize)
     att = spectral.gram_spectrum(A, cfg.rtol)
+    theory = theory_kappa(cfg.attention, spec)
+    rtol = n * spectral.EPS64 if cfg.rtol is None else cfg.rtol
     thr_attn = spectral.width_thresholds_log10(spec.kappa, kappa_d, n, power=6, eps=cfg.eps)
     thr_relu = spectral.width_thresholds_log10(spec.kappa, kappa_d, n, power=2, eps=cfg.eps)
     return {
         "n": n, "d": d, "numerical_rank": spec.rank, "rank_tol": spec.rank_tol,
         "kappa": spec.kappa, "kappa_d": kappa_d, "kappa_d_singular": kappa_d is None,
         "attention": cfg.attention, "attention_rank": att.rank,
-        "kappa_attention": att.kappa, "kappa_attention_theory": theory_kappa(cfg.attention, spec),
+        "kappa_attention": att.kappa, "kappa_attention_theory": theory,
+        "kappa_attention_formula": theory_formula(cfg.attention),
+        # float64 cannot resolve a condition number beyond ~1/rtol: the measured value saturates
+        "kappa_attention_saturated": bool(theory is not None and theory > 0.01 / rtol),
+        "kappa_resolvable": 1.0 / rtol,
         "width_threshold_log10": {"attn_v1": thr_attn["v1"], "attn_v2": thr_attn["v2"],
                                   "relu_v1": thr_relu["v1"], "relu_v2": thr_relu["v2"]},
     }, spec, att
 
 
+def estimate_spectrum(cfg: SpectrumConfig) -> Estimate:
+    n, d = cfg.data.n, B.input_dim(cfg.data)
+    one = lambda k: B.eig_s(min(k, d)) * 2 + B.gemm_s(k, d, min(k, d), True) * 2 + B.attention_s(cfg.attention, k, d)
+    seconds = B.FIXED_S + one(n) + sum(one(g) for g in cfg.growth_ns)
+    return Estimate(seconds, 8 * (3 * n * d + 2 * min(n, d) ** 2 + 2 * n))
+
+
 def run_spectrum(cfg: SpectrumConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                 progress: Progress | None = None, cancel=None) -> Result:
+                 progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
     """Spectrum of G = Z Zᵀ (Z: the normalised training rows) and of the attention features.
 
     Result: meta["summary"] (the CLI's object), arrays ``eig_G`` and ``eig_attention``
     (descending float64), frame ``growth`` (κ, κ_d, κ_att against prefix size n).
     """
-    parse_attention(cfg.attention)
-    for n in cfg.growth_ns:
-        if not 2 <= n <= cfg.data.n:
-            raise BadInput(f"growth size {n} must lie in [2, n={cfg.data.n}]")
+    dev = resolve_device(device)
 
     def compute() -> Result:
-        _tick(progress, cancel, 0.0, "loading data")
+        B.check(estimate_spectrum(cfg), budget, "this spectrum")
+        tick(progress, cancel, 0.0, "loading data")
         sample = load_sample(cfg.data, data_dir)
-        X = sample.X.to(resolve_device(device), torch.float64)
+        X = sample.X.to(dev, torch.float64)
         Z = features(X, None, "relu", normalize=cfg.data.normalize)
-        _tick(progress, cancel, 0.3, "eigenvalues of G and of the attention features")
+        tick(progress, cancel, 0.3, "eigenvalues of G and of the attention features")
         summary, spec, att = _spectrum_row(Z, X, cfg)
         rows = []
         for i, n in enumerate(cfg.growth_ns):
-            _tick(progress, cancel, 0.5 + 0.5 * i / len(cfg.growth_ns), f"κ at n = {n}")
+            tick(progress, cancel, 0.5 + 0.5 * i / len(cfg.growth_ns), f"κ at n = {n}")
             row, _, _ = _spectrum_row(Z[:n], X[:n], cfg)
             row.pop("width_threshold_log10")
             rows.append(row)
         summary["dataset"] = cfg.data.dataset
         summary["source"] = sample.source
-        return Result("spectrum", {}, {"growth": pd.DataFrame(rows)},
+        return Result(run_spectrum.kind, {}, {"growth": pd.DataFrame(rows)},
                       {"eig_G": spec.eigenvalues, "eig_attention": att.eigenvalues},
                       {"summary": summary})
 
-    return cached_run("spectrum", cfg, compute, cache)
+    return cached_run(run_spectrum.kind, cfg, compute, cache, data_dir=data_dir)
+
+
+run_spectrum.kind = "spectrum"
 
 
 # ---------------------------------------------------------------- width sweep
 
-def _ntk_reference(phi_tr: torch.Tensor, phi_te: torch.Tensor, Y: torch.Tensor, ridge: float):
-    """K∞ on the training features and the NTK-regression predictions f_NTK(X_test)."""
-    K_inf = infinite_ntk(phi_tr)
-    f_ntk = kernel_regression(K_inf, infinite_ntk(phi_te, phi_tr), Y, ridge)
-    return K_inf, f_ntk
+SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
+                 "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
+                 "function_dist", "function_dist_rel", "function_dist_rms", "f_norm", "f_ntk_norm",
+                 "test_acc", "train_acc", "test_acc_ntk", "weight_movement", "final_loss")
 
 
 def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -207,63 +230,96 @@ def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
             net.mlp.W.copy_(current)
 
 
-def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                  progress: Progress | None = None, cancel=None) -> Result:
-    """Kernel and function distances to the infinite-width NTK across widths.
+def estimate_sweep(cfg: SweepConfig) -> Estimate:
+    n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
+    tr, groups = cfg.train, len(cfg.archs) * len(cfg.seeds)
+    c_out = 10
+    reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
+                                  + 2 * B.chol_s(n) + B.eig_s(n))
+    per_group = B.train_s(n, d, sum(cfg.widths), tr.epochs, tr.batch_size, c_out)
+    snaps = len(tr.snapshot_epochs)
+    for w in cfg.widths:
+        per_group += (3 + snaps) * B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) * 2 + 2 * B.eig_s(n) + 4 * B.chol_s(n)
+    if cfg.attention == "qkv" and "attn" in cfg.archs:
+        per_group *= 20  # autograd Jacobians over every parameter
+    seconds = B.FIXED_S + reference + groups * per_group
+    memory = 8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
+    return Estimate(seconds, int(memory))
 
-    Frame ``rows``: one row per (arch, width, seed) with kernel_dist_init,
-    kernel_dist_trained (‖K_m − K∞‖_F/‖K∞‖_F on the training set), function_dist
-    (‖f_m(X_test) − f_NTK(X_test)‖_F), function_dist_rms (that over √n_test), test_acc,
-    train_acc, weight_movement (‖W_t − W_0‖_F/‖W_0‖_F), final_loss, seconds (per width: all
-    widths of one (arch, seed) train together as one batched model).
+
+def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
+                  progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+    """Kernel and function distances to the infinite-width NTK across widths, per seed.
+
+    Frame ``rows``: one row per (arch, width, seed) with
+      - kernel_dist_init / _trained: ‖K_m − K∞‖_F / ‖K∞‖_F on the training set;
+      - kernel_dist_whitened_init / _trained: ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂, the
+        distance as kernel regression sees it (κ-sensitive), λ = ridge · mean diag K∞;
+      - prediction_gap_init / _trained: ‖f_KRR(K_m) − f_KRR(K∞)‖_F / ‖f_KRR(K∞)‖_F on the test points;
+      - function_dist: ‖f_m(X_test) − f_NTK(X_test)‖_F (f_NTK: ridge regression on K∞ with
+        the training targets), function_dist_rel = that / f_ntk_norm, function_dist_rms,
+        f_norm = ‖f_m(X_test)‖_F and f_ntk_norm = ‖f_NTK(X_test)‖_F (the scales compared);
+      - test_acc, train_acc of the net, test_acc_ntk of f_NTK (the K∞ ridge baseline);
+      - weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F, final_loss, n_test, seconds.
+    Frame ``summary``: mean and sd of each metric over seeds per (arch, width).
     Frame ``losses``: arch, width, seed, epoch, loss. Frame ``trajectory``: the kernel
     distance at each of ``cfg.train.snapshot_epochs`` (arch, width, seed, epoch, kernel_dist).
     """
-    widths = check_positive_ints("widths", cfg.widths)
-    seeds = tuple(cfg.seeds)
-    if not seeds:
-        raise BadInput("seeds must not be empty")
-    archs = _check_archs(cfg.archs)
-    parse_attention(cfg.attention)
-    if not cfg.ridge > 0:
-        raise BadInput(f"ridge must be > 0, got {cfg.ridge!r}")
+    dev = resolve_device(device)
 
     def compute() -> Result:
-        p = prepare(cfg.data, data_dir, device, progress, cancel)
-        dev, sample, X, y, Xt, yt, c, Y = p.device, p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+        B.check(estimate_sweep(cfg), budget, "this width sweep")
+        p = prepare(cfg.data, data_dir, dev, progress, cancel)
+        sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
         rows, losses, trajectory, ref = [], [], [], {}
-        groups = [(a, s) for a in archs for s in seeds]
+        groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
         for j, (arch, seed) in enumerate(groups):
             stage = f"{arch} seed {seed}"
-            _tick(progress, cancel, j / len(groups), stage)
+            tick(progress, cancel, j / len(groups), stage)
             t0 = time.perf_counter()
             nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
-                    for w in widths]
+                    for w in cfg.widths]
             if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
                 with torch.no_grad():
-                    ref[arch] = _ntk_reference(nets[0].features(X), nets[0].features(Xt), Y, cfg.ridge)
-            K_inf, f_ntk = ref[arch]
-            K0 = [empirical_ntk(net, X) for net in nets]
+                    phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+                    K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+                    f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
+                check_finite(K_inf, f"the infinite-width kernel of {arch}")
+                ref[arch] = K_inf, K_inf_t, f_ntk
+            K_inf, K_inf_t, f_ntk = ref[arch]
+
+            def kernel_metrics(net, suffix):
+                K = empirical_ntk(net, X)
+                check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
+                K_t = empirical_ntk(net, Xt, X)
+                return K, {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
+                           f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
+                           f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
+
+            init = [kernel_metrics(net, "init") for net in nets]
             sub = None if progress is None else (
-                lambda f, s, j=j: progress((j + 0.9 * f) / len(groups), f"{stage}: training all widths, {s}"))
+                lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
             results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
-            _tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels after training")
-            seconds = (time.perf_counter() - t0) / len(widths)
-            for width, net, k0, tr in zip(widths, nets, K0, results):
-                Kt = empirical_ntk(net, X)
+            tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
+            seconds = (time.perf_counter() - t0) / len(cfg.widths)
+            for width, net, (K0, m0), tr in zip(cfg.widths, nets, init, results):
+                tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
+                _, mt = kernel_metrics(net, "trained")
                 with torch.no_grad():
                     f_test = net(Xt).double()
                 fdist = float(torch.linalg.norm(f_test - f_ntk))
+                f_ntk_norm = float(torch.linalg.norm(f_ntk))
                 W = net.mlp.W.detach()
                 rows.append({
                     "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                    "width": width, "seed": seed,
-                    "kernel_dist_init": relative_distance(k0, K_inf),
-                    "kernel_dist_trained": relative_distance(Kt, K_inf),
-                    "function_dist": fdist, "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+                    "width": width, "seed": seed, **m0, **mt,
+                    "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
+                    "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+                    "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
                     "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
+                    "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
                     "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
-                    "final_loss": tr.losses[-1], "seconds": seconds,
+                    "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
                 })
                 losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
                            for e, v in enumerate(tr.losses)]
@@ -271,29 +327,44 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
                     trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
                                     "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
                                    for e, W_e in sorted(tr.snapshots.items())]
-        _tick(progress, cancel, 1.0, "done")
+        tick(progress, cancel, 1.0, "done")
         meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
                 "source": sample.source, "device": str(dev)}
-        frames = {"rows": pd.DataFrame(rows), "losses": pd.DataFrame(losses),
+        frame = pd.DataFrame(rows)
+        frames = {"rows": frame, "summary": summarize(frame, ["arch", "attention", "width"], SWEEP_METRICS),
+                  "losses": pd.DataFrame(losses),
                   "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}
-        return Result("ntk_sweep", {}, frames, {}, meta)
+        return Result(run_ntk_sweep.kind, {}, frames, {}, meta)
 
-    return cached_run("ntk_sweep", cfg, compute, cache)
+    return cached_run(run_ntk_sweep.kind, cfg, compute, cache, data_dir=data_dir)
+
+
+run_ntk_sweep.kind = "ntk_sweep"
+
+
+# ---------------------------------------------------------------- kernel views
+
+def estimate_kernels(cfg: KernelConfig) -> Estimate:
+    n, d, w = cfg.data.n, B.input_dim(cfg.data), cfg.width
+    seconds = (B.FIXED_S + B.attention_s(cfg.attention, n, d) + 2 * B.ntk_s(n, n, d, w)
+               + B.train_s(n, d, w, cfg.train.epochs, cfg.train.batch_size))
+    if cfg.attention == "qkv" and cfg.arch == "attn":
+        seconds *= 20
+    return Estimate(seconds, int(8 * 5 * n * n + 16 * w * d))
 
 
 def run_kernels(cfg: KernelConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                progress: Progress | None = None, cancel=None) -> Result:
+                progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
     """K_m at init, K_m after training and K∞ on the training set, for one net.
 
     Arrays ``K_init``, ``K_trained``, ``K_inf`` (n, n) float64 and ``y`` (n,), the
     training points sorted by label so that class blocks show in heatmaps.
     """
-    check_width(cfg.width)
-    _check_archs([cfg.arch])
+    dev = resolve_device(device)
 
     def compute() -> Result:
-        dev = resolve_device(device)
-        _tick(progress, cancel, 0.0, "loading data")
+        B.check(estimate_kernels(cfg), budget, "these kernels")
+        tick(progress, cancel, 0.0, "loading data")
         sample = load_sample(cfg.data, data_dir)
         order = torch.argsort(sample.y, stable=True)
         X, y = sample.X[order].to(dev, torch.float32), sample.y[order].to(dev)
@@ -307,6 +378,11 @@ def run_kernels(cfg: KernelConfig, cache: Cache | None = None, data_dir=None, de
         Kt = empirical_ntk(net, X)
         arrays = {"K_init": K0.cpu().numpy(), "K_trained": Kt.cpu().numpy(),
                   "K_inf": K_inf.cpu().numpy(), "y": y.cpu().numpy()}
-        return Result("kernels", {}, {}, arrays, {"class_names": list(sample.class_names)})
+        return Result(run_kernels.kind, {}, {}, arrays, {"class_names": list(sample.class_names)})
 
-    return cached_run("kernels", cfg, compute, cache)
+    return cached_run(run_kernels.kind, cfg, compute, cache, data_dir=data_dir)
+
+
+run_kernels.kind = "kernels"
+
+ESTIMATES = {SpectrumConfig: estimate_spectrum, SweepConfig: estimate_sweep, KernelConfig: estimate_kernels}

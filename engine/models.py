@@ -29,6 +29,10 @@ from torch import nn
 from .errors import BadInput
 
 ARCHS = ("relu", "attn")
+MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
+MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
+MAX_TRUNCATED = 100_000
+SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the softmax
 
 
 class Attention(str, enum.Enum):
@@ -76,10 +80,11 @@ def parse_attention(text: str) -> AttentionSpec:
     except ValueError:
         raise BadInput(f"attention parameter in {text!r} must be a number") from None
     if kind in (Attention.STACKED, Attention.TRUNCATED):
-        if value != int(value) or value < 1:
-            raise BadInput(f"attention {text!r}: {kind.value} needs an integer >= 1")
-    elif not (value > 0 and math.isfinite(value)):
-        raise BadInput(f"attention {text!r}: softmax temperature must be > 0")
+        top = MAX_STACKED if kind is Attention.STACKED else MAX_TRUNCATED
+        if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:
+            raise BadInput(f"attention {text!r}: {kind.value} needs an integer in [1, {top}]")
+    elif not (math.isfinite(value) and SOFTMAX_T[0] <= value <= SOFTMAX_T[1]):
+        raise BadInput(f"attention {text!r}: softmax temperature must lie in [{SOFTMAX_T[0]:g}, {SOFTMAX_T[1]:g}]")
     return AttentionSpec(kind, value)
 
 
@@ -89,12 +94,17 @@ def normalize_rows(X: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(Z, Zref, p):
-    return (Z @ Zref.T) @ Zref  # row i = C z_i with C = Zrefᵀ Zref, without forming C
+    """Row i = C z_i with C = Zrefᵀ Zref, in whichever order costs less: forming C (d × d) when
+    the rows outnumber the features, else the (n1 × n2) products (never both)."""
+    (n1, d), n2 = Z.shape, Zref.shape[0]
+    if n1 * n2 > d * (n2 + n1):  # ~FLOPs of (Z Zrefᵀ) Zref against Z (Zrefᵀ Zref)
+        return Z @ (Zref.T @ Zref)
+    return (Z @ Zref.T) @ Zref
 
 
 def _stacked(Z, Zref, p):
     for _ in range(int(p)):
-        Z = (Z @ Zref.T) @ Zref
+        Z = _linear(Z, Zref, None)
     return Z
 
 
@@ -186,8 +196,8 @@ def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: 
 
 
 def check_width(width) -> int:
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise BadInput(f"width must be a positive integer, got {width!r}")
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+        raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
     return width
 
 

@@ -32,6 +32,15 @@ METRICS = {  # column -> (chart title, axis title with units)
     "function_dist": ("Function distance: ‖f_m − f_NTK‖_F on the test points",
                       "function distance (output units)"),
     "function_dist_rms": ("Function distance per test point (RMS)", "RMS distance (output units)"),
+    "kernel_dist_whitened_init": ("Whitened kernel distance at init: ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂",
+                                  "whitened distance (unitless, κ-sensitive)"),
+    "kernel_dist_whitened_trained": ("Whitened kernel distance after training", "whitened distance (unitless, κ-sensitive)"),
+    "prediction_gap_init": ("Kernel-regression prediction gap at init: ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
+                            "relative prediction gap (unitless)"),
+    "prediction_gap_trained": ("Kernel-regression prediction gap after training", "relative prediction gap (unitless)"),
+    "function_dist_rel": ("Relative function distance ‖f_m − f_NTK‖_F / ‖f_NTK‖_F", "relative distance (unitless)"),
+    "train_acc": ("Train accuracy", "train accuracy (fraction)"),
+    "test_acc_ntk": ("Test accuracy of K∞ ridge regression", "test accuracy (fraction)"),
     "test_acc": ("Test accuracy", "test accuracy (fraction)"),
     "weight_movement": ("Weight movement ‖W_t − W_0‖_F / ‖W_0‖_F", "relative movement (unitless)"),
 }
@@ -234,14 +243,14 @@ def kappa_growth_fig(data: pd.DataFrame) -> go.Figure:
 # ---------------------------------------------------------------- NTK convergence
 
 def distance_data(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean, min, max and std over seeds of ``metric`` per (arch, width)."""
+    """Mean, sd (ddof 1), min and max over seeds of ``metric`` per (arch, width)."""
     g = rows.groupby(["arch", "width"])[metric]
-    out = g.agg(["mean", "min", "max", "std", "count"]).reset_index()
-    return out.rename(columns={"count": "seeds"})
+    out = g.agg(["mean", "std", "min", "max", "count"]).reset_index()
+    return out.rename(columns={"count": "seeds", "std": "sd"})
 
 
 def distance_fig(data: pd.DataFrame, metric: str) -> go.Figure:
-    """Distance against width, one line per arch, min–max over seeds as a band; log axes."""
+    """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes."""
     fig = go.Figure()
     for arch, d in _by_arch(data):
         d = d.sort_values("width")
@@ -249,15 +258,15 @@ def distance_fig(data: pd.DataFrame, metric: str) -> go.Figure:
         if (d["seeds"] > 1).any():
             fig.add_trace(go.Scatter(
                 x=np.concatenate([d["width"], d["width"][::-1]]),
-                y=_positive(np.concatenate([d["max"], d["min"][::-1]])),
+                y=_positive(np.concatenate([d["mean"] + d["sd"].fillna(0), (d["mean"] - d["sd"].fillna(0))[::-1]])),
                 fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0), mode="lines",
-                name=f"{arch_label(arch)} seed range", hoverinfo="skip", showlegend=False))
+                name=f"{arch_label(arch)} mean ± sd", hoverinfo="skip", showlegend=False))
         fig.add_trace(go.Scatter(
             x=d["width"], y=_positive(d["mean"]), mode="lines+markers", name=arch_label(arch),
-            line=dict(color=color), customdata=np.stack([d["min"], d["max"], d["seeds"]], axis=1),
-            hovertemplate=(f"{arch_label(arch)}<br>m = %{{x}}<br>mean %{{y:.4g}}"
-                           "<br>min %{customdata[0]:.4g}, max %{customdata[1]:.4g}"
-                           "<br>seeds %{customdata[2]}<extra></extra>")))
+            line=dict(color=color), customdata=np.stack([d["sd"].fillna(0), d["min"], d["max"], d["seeds"]], axis=1),
+            hovertemplate=(f"{arch_label(arch)}<br>m = %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.2g}} (sd)"
+                           "<br>min %{customdata[1]:.4g}, max %{customdata[2]:.4g}"
+                           "<br>seeds %{customdata[3]}<extra></extra>")))
     title, axis = METRICS.get(metric, (metric, metric))
     _style(fig, "width m (hidden units, log scale)", axis, title=title, logx=True, logy=True)
     _width_ticks(fig, data["width"])
@@ -450,41 +459,38 @@ def influence_bar_fig(values: np.ndarray, labels: list[str], title: str) -> go.F
 
 # ---------------------------------------------------------------- malleability
 
-def flip_data(rows: pd.DataFrame) -> pd.DataFrame:
-    """Malleability rows with rates in percent (flip_rate_pct, pair_flip_rate_pct)."""
-    out = rows.copy()
-    for col in ("flip_rate", "pair_flip_rate"):
-        if col in out:
-            out[f"{col}_pct"] = 100.0 * out[col].astype(float)
-    return out
-
-
-def flip_bars_fig(data: pd.DataFrame, eps: float, value: str = "flip_rate_pct",
-                  y_title: str = "flip rate (% of top-τ points)", fmt: str = ".1f") -> go.Figure:
-    """Grouped bars: attack on x, one bar per arch, at one ε."""
-    d = data[np.isclose(data["eps"].astype(float), eps)]
+def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct",
+                  y_title: str = "flip rate (% of top-τ points)", fmt: str = ".1f",
+                  eps_label: str = "ε") -> go.Figure:
+    """Grouped bars at one ε: attack on x, one bar per arch, height ``{value}_mean`` with
+    ``{value}_sd`` error bars (a summary from ``engine.tables``; nothing is averaged here)."""
+    d = summary[np.isclose(summary["eps"].astype(float), eps)]
     fig = go.Figure()
     for arch, da in _by_arch(d):
-        da = da.groupby("attack", sort=False)[value].mean().reset_index()
-        fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=da[value], name=arch_label(arch),
+        mean, sd = da[f"{value}_mean"], da[f"{value}_sd"].fillna(0)
+        fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=mean, name=arch_label(arch),
                              marker_color=ARCH_COLORS.get(arch, "black"),
-                             text=[format(v, fmt) for v in da[value]], textposition="outside",
-                             hovertemplate=f"{arch_label(arch)}<br>%{{x}}<br>%{{y:.2f}}<extra></extra>"))
+                             error_y=dict(type="data", array=sd, visible=True),
+                             text=[format(v, fmt) for v in mean], textposition="outside",
+                             customdata=np.stack([sd, da["n_seeds"]], axis=1),
+                             hovertemplate=(f"{arch_label(arch)}<br>%{{x}}<br>%{{y:.2f}} ± %{{customdata[0]:.2f}}"
+                                            " (sd over %{customdata[1]} seeds)<extra></extra>")))
     fig.update_layout(barmode="group")
-    return _style(fig, f"attack (ℓ∞ budget ε = {eps:g})", y_title)
+    return _style(fig, f"attack ({eps_label} = {eps:g})", y_title)
 
 
-def eps_sweep_fig(data: pd.DataFrame, value: str = "flip_rate_pct",
-                  y_title: str = "flip rate (% of top-τ points)") -> go.Figure:
-    """Lines over ε, colour by arch, dash by attack."""
+def eps_sweep_fig(summary: pd.DataFrame, value: str = "flip_rate_pct",
+                  y_title: str = "flip rate (% of top-τ points)", eps_label: str = "ε") -> go.Figure:
+    """Mean ± sd over seeds against ε: colour by arch, dash by attack."""
     fig = go.Figure()
-    for (arch, attack), d in data.groupby(["arch", "attack"], sort=False):
-        d = d.groupby("eps")[value].mean().reset_index()
+    for (arch, attack), d in summary.groupby(["arch", "attack"], sort=False):
+        d = d.sort_values("eps")
         fig.add_trace(go.Scatter(
-            x=d["eps"], y=d[value], mode="lines+markers", name=f"{arch_label(arch)} {attack.upper()}",
+            x=d["eps"], y=d[f"{value}_mean"], mode="lines+markers", name=f"{arch_label(arch)} {attack.upper()}",
+            error_y=dict(type="data", array=d[f"{value}_sd"].fillna(0), visible=True),
             line=dict(color=ARCH_COLORS.get(arch, "black"), dash=ATTACK_DASH.get(attack, "solid")),
             hovertemplate=f"{arch_label(arch)} {attack.upper()}<br>ε = %{{x:g}}<br>%{{y:.3g}}<extra></extra>"))
-    return _style(fig, "ε (ℓ∞ perturbation budget, pixel units in [0, 1])", y_title)
+    return _style(fig, eps_label, y_title)
 
 
 def interventions_fig(data: pd.DataFrame, value: str = "test_acc",
@@ -567,7 +573,7 @@ def compare_bars_fig(data: pd.DataFrame, x: str, y_title: str) -> go.Figure:
 
 # ---------------------------------------------------------------- scaling law
 
-def _model_label(arch: str, attention) -> str:
+def model_label(arch: str, attention) -> str:
     if arch == "attn" and isinstance(attention, str):
         return f"{arch_label(arch)} ({attention})"
     return arch_label(arch)
@@ -584,9 +590,11 @@ def scaling_data(widths: pd.DataFrame, fit: pd.DataFrame) -> pd.DataFrame:
         f = fit[(fit["arch"] == w["arch"]) & (fit["attention"].fillna("") == (att or ""))].iloc[0]
         fitted = (math.exp(f["intercept"]) * w["kappa"] ** f["exponent"]
                   if pd.notna(f["exponent"]) else np.nan)
-        rows.append({"model": _model_label(w["arch"], att), "arch": w["arch"], "attention": att,
+        rows.append({"model": model_label(w["arch"], att), "arch": w["arch"], "attention": att,
                      "kappa": w["kappa"], "width_needed": w["width_needed"], "censored": bool(w["censored"]),
-                     "fitted_width": fitted, "exponent": f["exponent"], "theory_exponent": f["theory_exponent"]})
+                     "fitted_width": fitted, "exponent": f["exponent"],
+                     "exponent_low": f.get("exponent_low"), "exponent_high": f.get("exponent_high"),
+                     "monotone": bool(w.get("monotone", True)), "theory_exponent": f["theory_exponent"]})
     return pd.DataFrame(rows)
 
 
@@ -599,9 +607,12 @@ def scaling_fig(data: pd.DataFrame, max_width: int) -> go.Figure:
         color = palette[i % len(palette)]
         ok, cens = d[~d["censored"]], d[d["censored"]]
         p, theory = d["exponent"].iloc[0], d["theory_exponent"].iloc[0]
-        label = f"{model}: fitted p = {p:.2f}" if pd.notna(p) else f"{model}: too few points to fit"
+        lo, hi = d["exponent_low"].iloc[0], d["exponent_high"].iloc[0]
+        interval = f" [{lo:.2f}, {hi:.2f}] 95 %" if pd.notna(lo) and pd.notna(hi) else ""
+        label = f"{model}: fitted p = {p:.2f}{interval}" if pd.notna(p) else f"{model}: too few points to fit"
         fig.add_trace(go.Scatter(x=ok["kappa"], y=ok["width_needed"], mode="markers", name=label,
-                                 marker=dict(color=color, size=9),
+                                 marker=dict(color=color, size=9,
+                                             symbol=["circle" if m else "x" for m in ok["monotone"]]),
                                  hovertemplate=f"{model}<br>κ = %{{x:g}}<br>width %{{y:.0f}}<extra></extra>"))
         if pd.notna(p):
             fig.add_trace(go.Scatter(x=d["kappa"], y=d["fitted_width"], mode="lines", showlegend=False,

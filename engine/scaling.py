@@ -1,56 +1,93 @@
-"""The width–conditioning scaling law, measured.
+"""The width–conditioning scaling law, measured on a fixed width grid.
 
 The paper's bound says the width needed to stay in the kernel regime grows like κ(G)⁶ for
 linearised attention (κ^(2(2k+1)) for k stacked layers), against κ² for the same bound on
 the un-amplified Gram of the ReLU net. Here κ is dialled with the ``synthetic`` data set
-(prescribed Gram spectrum), and for each κ and architecture the smallest width whose
-trained kernel stays within ``target`` relative Frobenius distance of K∞ is found by
-bisection over log2(width). The exponent of width against κ is then fitted on log-log
-axes over the κ values whose width was found below ``max_width`` (the others are
-censored and reported as such).
+(prescribed Gram spectrum). For each κ and model the kernel distance is measured on a fixed,
+log-spaced width grid (anchored at powers of two, so a smaller range's grid is part of a
+larger one's) and averaged over network seeds. The *width needed* is the smallest grid width
+from which the mean distance stays within ``target`` at every larger grid width; where the
+criterion holds at a smaller width and fails again above it, the row says it is not
+monotone. The exponent of width against κ is fitted on log-log axes over the uncensored κ
+values, with a 95 % interval from a bootstrap over seeds.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from . import budget as B
+from .budget import Budget, Estimate
 from .cache import Cache, Result, cached_run
-from .data import DataSpec, load_sample
+from .data import DECAYS, DataSpec, load_sample
 from .device import resolve_device
 from .errors import BadInput
-from .experiments import _check_archs, _tick, to_device
-from .models import Attention, Net, parse_attention
-from .ntk import empirical_ntk, infinite_ntk, relative_distance
+from .models import ARCHS, MAX_WIDTH, Attention, Net, parse_attention
+from .ntk import empirical_ntk, infinite_ntk, relative_distance, whitened_distance
+from .runs import Progress, tick, to_device
+from .settings import normalised, setting, validate
 from .training import TrainSpec, n_outputs, train
 
-Progress = Callable[[float, str], None]
 MEASURES = ("trained", "init", "movement")
+METRICS = ("frobenius", "whitened")
+BOOTSTRAP = 400   # resamples of the seeds for the exponent's interval
+
+
+def _check_attention(a: str) -> None:
+    parse_attention(a)
 
 
 @dataclass(frozen=True)
 class ScalingConfig:
-    n: int = 64                               # training points of each synthetic draw
-    d: int = 32                               # input dimension
-    kappas: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 32.0)  # target κ(G) of the raw Gram
-    decay: str = "geometric"                  # eigenvalue profile of the synthetic Gram
-    classes: int = 2                          # synthetic teacher classes
-    normalize: bool = False                   # row normalisation changes κ; off so κ is the dialled one
-    archs: tuple[str, ...] = ("relu", "attn")
-    attentions: tuple[str, ...] = ("linear",)  # variants tried for the attn arch
-    target: float = 0.1                       # kernel distance ‖K_m − K∞‖_F/‖K∞‖_F to stay within
-    measure: str = "trained"                  # "trained": ‖K_t − K∞‖/‖K∞‖; "init": ‖K_0 − K∞‖/‖K∞‖;
-                                              # "movement": ‖K_t − K_0‖/‖K_0‖ (training drift alone)
-    min_width: int = 16
-    max_width: int = 2**15
-    seeds: tuple[int, ...] = (0,)             # distances are averaged over these network seeds
-    seed: int = 0                             # data seed
-    train: TrainSpec = TrainSpec(epochs=50, lr=1e-3, batch_size=128)
+    train: TrainSpec = TrainSpec(epochs=50)
+    n: int = setting(64, "training points of each synthetic draw", unit="points", lo=4, hi=2000)
+    d: int = setting(32, "input dimension of the synthetic data", lo=2, hi=1024)
+    kappas: tuple[float, ...] = setting((2.0, 4.0, 8.0, 16.0, 32.0), "dialled condition numbers κ(G) of "
+                                        "the raw Gram", lo=1.0, hi=1e6, max_len=12)
+    decay: str = setting("geometric", "eigenvalue profile of the synthetic Gram", choices=DECAYS)
+    classes: int = setting(2, "classes of the synthetic teacher", lo=2, hi=20)
+    normalize: bool = setting(False, "ℓ2-normalise rows (changes κ; off so that κ is the dialled one)")
+    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu, attn", choices=ARCHS)
+    attentions: tuple[str, ...] = setting(("linear",), "attention variants tried for attn, e.g. "
+                                          "linear,stacked:2,truncated:8", check=_check_attention, max_len=6)
+    target: float = setting(0.1, "kernel distance to stay within", lo=0, lo_open=True, hi=10.0)
+    measure: str = setting("trained", "trained: K_t vs K∞; init: K_0 vs K∞; movement: K_t vs K_0 "
+                           "(training drift alone)", choices=MEASURES)
+    metric: str = setting("frobenius", "kernel distance: frobenius = ‖ΔK‖_F/‖K_ref‖_F; whitened = "
+                          "‖(K_ref+λI)^-½ ΔK (K_ref+λI)^-½‖₂ (κ-sensitive)", choices=METRICS)
+    min_width: int = setting(16, "smallest grid width", unit="units", lo=1, hi=MAX_WIDTH)
+    max_width: int = setting(4096, "largest grid width", unit="units", lo=2, hi=MAX_WIDTH)
+    per_octave: int = setting(2, "grid widths per doubling (grid: 2^(j/per_octave))", lo=1, hi=8)
+    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds; distances are averaged over them and "
+                                     "bootstrapped for the exponent's interval", lo=0, hi=2**31 - 1, max_len=20)
+    seed: int = setting(0, "data draw seed", flag="--data-seed", lo=0, hi=2**31 - 1)
+    ridge: float = setting(1e-3, "ridge λ of the whitened metric, relative to mean diag", lo=0, lo_open=True, hi=1e3)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        if self.min_width >= self.max_width:
+            raise BadInput(f"min_width ({self.min_width}) must be smaller than max_width ({self.max_width})")
+
+
+PRESETS = {"scaling": {
+    "quick": ScalingConfig(train=TrainSpec(epochs=100, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0),
+                           measure="movement", target=0.05, max_width=4096, per_octave=1),
+    "paper": ScalingConfig(train=TrainSpec(epochs=200, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0, 32.0),
+                           measure="movement", target=0.05, max_width=16384),
+}}
+
+
+def width_grid(min_width: int, max_width: int, per_octave: int) -> list[int]:
+    """Grid widths round(2^(j/per_octave)) within [min_width, max_width], ascending, distinct."""
+    lo = math.ceil(math.log2(min_width) * per_octave - 1e-9)
+    hi = math.floor(math.log2(max_width) * per_octave + 1e-9)
+    return sorted({int(round(2 ** (j / per_octave))) for j in range(lo, hi + 1)})
 
 
 def theory_exponent(arch: str, attention: str) -> float | None:
@@ -65,113 +102,153 @@ def theory_exponent(arch: str, attention: str) -> float | None:
     return None
 
 
-def _validate(cfg: ScalingConfig) -> None:
-    _check_archs(cfg.archs)
-    for a in cfg.attentions:
-        parse_attention(a)
-    if not cfg.kappas or min(cfg.kappas) < 1:
-        raise BadInput(f"kappas must be numbers >= 1, got {cfg.kappas!r}")
-    if not 0 < cfg.target < 1:
-        raise BadInput(f"target kernel distance must lie in (0, 1), got {cfg.target!r}")
-    if cfg.measure not in MEASURES:
-        raise BadInput(f"measure must be one of {', '.join(MEASURES)}, got {cfg.measure!r}")
-    if not 1 <= cfg.min_width < cfg.max_width:
-        raise BadInput(f"need 1 <= min_width < max_width, got {cfg.min_width}, {cfg.max_width}")
+def width_needed(widths, dists, target: float) -> tuple[int | None, bool]:
+    """Smallest width from which every larger width has dist ≤ target, and whether the
+    criterion is monotone (never holds below that width). None when the largest fails."""
+    ok = np.asarray(dists) <= target
+    i = len(ok)
+    while i > 0 and ok[i - 1]:
+        i -= 1                     # ok[i:] is the run of passing widths at the top of the grid
+    if i == len(ok):
+        return None, not ok.any()
+    return int(widths[i]), not ok[:i].any()
 
 
-def _distance(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel) -> float:
-    dists = []
+def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
+    """Slope and intercept of log width against log κ over the found widths (None: < 2 κ).
+
+    A width of None or NaN (how a pandas column holds None) is censored and left out."""
+    pts = [(k, w) for k, w in zip(kappas, widths) if w is not None and not pd.isna(w)]
+    if len({k for k, _ in pts}) < 2:
+        return None, None
+    slope, icpt = np.polyfit(np.log([k for k, _ in pts]), np.log([w for _, w in pts]), 1)
+    return float(slope), float(icpt)
+
+
+def _distance(cfg, K, K_ref) -> float:
+    if cfg.metric == "whitened":
+        return whitened_distance(K, K_ref, cfg.ridge)
+    return relative_distance(K, K_ref)
+
+
+def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel) -> list[float]:
+    """The distance of each seed's net at one width."""
+    out = []
     for seed in cfg.seeds:
         net = Net(arch, X, width, n_outputs(c), seed, 1.0, attention, cfg.normalize).to(dev)
         K0 = empirical_ntk(net, X)
         if cfg.measure == "init":
-            dists.append(relative_distance(K0, K_inf))
+            out.append(_distance(cfg, K0, K_inf))
             continue
         train(net, X, y, c, cfg.train, seed, cancel=cancel)
         Kt = empirical_ntk(net, X)
-        dists.append(relative_distance(Kt, K_inf if cfg.measure == "trained" else K0))
-    return float(np.mean(dists))
+        out.append(_distance(cfg, Kt, K_inf if cfg.measure == "trained" else K0))
+    return out
 
 
-def _smallest_width(dist_at: Callable[[int], float], lo: int, hi: int, target: float):
-    """Bisection on log2 width for the smallest power-of-two-grid width with dist ≤ target.
+def _models(cfg) -> list[tuple[str, str]]:
+    return [("relu", "linear")] * ("relu" in cfg.archs) + [("attn", a) for a in cfg.attentions
+                                                           if "attn" in cfg.archs]
 
-    Returns (width or None if even ``hi`` misses, evaluations as (width, dist) pairs).
-    """
-    evals = {}
 
-    def ok(e):
-        w = int(round(2**e))
-        if w not in evals:
-            evals[w] = dist_at(w)
-        return evals[w] <= target
-
-    a, b = math.log2(lo), math.log2(hi)
-    if ok(a):
-        return lo, evals
-    if not ok(b):
-        return None, evals
-    while b - a > 0.25:  # quarter-octave resolution
-        mid = (a + b) / 2
-        a, b = (a, mid) if ok(mid) else (mid, b)
-    return int(round(2**b)), evals
+def estimate_scaling(cfg: ScalingConfig) -> Estimate:
+    grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
+    epochs = 0 if cfg.measure == "init" else cfg.train.epochs
+    per_kappa_model = 0.0
+    for w in grid:
+        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 2)
+                                             + 2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
+    attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
+    seconds = B.FIXED_S + len(cfg.kappas) * (len(_models(cfg)) * per_kappa_model + attention)
+    return Estimate(seconds, int(8 * 6 * cfg.n ** 2 + 16 * max(grid) * cfg.d + 8 * cfg.n * max(grid)))
 
 
 def run_scaling(cfg: ScalingConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                progress: Progress | None = None, cancel=None) -> Result:
-    """Width needed against κ, and the fitted exponent, per (arch, attention).
+                progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+    """Width needed against κ, and the fitted exponent with its interval, per (arch, attention).
 
-    Frames: ``widths`` (arch, attention, kappa, kappa_measured, width_needed, censored),
-    ``evaluations`` (arch, attention, kappa, width, distance), ``fit`` (arch, attention,
-    exponent, intercept, points, theory_exponent).
+    Frames: ``widths`` (arch, attention, kappa, kappa_measured, width_needed, censored,
+    monotone), ``evaluations`` (arch, attention, kappa, width, seed, distance) and ``curve``
+    (the same averaged over seeds, with sd), ``fit`` (arch, attention, exponent,
+    exponent_low, exponent_high, intercept, points, theory_exponent).
     """
-    _validate(cfg)
+    dev = resolve_device(device)
+    grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
 
     def compute() -> Result:
-        dev = resolve_device(device)
-        models = [("relu", "linear")] * ("relu" in cfg.archs) + [("attn", a) for a in cfg.attentions
-                                                                  if "attn" in cfg.archs]
-        total = len(models) * len(cfg.kappas)
-        rows, evals = [], []
-        for i, kappa in enumerate(cfg.kappas):
+        B.check(estimate_scaling(cfg), budget, "this scaling run", "use fewer κ values, seeds or a smaller max width")
+        models = _models(cfg)
+        total = len(models) * len(cfg.kappas) * len(grid)
+        rows, evals, done = [], [], 0
+        for kappa in cfg.kappas:
             spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
                             synthetic_d=cfg.d, synthetic_kappa=float(kappa), synthetic_decay=cfg.decay,
                             synthetic_classes=cfg.classes)
             sample = load_sample(spec, data_dir)
             X, y, _, _ = to_device(sample, dev)
             c = sample.n_classes
-            G = sample.X @ sample.X.T
-            lam = torch.linalg.eigvalsh(G).clamp_min(0)
+            lam = torch.linalg.eigvalsh(sample.X @ sample.X.T).clamp_min(0)
             lam = lam[lam > lam.max() * cfg.n * 2.2e-16]
-            for j, (arch, attention) in enumerate(models):
-                k = i * len(models) + j
-                _tick(progress, cancel, k / total, f"κ = {kappa:g}, {arch} {attention if arch == 'attn' else ''}")
+            for arch, attention in models:
                 probe = Net(arch, X, 1, n_outputs(c), 0, 1.0, attention, cfg.normalize).to(dev)
                 with torch.no_grad():
                     K_inf = infinite_ntk(probe.features(X))
-                width, ev = _smallest_width(
-                    lambda w: _distance(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel),
-                    cfg.min_width, cfg.max_width, cfg.target)
                 label = attention if arch == "attn" else None
+                for w in grid:
+                    tick(progress, cancel, done / total, f"κ = {kappa:g}, {arch} {label or ''} m = {w}")
+                    done += 1
+                    for seed, dist in zip(cfg.seeds, _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel)):
+                        evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
+                                      "seed": seed, "distance": dist})
                 rows.append({"arch": arch, "attention": label, "kappa": float(kappa),
-                             "kappa_measured": float(lam.max() / lam.min()),
-                             "width_needed": width, "censored": width is None})
-                evals += [{"arch": arch, "attention": label, "kappa": float(kappa), "width": w, "distance": dd}
-                          for w, dd in sorted(ev.items())]
+                             "kappa_measured": float(lam.max() / lam.min())})
+        ev = pd.DataFrame(evals)
+        curve = (ev.assign(attention=ev.attention.fillna(""))
+                 .groupby(["arch", "attention", "kappa", "width"], sort=False)["distance"]
+                 .agg(mean="mean", sd="std").reset_index())
+        curve["attention"] = curve["attention"].replace("", None)
+        for row in rows:
+            g = curve[(curve.arch == row["arch"]) & (curve.kappa == row["kappa"])
+                      & (curve.attention.fillna("") == (row["attention"] or ""))].sort_values("width")
+            w, mono = width_needed(g.width.to_numpy(), g["mean"].to_numpy(), cfg.target)
+            row.update(width_needed=w, censored=w is None, monotone=mono)
         widths = pd.DataFrame(rows)
-        fits = []
-        for (arch, attention), g in widths.groupby(["arch", "attention"], dropna=False, sort=False):
-            ok = g[~g.censored]
-            att = attention if isinstance(attention, str) else "linear"
-            fit = {"arch": arch, "attention": attention if isinstance(attention, str) else None,
-                   "points": len(ok), "exponent": None, "intercept": None,
-                   "theory_exponent": theory_exponent(arch, att)}
-            if len(ok) >= 2 and ok.kappa.nunique() >= 2:
-                slope, icpt = np.polyfit(np.log(ok.kappa.astype(float)), np.log(ok.width_needed.astype(float)), 1)
-                fit.update(exponent=float(slope), intercept=float(icpt))
-            fits.append(fit)
-        _tick(progress, cancel, 1.0, "done")
-        return Result("scaling", {}, {"widths": widths, "evaluations": pd.DataFrame(evals),
-                                      "fit": pd.DataFrame(fits)}, {}, {})
+        fits = [_fit_row(cfg, arch, attention, widths, ev, grid) for arch, attention in models]
+        tick(progress, cancel, 1.0, "done")
+        return Result(run_scaling.kind, {}, {"widths": widths, "evaluations": ev, "curve": curve,
+                                             "fit": pd.DataFrame(fits)}, {}, {"grid": grid})
 
-    return cached_run("scaling", cfg, compute, cache)
+    return cached_run(run_scaling.kind, cfg, compute, cache, data_dir=data_dir)
+
+
+run_scaling.kind = "scaling"
+
+
+def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
+    label = attention if arch == "attn" else None
+    mine = widths[(widths.arch == arch) & (widths.attention.fillna("") == (label or ""))]
+    slope, icpt = fit_exponent(mine.kappa.tolist(), mine.width_needed.tolist())
+    low = high = None
+    seeds = list(cfg.seeds)
+    if slope is not None and len(seeds) > 1:
+        e = ev[(ev.arch == arch) & (ev.attention.fillna("") == (label or ""))]
+        table = {(k, w): g.set_index("seed")["distance"] for (k, w), g in e.groupby(["kappa", "width"])}
+        rng = np.random.default_rng(12345)
+        slopes = []
+        for _ in range(BOOTSTRAP):
+            pick = rng.choice(seeds, size=len(seeds), replace=True)
+            found = []
+            for k in mine.kappa:
+                means = [float(table[(k, w)].loc[pick].mean()) for w in grid]
+                found.append(width_needed(grid, means, cfg.target)[0])
+            s, _ = fit_exponent(mine.kappa.tolist(), found)
+            if s is not None:
+                slopes.append(s)
+        if slopes:
+            low, high = (float(v) for v in np.percentile(slopes, [2.5, 97.5]))
+    return {"arch": arch, "attention": label, "points": int((~mine.censored).sum()), "exponent": slope,
+            "exponent_low": low, "exponent_high": high, "intercept": icpt,
+            "theory_exponent": theory_exponent(arch, attention)}
+
+
+ESTIMATES = {ScalingConfig: estimate_scaling}

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import BadInput, Cancelled
+from .settings import normalised, setting, validate
 
 Progress = Callable[[float, str], None]
 LOSSES = ("auto", "ce", "mse")
@@ -24,27 +25,28 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 
 @dataclass(frozen=True)
 class TrainSpec:
-    epochs: int = 500            # paper: 500; 0 means no training
-    lr: float = 1e-3             # Adam learning rate (paper)
-    batch_size: int = 128        # paper
-    weight_decay: float = 1e-3   # paper: L2 penalty; with "adam" it is coupled (added to the gradient)
-    optimizer: str = "adam"      # "adam" (paper), "adamw" (decoupled decay), "sgd" (plain GD steps, the NTK setting)
-    loss: str = "auto"           # "auto": MSE on ±1 for 2 classes, cross-entropy otherwise
-    snapshot_epochs: tuple[int, ...] = ()  # epochs after which W is kept (kernel snapshots)
+    """How the head is trained. Defaults are the paper's protocol (Adam, lr 1e-3, batch 128,
+    L2 1e-3, 500 epochs); presets in the experiment configs pick shorter runs."""
+
+    epochs: int = setting(500, "training epochs; 0 means no training (the paper: 500)", unit="epochs",
+                          lo=0, hi=20_000)
+    lr: float = setting(1e-3, "learning rate (the paper's Adam: 1e-3)", lo=0, lo_open=True, hi=10.0)
+    batch_size: int = setting(128, "mini-batch size (the paper: 128)", unit="points", lo=1, hi=100_000)
+    weight_decay: float = setting(1e-3, "L2 penalty; coupled (added to the gradient) with adam and sgd, "
+                                  "decoupled with adamw (the paper: 1e-3, coupled)", lo=0, hi=1.0)
+    optimizer: str = setting("adam", "adam with coupled L2 (the paper), adamw (decoupled decay), "
+                             "or plain sgd (the NTK setting)", choices=OPTIMIZERS)
+    loss: str = setting("auto", "training loss: auto = MSE on ±1 for 2 classes, cross-entropy otherwise",
+                        choices=LOSSES)
+    snapshot_epochs: tuple[int, ...] = setting((), "epochs at which the kernel is measured along training",
+                                               unit="epochs", lo=0, hi=20_000, max_len=50)
 
     def __post_init__(self):
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
-            raise BadInput(f"epochs must be an integer >= 0, got {self.epochs!r}")
-        if not self.lr > 0:
-            raise BadInput(f"lr must be > 0, got {self.lr!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise BadInput(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if not self.weight_decay >= 0:
-            raise BadInput(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise BadInput(f"unknown optimizer {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-        if self.loss not in LOSSES:
-            raise BadInput(f"unknown loss {self.loss!r}; allowed: {', '.join(LOSSES)}")
+        normalised(self)
+        validate(self)
+        late = [e for e in self.snapshot_epochs if e > self.epochs]
+        if late:
+            raise BadInput(f"snapshot_epochs {late} lie beyond epochs = {self.epochs}")
 
 
 def n_outputs(n_classes: int) -> int:

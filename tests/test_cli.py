@@ -37,15 +37,21 @@ def test_spectrum_json(mnist_dir, tmp_path):
 
 def test_ntk_sweep_json(mnist_dir, tmp_path):
     rc, out, err = run("ntk-sweep", "--dataset", "mnist", "--n", "400", "--n-test", "200", "--widths",
-                       "16,256,4096", "--archs", "relu,attn", "--epochs", "0", "--seed", "0", "--json",
-                       "--data-dir", str(mnist_dir), "--no-cache")
+                       "16,256,4096", "--archs", "relu,attn", "--epochs", "0", "--seed", "0", "--seeds", "0",
+                       "--json", "--data-dir", str(mnist_dir), "--no-cache")
     assert rc == 0, err
-    rows = json.loads(out)["rows"]
+    obj = json.loads(out)
+    rows = obj["rows"]
+    assert [(s["arch"], s["width"], s["n_seeds"]) for s in obj["summary"]] == [
+        (a, w, 1) for a in ("relu", "attn") for w in (16, 256, 4096)]
+    assert obj["config"]["seeds"] == [0] and obj["provenance"]["data"]
     assert [(r["arch"], r["width"]) for r in rows] == [("relu", 16), ("relu", 256), ("relu", 4096),
                                                        ("attn", 16), ("attn", 256), ("attn", 4096)]
     for r in rows:
         for key in ("seed", "kernel_dist_init", "kernel_dist_trained", "function_dist", "test_acc",
-                    "weight_movement"):
+                    "weight_movement", "kernel_dist_whitened_init", "kernel_dist_whitened_trained",
+                    "prediction_gap_init", "prediction_gap_trained", "f_norm", "f_ntk_norm",
+                    "function_dist_rel", "n_test", "train_acc", "test_acc_ntk"):
             assert r[key] is not None
     relu = [r["kernel_dist_init"] for r in rows if r["arch"] == "relu"]
     assert relu[0] > relu[1] > relu[2]
@@ -64,10 +70,22 @@ def test_datasets_lists_what_is_here(mnist_dir):
     (["spectrum", "--dataset", "synthetic", "--n", "-4", "--no-cache"], "-4"),
     (["ntk-sweep", "--dataset", "synthetic", "--archs", "cnn", "--no-cache"], "cnn"),
     (["ntk-sweep", "--widths", "a,b"], "a,b"),
+    (["ntk-sweep", "--dataset", "synthetic", "--lr", "inf", "--no-cache"], "lr"),
+    (["spectrum", "--dataset", "synthetic", "--attention", "stacked:100000000", "--no-cache"], "stacked"),
+    (["ntk-sweep", "--dataset", "synthetic", "--widths", "1000000000", "--no-cache"], "widths"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     rc, out, err = run(*args)
     assert rc == 2 and needle in err and out == ""
+
+
+def test_over_budget_runs_are_refused_before_they_start(tmp_path):
+    rc, out, err = run("ntk-sweep", "--dataset", "synthetic", "--widths", "65536", "--epochs", "20000",
+                       "--cache-dir", str(tmp_path))
+    assert rc == 2 and "budget" in err and "--max-seconds" in err and out == ""
+    rc, out, err = run("ntk-sweep", "--dataset", "synthetic", "--widths", "65536", "--epochs", "20000",
+                       "--estimate", "--json")
+    assert rc == 0 and json.loads(out)["estimate_seconds"] > 6 * 3600
 
 
 def test_n_larger_than_the_split_exits_2(mnist_dir):
@@ -84,14 +102,18 @@ def test_missing_data_exits_3_and_names_the_files(tmp_path):
 
 def test_malleability_json_on_real_digits(mnist_dir):
     rc, out, err = run("malleability", "--dataset", "mnist", "--n", "200", "--n-test", "50", "--width", "256",
-                       "--archs", "relu,attn", "--epochs", "10", "--attack", "pgd,fgsm", "--eps-sweep", "0.05,0.3",
-                       "--tau", "0.1", "--seed", "0", "--json", "--data-dir", str(mnist_dir), "--no-cache")
+                       "--archs", "relu,attn", "--epochs", "10", "--attack", "pgd,fgsm", "--eps", "0.05,0.3",
+                       "--tau", "0.1", "--seed", "0", "--seeds", "0", "--norm", "l2", "--space", "normalized",
+                       "--influence", "true", "--json", "--data-dir", str(mnist_dir), "--no-cache")
     assert rc == 0, err
     rows = json.loads(out)["rows"]
     assert len(rows) == 2 * 2 * 2
     for r in rows:
         assert 0 <= r["flip_rate"] <= 1 and 0 <= r["pair_flip_rate"] <= 1 and -1 <= r["spearman"] <= 1
         assert r["test_acc"] is not None and r["n_top"] == 20
+        assert r["train_acc"] is not None and r["test_acc_ntk"] is not None and r["rel_perturbation"] > 0
+        assert (r["norm"], r["space"], r["target"]) == ("l2", "normalized", "true")
+        assert r["rel_perturbation"] <= r["eps"] * (1 + 1e-5)  # unit rows: ‖δ‖₂ ≤ ε
     assert {(r["attack"], r["eps"]) for r in rows} == {("pgd", 0.05), ("pgd", 0.3), ("fgsm", 0.05), ("fgsm", 0.3)}
 
 
@@ -106,6 +128,7 @@ def test_scaling_json():
     assert rc == 0, err
     obj = json.loads(out)
     assert len(obj["rows"]) == 6 and [f["theory_exponent"] for f in obj["fit"]] == [2.0, 6.0, 10.0]
+    assert all("monotone" in r for r in obj["rows"]) and all("exponent_low" in f for f in obj["fit"])
 
 
 @pytest.mark.parametrize("attention", ["truncated:10", "stacked:2", "softmax:0.5"])

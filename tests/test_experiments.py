@@ -38,6 +38,32 @@ def test_sweep_rows_match_an_independent_numpy_computation():
     f_m = np.maximum(Zt @ W.T, 0) @ net.mlp.a.double().numpy() / math.sqrt(32)
     assert row.function_dist == pytest.approx(np.linalg.norm(f_m - f_ntk), rel=1e-5)
     assert row.test_acc == pytest.approx(np.mean(f_m.argmax(1) == s.y_test.numpy()))
+    # the context of the numbers: scales compared, and the K∞ ridge baseline
+    assert row.f_norm == pytest.approx(np.linalg.norm(f_m), rel=1e-5)
+    assert row.f_ntk_norm == pytest.approx(np.linalg.norm(f_ntk), rel=1e-6)  # float32 features
+    assert row.function_dist_rel == pytest.approx(row.function_dist / row.f_ntk_norm, rel=1e-12)
+    assert row.test_acc_ntk == pytest.approx(np.mean(f_ntk.argmax(1) == s.y_test.numpy()))
+    assert row.n_test == 20
+    # κ-sensitive distances, from scipy/numpy directly
+    import scipy.linalg
+    R = scipy.linalg.sqrtm(np.linalg.inv(K_inf + lam * np.eye(60))).real
+    assert row.kernel_dist_whitened_init == pytest.approx(np.linalg.norm(R @ (K_m - K_inf) @ R, 2), rel=1e-5)
+    K_mt = (Zt @ Z.T) * ((Zt @ W.T > 0).astype(float) @ S.T) / 32
+    lam_m = 1e-2 * np.mean(np.diag(K_m))
+    f_m_krr = K_mt @ np.linalg.solve(K_m + lam_m * np.eye(60), Y)
+    assert row.prediction_gap_init == pytest.approx(np.linalg.norm(f_m_krr - f_ntk) / np.linalg.norm(f_ntk), rel=1e-5)
+
+
+def test_sweep_summary_is_mean_and_sd_over_seeds():
+    cfg = SweepConfig(data=SYN, widths=(16, 64), archs=("relu",), seeds=(0, 1, 2), train=TrainSpec(epochs=1))
+    res = run_ntk_sweep(cfg)
+    rows, summary = res.frames["rows"], res.frames["summary"]
+    assert len(rows) == 6 and len(summary) == 2 and (summary.n_seeds == 3).all()
+    for width in (16, 64):
+        v = rows[rows.width == width].kernel_dist_init.to_numpy()
+        got = summary[summary.width == width].iloc[0]
+        assert got.kernel_dist_init_mean == pytest.approx(v.mean(), rel=1e-12)
+        assert got.kernel_dist_init_sd == pytest.approx(v.std(ddof=1), rel=1e-12)
 
 
 def test_training_moves_weights_and_records_losses(cache):
@@ -117,7 +143,8 @@ def test_cancel_flag_stops_a_sweep():
 
 
 def test_kernel_trajectory_from_snapshots():
-    cfg = SweepConfig(data=SYN, widths=(32,), archs=("relu",), train=TrainSpec(epochs=4, snapshot_epochs=(0, 2, 4)))
+    cfg = SweepConfig(data=SYN, widths=(32,), archs=("relu",), seeds=(0,),
+                      train=TrainSpec(epochs=4, snapshot_epochs=(0, 2, 4)))
     res = run_ntk_sweep(cfg)
     traj, row = res.frames["trajectory"], res.frames["rows"].iloc[0]
     assert list(traj.epoch) == [0, 2, 4]

@@ -1,67 +1,310 @@
+"""engine.malleability: flip rates end to end against a plain numpy reference, and the run's frames.
+
+The reference takes only the trained weights from the engine. Everything else — features
+(normalised rows; linearised attention C z with C = Zᵀ Z of the perturbed set), the loss
+gradient that FGSM steps along, the empirical NTK (ΦΦᵀ)∘(SSᵀ)/m and leave-one-out influences
+by brute-force kernel-ridge refits — is recomputed here in float64.
+"""
+
+import math
+
 import numpy as np
 import pytest
 import scipy.stats
+import torch
 
+from conftest import ATOL32, ATOL64, RTOL32, RTOL64
+from engine.attacks import AttackSpec, training_loss
 from engine.data import DataSpec
 from engine.errors import BadInput
-from engine.malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
-from engine.training import TrainSpec
+from engine.influence import net_influence
+from engine.malleability import (ROW_METRICS, InfluenceConfig, MalleabilityConfig, _fit, _in_space,
+                                 example_key, run_influence, run_malleability)
+from engine.models import Net
+from engine.runs import prepare
+from engine.training import TrainSpec, accuracy, n_outputs, targets, train
 
-SYN = DataSpec("synthetic", n=60, n_test=15, synthetic_d=10, synthetic_kappa=20.0, synthetic_classes=3)
-FAST = TrainSpec(epochs=5, lr=1e-2, batch_size=30)
+TINY = DataSpec("synthetic", n=12, n_test=4, synthetic_d=6, synthetic_kappa=10.0, synthetic_classes=3)
+SYN = DataSpec("synthetic", n=24, n_test=8, synthetic_d=8, synthetic_kappa=20.0, synthetic_classes=3)
+FAST = TrainSpec(epochs=3, lr=1e-2, batch_size=6)
 
 
-def test_rows_follow_the_definitions_from_the_stored_influences(cache):
-    cfg = MalleabilityConfig(data=SYN, width=64, train=FAST, attacks=("fgsm", "pgd"), eps=(0.2, 0.5), steps=3)
+# ---------------------------------------------------------------- numpy reference (float64)
+
+def _unit(V):
+    return V / np.linalg.norm(V, axis=1, keepdims=True)
+
+
+def _unit_back(V, dU):
+    """Gradient in V of a loss whose gradient in U = V/‖V‖ (per row) is dU."""
+    U = _unit(V)
+    return (dU - U * (U * dU).sum(axis=1, keepdims=True)) / np.linalg.norm(V, axis=1, keepdims=True)
+
+
+def _features(X, X_ref, arch):
+    """φ: normalize(x) for relu; normalize(C z), C = Zᵀ Z of the normalised X_ref, for attn."""
+    Z = _unit(X)
+    if arch == "relu":
+        return Z
+    R = _unit(X_ref)
+    return _unit(Z @ (R.T @ R))
+
+
+def _loss_grad(X, y, W, a, arch):
+    """Mean cross-entropy of the net on X (attention over X itself) and its gradient in X (n, d)."""
+    n, m = X.shape[0], W.shape[0]
+    Z = _unit(X)
+    A = Z @ Z.T @ Z if arch == "attn" else Z
+    phi = _unit(A)
+    H = phi @ W.T
+    F = np.maximum(H, 0) @ a / math.sqrt(m)
+    P = np.exp(F - F.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    value = -np.mean(np.log(P[np.arange(n), y]))
+    dF = (P - np.eye(F.shape[1])[y]) / n
+    dphi = ((dF @ a.T / math.sqrt(m)) * (H > 0)) @ W
+    dA = _unit_back(A, dphi)
+    # A = Z Zᵀ Z: each of the three factors contributes
+    dZ = dA @ (Z.T @ Z) + Z @ dA.T @ Z + (Z @ Z.T) @ dA if arch == "attn" else dA
+    return value, _unit_back(X, dZ)
+
+
+def _ntk(P1, P2, W):
+    S1, S2 = (P1 @ W.T > 0).astype(float), (P2 @ W.T > 0).astype(float)
+    return (P1 @ P2.T) * (S1 @ S2.T) / W.shape[0]
+
+
+def _loo_true(K, K_test, Y, y_test, ridge):
+    """f(x_t) − f₋ᵢ(x_t) on test point t's own class, by n refits without point i; (n_test, n)."""
+    n = K.shape[0]
+    lam = ridge * np.mean(np.diag(K))  # the same absolute λ for the full and the reduced fits
+
+    def predict(keep):
+        return K_test[:, keep] @ np.linalg.solve(K[np.ix_(keep, keep)] + lam * np.eye(keep.sum()), Y[keep])
+
+    full = predict(np.ones(n, dtype=bool))
+    I = np.empty((K_test.shape[0], n))
+    for i in range(n):
+        I[:, i] = (full - predict(np.arange(n) != i))[np.arange(K_test.shape[0]), y_test]
+    return I
+
+
+def _influences(X, Xt, W, Y, y_test, arch, ridge):
+    P, Pt = _features(X, X, arch), _features(Xt, X, arch)  # attention over the (perturbed) training set
+    return _loo_true(_ntk(P, P, W), _ntk(Pt, P, W), Y, y_test, ridge)
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+def test_reference_gradient_equals_autograd_of_the_engine_loss(arch):
+    g = torch.Generator().manual_seed(1)
+    X = torch.rand(10, 5, generator=g, dtype=torch.float64) + 0.1
+    y = torch.randint(0, 3, (10,), generator=g)
+    net = Net(arch, X, 16, 3, seed=2, dtype=torch.float64)
+    Xp = X.clone().requires_grad_(True)
+    value = training_loss(net, Xp, y, "ce", 3)
+    (grad,) = torch.autograd.grad(value, Xp)
+    ref_value, ref_grad = _loss_grad(X.numpy(), y.numpy(), net.mlp.W.detach().numpy(), net.mlp.a.numpy(), arch)
+    assert float(value.detach()) == pytest.approx(ref_value, rel=RTOL64)
+    np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=1e-8, atol=ATOL64)
+
+
+@pytest.mark.parametrize("space", ["raw", "normalized"])
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_flip_rates_equal_the_numpy_reference_end_to_end(norm, space):
+    eps = (0.1, 0.5)
+    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attack=AttackSpec(norm=norm),
+                             attacks=("fgsm",), eps=eps, space=space, tau=0.5, target="true")
+    res = run_malleability(cfg)
+    rows = res.frames["rows"]
+    assert len(rows) == 2 * len(eps)
+
+    p = prepare(cfg.data, None, "cpu", None, None)
+    X = p.X.double().numpy()
+    X = _unit(X) if space == "normalized" else X      # the attack's space, in float64
+    Xt = p.Xt.double().numpy()
+    Xt = _unit(Xt) if space == "normalized" else Xt
+    y, yt = p.y.numpy(), p.yt.numpy()
+    Y = np.eye(p.c)[y]
+    k = round(cfg.tau * len(X))
+    X32, _, box = _in_space(cfg, p)
+    for arch in cfg.archs:
+        # the only engine inputs: the trained weights (the run's own training, deterministic on CPU)
+        net = _fit(cfg, arch, X32, p.y, p.c, p.device, 0, box)
+        W, a = net.mlp.W.detach().double().numpy(), net.mlp.a.double().numpy()
+        I0 = _influences(X, Xt, W, Y, yt, arch, cfg.ridge)
+        agg0 = I0.mean(axis=0)
+        top = np.argsort(-np.abs(agg0))[:k]
+        _, grad = _loss_grad(X, y, W, a, arch)
+        step = np.sign(grad) if norm == "linf" else grad / np.linalg.norm(grad, axis=1, keepdims=True)
+        for e in eps:
+            row = rows[(rows.arch == arch) & (rows.eps == e)].iloc[0]
+            key = lambda what: example_key(arch, "fgsm", e, what)  # noqa: E731
+            assert sorted(res.arrays[key("top_idx")]) == sorted(top)
+            Xp = X.copy()
+            Xp[top] += e * step[top]                    # FGSM; synthetic data have no box to clip to
+            np.testing.assert_allclose(res.arrays[key("X_pert")], Xp[res.arrays[key("top_idx")]],
+                                       rtol=RTOL32, atol=ATOL32)
+            I1 = _influences(Xp, Xt, W, Y, yt, arch, cfg.ridge)
+            agg1 = I1.mean(axis=0)
+            for got, want in ((key("infl_before"), agg0), (key("infl_after"), agg1)):
+                np.testing.assert_allclose(res.arrays[got], want, rtol=0, atol=RTOL32 * np.abs(want).max())
+            assert row.flip_rate == np.mean(np.sign(agg0[top]) != np.sign(agg1[top]))
+            assert row.pair_flip_rate == np.mean(np.sign(I0[:, top]) != np.sign(I1[:, top]))
+            assert row.spearman == pytest.approx(scipy.stats.spearmanr(agg0, agg1).statistic, rel=RTOL64)
+            assert row.n_top == k and row.points_moved == k
+    assert (rows.flip_rate > 0).any()  # the comparison is not vacuous
+
+
+# ---------------------------------------------------------------- influence targets
+
+def test_shuffling_training_labels_changes_true_influences_but_not_sum():
+    g = torch.Generator().manual_seed(0)
+    X, Xt = torch.rand(14, 5, generator=g, dtype=torch.float64), torch.rand(6, 5, generator=g, dtype=torch.float64)
+    y, yt = torch.arange(14) % 3, torch.arange(6) % 3
+    net = Net("attn", X, 64, 3, seed=0, dtype=torch.float64)
+    shuffled = y[torch.randperm(14, generator=g)]
+    assert not torch.equal(shuffled, y)
+
+    def infl(labels, target, test_labels=yt):
+        return net_influence(net, X, targets(labels, 3), Xt, target=target, y_test=test_labels).numpy()
+
+    np.testing.assert_allclose(infl(shuffled, "sum"), infl(y, "sum"), rtol=RTOL64, atol=ATOL64)
+    assert np.abs(infl(shuffled, "true") - infl(y, "true")).max() > 1e-3 * np.abs(infl(y, "true")).max()
+    # renaming the classes consistently (train and test) changes nothing
+    rename = torch.tensor([2, 0, 1])
+    np.testing.assert_allclose(infl(rename[y], "true", rename[yt]), infl(y, "true"), rtol=RTOL64, atol=ATOL64)
+
+
+# ---------------------------------------------------------------- the run's frames
+
+def test_rows_follow_the_definitions_from_the_stored_arrays(cache):
+    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=3), attacks=("fgsm", "pgd"),
+                             eps=(0.2, 0.5), seeds=(0,))
     res = run_malleability(cfg, cache)
     rows = res.frames["rows"]
     assert len(rows) == 2 * 2 * 2
-    assert set(rows.columns) >= {"arch", "attack", "eps", "flip_rate", "pair_flip_rate", "spearman", "test_acc",
-                                 "perturb", "retrain", "tau", "ridge"}
-    for arch in ("relu", "attn"):
-        top = res.arrays[f"{arch}_top_idx"]
-        before, after = res.arrays[f"{arch}_infl_before"], res.arrays[f"{arch}_infl_after"]
-        assert len(top) == 6 and set(np.argsort(-np.abs(before))[:6]) == set(top)
-        first = rows[(rows.arch == arch)].iloc[0]
-        assert first.flip_rate == pytest.approx(np.mean(np.sign(before[top]) != np.sign(after[top])))
-        assert first.spearman == pytest.approx(scipy.stats.spearmanr(before, after).statistic)
-        moved = np.abs(res.arrays[f"{arch}_X_pert"] - res.arrays[f"{arch}_X_clean"]).max()
-        assert 0 < moved <= 0.2 + 1e-6
+    assert set(rows.columns) >= {"arch", "seed", "attack", "eps", "norm", "space", "target", "flip_rate",
+                                 "pair_flip_rate", "spearman", "test_acc", "train_acc", "test_acc_ntk",
+                                 "test_acc_after", "rel_perturbation", "n_top", "perturb", "retrain", "tau",
+                                 "ridge", "adversarial_training"}
+    assert (rows.norm == "linf").all() and (rows.space == "raw").all() and (rows.target == "true").all()
+    for _, row in rows.iterrows():
+        key = lambda what: example_key(row.arch, row.attack, row.eps, what)  # noqa: E731
+        top = res.arrays[key("top_idx")]
+        before, after = res.arrays[key("infl_before")], res.arrays[key("infl_after")]
+        assert len(top) == row.n_top == round(0.1 * 24) and set(np.argsort(-np.abs(before))[:len(top)]) == set(top)
+        assert row.flip_rate == np.mean(np.sign(before[top]) != np.sign(after[top]))
+        assert row.spearman == pytest.approx(scipy.stats.spearmanr(before, after).statistic)
+        moved = np.abs(res.arrays[key("X_pert")] - res.arrays[key("X_clean")]).max()
+        assert 0 < moved <= row.eps + 1e-6
     assert run_malleability(cfg, cache).cached
 
 
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_rel_perturbation_is_the_mean_relative_size_of_the_moved_points(norm):
+    cfg = MalleabilityConfig(data=SYN, archs=("attn",), width=32, train=FAST, attack=AttackSpec(norm=norm, steps=3),
+                             attacks=("fgsm", "pgd"), eps=(0.3,), seeds=(0,))
+    res = run_malleability(cfg)
+    for _, row in res.frames["rows"].iterrows():
+        key = lambda what: example_key("attn", row.attack, 0.3, what)  # noqa: E731
+        clean, pert = res.arrays[key("X_clean")].astype(np.float64), res.arrays[key("X_pert")].astype(np.float64)
+        delta = np.linalg.norm(pert - clean, axis=1)
+        moved = delta > 0
+        assert moved.sum() == row.points_moved
+        rel = np.mean(delta[moved] / np.linalg.norm(clean[moved], axis=1))
+        assert row.rel_perturbation == pytest.approx(rel, rel=RTOL32)
+        if row.attack == "fgsm":  # one full step: ‖δ‖₂ = ε (ℓ2) or ε√d (ℓ∞); no box on synthetic data
+            size = 0.3 if norm == "l2" else 0.3 * math.sqrt(clean.shape[1])
+            np.testing.assert_allclose(delta, size, rtol=RTOL32)
+
+
 def test_zero_budget_flips_nothing():
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attacks=("pgd",), eps=(0.0,), steps=2)
+    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), eps=(0.0,), seeds=(0,))
     rows = run_malleability(cfg).frames["rows"]
-    assert (rows.flip_rate == 0).all() and (rows.pair_flip_rate == 0).all()
+    assert (rows.flip_rate == 0).all() and (rows.pair_flip_rate == 0).all() and (rows.rel_perturbation == 0).all()
     np.testing.assert_allclose(rows.spearman, 1.0)
 
 
-def test_options_interventions_adversarial_training_retrain():
-    cfg = MalleabilityConfig(data=SYN, archs=("attn",), width=32, train=FAST, eps=(0.1,), steps=2,
-                             perturb="all", retrain=True, adversarial_training=True, interventions=True)
+def test_seeds_give_rows_and_a_summary_of_mean_and_sample_sd():
+    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "mim"),
+                             eps=(0.3,), seeds=(0, 1, 2))
+    res = run_malleability(cfg)
+    rows, summary = res.frames["rows"], res.frames["summary"]
+    assert len(rows) == 2 * 3 * 2 and len(summary) == 2 * 2
+    for _, s in summary.iterrows():
+        group = rows[(rows.arch == s.arch) & (rows.attack == s.attack) & (rows.eps == s.eps)]
+        assert sorted(group.seed) == [0, 1, 2] and s.n_seeds == 3
+        for metric in ROW_METRICS:
+            v = group[metric].to_numpy(dtype=float)
+            assert s[f"{metric}_mean"] == pytest.approx(np.mean(v), rel=RTOL64, abs=ATOL64)
+            assert s[f"{metric}_sd"] == pytest.approx(np.std(v, ddof=1), rel=RTOL64, abs=ATOL64)
+
+
+def test_interventions_match_direct_retraining():
+    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm",),
+                             eps=(0.3,), seeds=(0,), interventions=True)
+    res = run_malleability(cfg)
+    inter, rows = res.frames["interventions"], res.frames["rows"]
+    p = prepare(cfg.data, None, "cpu", None, None)
+    c = p.c
+    for arch in cfg.archs:
+        mine = inter[inter.arch == arch].set_index("intervention")
+        assert list(mine.index) == ["none", "curated", "transformed", "adversarial"]
+        assert mine.loc["none", "test_acc"] == rows[rows.arch == arch].test_acc.iloc[0]
+        top = res.arrays[example_key(arch, "fgsm", 0.3, "top_idx")]
+        keep = np.ones(p.X.shape[0], dtype=bool)
+        keep[top] = False
+        X_transformed = p.X.clone()
+        X_transformed[top] = torch.from_numpy(res.arrays[example_key(arch, "fgsm", 0.3, "X_pert")])
+        for name, (X, y) in {"curated": (p.X[keep], p.y[keep]), "transformed": (X_transformed, p.y)}.items():
+            net = Net(arch, X, cfg.width, n_outputs(c), 0, cfg.init_std, cfg.attention, cfg.data.normalize)
+            train(net, X, y, c, cfg.train, 0)
+            assert mine.loc[name, "test_acc"] == accuracy(net, p.Xt, p.yt), name
+        assert mine.loc["curated", "flip_rate"] is None or np.isnan(mine.loc["curated", "flip_rate"])
+        assert (mine.influence_change.iloc[1:] > 0).all()
+    assert set(res.frames["interventions_summary"].intervention) == {"none", "curated", "transformed", "adversarial"}
+
+
+def test_options_show_up_in_rows():
+    cfg = MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST, attack=AttackSpec(steps=2),
+                             eps=(0.1,), seeds=(0,), perturb="all", retrain=True, adversarial_training=True,
+                             target="margin")
     res = run_malleability(cfg)
     row = res.frames["rows"].iloc[0]
-    assert row.perturb == "all" and row.retrain and row.adversarial_training and row.points_moved > 6
-    inter = res.frames["interventions"]
-    assert list(inter.intervention) == ["none", "curated", "transformed", "adversarial"]
-    assert inter.test_acc.between(0, 1).all()
-    assert (inter.influence_change.iloc[1:] > 0).all()
+    assert row.perturb == "all" and row.retrain and row.adversarial_training and row.target == "margin"
+    assert row.points_moved > round(0.1 * 24) and row.steps == 2
+    assert res.meta["adversarial_training"] is True
+    plain = run_malleability(MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST,
+                                                attack=AttackSpec(steps=2), eps=(0.1,), seeds=(0,), perturb="all",
+                                                retrain=True, target="margin"))
+    assert not plain.frames["rows"].adversarial_training.iloc[0]
+    key = example_key("relu", "pgd", 0.1, "infl_before")
+    assert not np.array_equal(res.arrays[key], plain.arrays[key])  # trained on attacked inputs: another net
+
+
+def test_normalized_space_needs_normalized_rows():
+    with pytest.raises(BadInput, match="normalized"):
+        MalleabilityConfig(data=DataSpec("synthetic", n=24, n_test=8, synthetic_d=8, normalize=False),
+                           space="normalized")
+    MalleabilityConfig(data=DataSpec("synthetic", n=24, n_test=8, synthetic_d=8, normalize=False), space="raw")
 
 
 @pytest.mark.parametrize("kwargs,match", [({"perturb": "some"}, "perturb"), ({"tau": 1.5}, "tau"),
                                           ({"attacks": ("cw",)}, "attack"), ({"eps": (-0.1,)}, "eps"),
-                                          ({"width": 0}, "width"), ({"ridge": 0.0}, "ridge")])
+                                          ({"eps": (math.nan,)}, "eps"), ({"width": 0}, "width"),
+                                          ({"ridge": 0.0}, "ridge"), ({"space": "pixel"}, "space"),
+                                          ({"target": "all"}, "target"), ({"seeds": ()}, "seeds")])
 def test_bad_configs(kwargs, match):
     with pytest.raises(BadInput, match=match):
-        run_malleability(MalleabilityConfig(data=SYN, **kwargs))
+        MalleabilityConfig(data=SYN, **kwargs)
 
 
 def test_influence_run_shapes_and_aggregate():
-    res = run_influence(InfluenceConfig(data=SYN, width=32, train=FAST))
+    res = run_influence(InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0, 1)))
     for arch in ("relu", "attn"):
         I = res.arrays[f"{arch}_I"]
-        assert I.shape == (15, 60)
-        agg = res.frames["aggregate"].query("arch == @arch").influence.to_numpy()
-        np.testing.assert_allclose(agg, I.mean(0), rtol=1e-12)
-    assert res.arrays["X"].shape == (60, 10) and res.meta["image_shape"] is None
+        assert I.shape == (8, 24)
+        agg = res.frames["aggregate"].query("arch == @arch and seed == 0").influence.to_numpy()
+        np.testing.assert_allclose(agg, I.mean(0), rtol=RTOL64)
+    assert len(res.frames["summary"]) == 4 and res.meta["target"] == "true"
+    assert res.arrays["X"].shape == (24, 8) and res.meta["image_shape"] is None

@@ -1,0 +1,161 @@
+"""Bounded work: every run's estimated time and memory, and the budget it must fit.
+
+Each experiment module has ``estimate(cfg) -> Estimate`` beside its run function, built from
+all of the config's parameters (n, d, widths, seeds, epochs, attention k or r, attack steps,
+ε values). The run refuses, before it starts, work whose estimate exceeds its ``Budget``,
+with one line naming what to change. ``python -m engine`` takes ``--max-seconds`` /
+``--max-gib`` for deliberate big runs; the dashboard starts runs under ``QUICK_SECONDS`` by
+itself and the rest only on a click, never above ``DASHBOARD_SECONDS``.
+
+The rates are calibrated against measured runs on a 2-core CPU (``python -m engine bench
+--estimates`` prints estimate / measured side by side); on a GPU the estimate is an upper
+bound.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from .errors import BadInput
+
+FLOPS = 1.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
+FLOPS64 = 3.0e9         # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
+STEP_OVERHEAD_S = 3e-3  # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
+FIXED_S = 0.5           # loading a cached draw, building the result
+QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
+DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
+DEFAULT_SECONDS = 6 * 3600.0  # the engine's own limit; the CLI can raise it
+GIB = 2**30
+
+INPUT_DIMS = {"mnist": 784, "fashion-mnist": 784, "cifar10": 3072}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float   # wall time on the reference 2-core CPU
+    bytes: int       # peak memory of the largest arrays the run holds at once
+
+    def __add__(self, other: "Estimate") -> "Estimate":
+        return Estimate(self.seconds + other.seconds, max(self.bytes, other.bytes))
+
+    def describe(self) -> str:
+        return f"about {duration(self.seconds)} and {self.bytes / GIB:.2f} GiB"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def available_bytes() -> int:
+    """Memory this process may use: MemAvailable from /proc/meminfo, else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 * GIB
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float = DEFAULT_SECONDS
+    bytes: int | None = None  # None: 80 % of the memory available when the run starts
+
+    def limit_bytes(self) -> int:
+        return int(0.8 * available_bytes()) if self.bytes is None else int(self.bytes)
+
+
+DEFAULT_BUDGET = Budget()
+UNLIMITED = Budget(seconds=math.inf, bytes=2**62)
+
+
+def check(est: Estimate, budget: Budget | None, what: str, hint: str = "") -> None:
+    """Refuse work over budget with one line: what it needs, the limit, and what to change."""
+    budget = DEFAULT_BUDGET if budget is None else budget
+    limit = budget.limit_bytes()
+    if est.bytes > limit:
+        raise BadInput(f"{what} needs about {est.bytes / GIB:.1f} GiB, more than the {limit / GIB:.1f} GiB "
+                       f"that fit here; {hint or 'use a smaller n or width'}")
+    if est.seconds > budget.seconds:
+        raise BadInput(f"{what} would take {duration(est.seconds)}, over the budget of "
+                       f"{duration(budget.seconds)}; {hint or 'use fewer widths, seeds or epochs'}"
+                       " (the CLI's --max-seconds raises the budget)")
+
+
+def input_dim(data) -> int:
+    """The input dimension a ``DataSpec`` will have, without loading it (784 for unknown files)."""
+    base = str(data.dataset).split(":")[0].strip().lower()
+    if base == "synthetic":
+        return int(data.synthetic_d)
+    return INPUT_DIMS.get(base, _npz_dim(str(data.dataset)))
+
+
+def _npz_dim(path: str) -> int:
+    """d of a user .npz's X from its header (no data read); 784 when it cannot be read."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with zipfile.ZipFile(os.path.expanduser(path)) as z, z.open("X.npy") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape = read(f)[0]
+        return int(math.prod(shape[1:])) if len(shape) > 1 else 1
+    except Exception:  # a missing or odd file fails later, with its own clear error
+        return 784
+
+
+# ---------------------------------------------------------------- building blocks (seconds)
+
+def gemm_s(m: float, n: float, k: float, double: bool = False) -> float:
+    return 2.0 * m * n * k / (FLOPS64 if double else FLOPS)
+
+
+def eig_s(n: float) -> float:
+    """A symmetric eigendecomposition (values only) of an n×n float64 matrix."""
+    return 4.0 * n ** 3 / FLOPS64 + 1e-3
+
+
+def chol_s(n: float) -> float:
+    """A Cholesky factor and inverse of an n×n float64 matrix."""
+    return 1.5 * n ** 3 / FLOPS64 + 1e-4
+
+
+def attention_s(attention: str, n: float, d: float) -> float:
+    """Attention features over n rows of dimension d for a variant string (k and r counted)."""
+    kind, _, arg = attention.partition(":")
+    base = gemm_s(d, d, n, True) + gemm_s(n, d, d, True)
+    if kind == "stacked":
+        return base + max(1, int(float(arg or 1)) - 1) * gemm_s(n, d, d, True)
+    if kind == "truncated":
+        return base + eig_s(min(n, d))
+    if kind == "softmax":
+        return gemm_s(n, n, d, True) * 2
+    return base
+
+
+def ntk_s(n1: float, n2: float, d: float, m: float) -> float:
+    """Closed-form empirical NTK: sign GEMMs, the count GEMM and the feature Gram."""
+    return gemm_s(n1 + n2, m, d) + 0.5 * gemm_s(n1, n2, m) + gemm_s(n1, n2, d) + 3 * n1 * n2 / FLOPS64
+
+
+def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: int = 10) -> float:
+    """Batched training of total width m_total: forward, readout and weight-gradient GEMMs."""
+    steps = epochs * math.ceil(n / batch)
+    return epochs * 3 * gemm_s(n, m_total, d) + steps * STEP_OVERHEAD_S + epochs * gemm_s(n, m_total, n_out)
+
+
+def kernel_bytes(n1: float, n2: float) -> int:
+    return int(8 * n1 * n2)

@@ -1,0 +1,195 @@
+"""engine.budget and engine.calibration: estimates follow every parameter, budgets refuse early.
+
+No wall-clock timings are asserted: only how estimates move with their parameters and what
+a refusal says.
+"""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import engine.cli as cli
+from engine import budget as B
+from engine.attacks import AttackSpec
+from engine.calibration import ESTIMATES, estimate
+from engine.data import DataSpec
+from engine.errors import BadInput
+from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig, run_ntk_sweep
+from engine.malleability import InfluenceConfig, MalleabilityConfig, run_malleability
+from engine.scaling import ScalingConfig, run_scaling
+from engine.training import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SYN = DataSpec("synthetic", n=300, n_test=100, synthetic_d=64)
+MALL = MalleabilityConfig(data=SYN, attacks=("pgd",), eps=(0.05,), seeds=(0,))
+
+
+def _data(**kw):
+    return DataSpec("synthetic", **{"n": 300, "n_test": 100, "synthetic_d": 64, **kw})
+
+
+# (name, smaller config, larger config): the second must be estimated slower than the first
+GROWS = [
+    # width sweep
+    ("sweep epochs", SweepConfig(data=SYN, train=TrainSpec(epochs=10)),
+     SweepConfig(data=SYN, train=TrainSpec(epochs=20))),
+    ("sweep more widths", SweepConfig(data=SYN, widths=(16, 64)), SweepConfig(data=SYN, widths=(16, 64, 256))),
+    ("sweep larger width", SweepConfig(data=SYN, widths=(16, 64)), SweepConfig(data=SYN, widths=(16, 128))),
+    ("sweep seeds", SweepConfig(data=SYN, seeds=(0,)), SweepConfig(data=SYN, seeds=(0, 1))),
+    ("sweep n", SweepConfig(data=SYN), SweepConfig(data=_data(n=600))),
+    ("sweep n_test", SweepConfig(data=SYN), SweepConfig(data=_data(n_test=300))),
+    ("sweep d", SweepConfig(data=SYN), SweepConfig(data=_data(synthetic_d=128))),
+    ("sweep archs", SweepConfig(data=SYN, archs=("relu",)), SweepConfig(data=SYN)),
+    ("sweep stacked:k", SweepConfig(data=SYN, attention="stacked:2"), SweepConfig(data=SYN, attention="stacked:8")),
+    ("sweep snapshots", SweepConfig(data=SYN, train=TrainSpec(epochs=20)),
+     SweepConfig(data=SYN, train=TrainSpec(epochs=20, snapshot_epochs=(5, 10)))),
+    # kernels
+    ("kernels epochs", KernelConfig(data=SYN, train=TrainSpec(epochs=10)),
+     KernelConfig(data=SYN, train=TrainSpec(epochs=20))),
+    ("kernels width", KernelConfig(data=SYN, width=64), KernelConfig(data=SYN, width=128)),
+    ("kernels n", KernelConfig(data=SYN), KernelConfig(data=_data(n=600))),
+    ("kernels stacked:k", KernelConfig(data=SYN, arch="attn", attention="stacked:2"),
+     KernelConfig(data=SYN, arch="attn", attention="stacked:8")),
+    # spectrum
+    ("spectrum n", SpectrumConfig(data=SYN), SpectrumConfig(data=_data(n=600))),
+    ("spectrum growth", SpectrumConfig(data=SYN), SpectrumConfig(data=SYN, growth_ns=(100, 200))),
+    ("spectrum stacked:k", SpectrumConfig(data=SYN, attention="stacked:2"),
+     SpectrumConfig(data=SYN, attention="stacked:8")),
+    # influence
+    ("influence epochs", InfluenceConfig(data=SYN, train=TrainSpec(epochs=10)),
+     InfluenceConfig(data=SYN, train=TrainSpec(epochs=20))),
+    ("influence width", InfluenceConfig(data=SYN, width=256), InfluenceConfig(data=SYN, width=512)),
+    ("influence seeds", InfluenceConfig(data=SYN, seeds=(0,)), InfluenceConfig(data=SYN, seeds=(0, 1))),
+    ("influence n", InfluenceConfig(data=SYN), InfluenceConfig(data=_data(n=600))),
+    ("influence n_test", InfluenceConfig(data=SYN), InfluenceConfig(data=_data(n_test=300))),
+    ("influence stacked:k", InfluenceConfig(data=SYN, attention="stacked:2"),
+     InfluenceConfig(data=SYN, attention="stacked:8")),
+    # malleability
+    ("malleability epochs", MALL, replace(MALL, train=TrainSpec(epochs=1000))),
+    ("malleability width", MALL, replace(MALL, width=2048)),
+    ("malleability seeds", MALL, replace(MALL, seeds=(0, 1))),
+    ("malleability n", MALL, replace(MALL, data=_data(n=600))),
+    ("malleability stacked:k", replace(MALL, attention="stacked:2"), replace(MALL, attention="stacked:8")),
+    ("malleability attack steps", MALL, replace(MALL, attack=AttackSpec(steps=40))),
+    ("malleability number of eps", MALL, replace(MALL, eps=(0.05, 0.1, 0.3))),
+    ("malleability attacks", MALL, replace(MALL, attacks=("pgd", "mim"))),
+    ("malleability fgsm only", replace(MALL, attacks=("fgsm",)), MALL),
+    ("malleability retrain", MALL, replace(MALL, retrain=True)),
+    ("malleability interventions", MALL, replace(MALL, interventions=True)),
+    ("malleability adversarial training", MALL, replace(MALL, adversarial_training=True)),
+    # scaling
+    ("scaling epochs", ScalingConfig(train=TrainSpec(epochs=10)), ScalingConfig(train=TrainSpec(epochs=20))),
+    ("scaling max width", ScalingConfig(max_width=1024), ScalingConfig(max_width=4096)),
+    ("scaling per octave", ScalingConfig(per_octave=1), ScalingConfig(per_octave=2)),
+    ("scaling seeds", ScalingConfig(seeds=(0,)), ScalingConfig(seeds=(0, 1))),
+    ("scaling n", ScalingConfig(n=64), ScalingConfig(n=128)),
+    ("scaling d", ScalingConfig(d=32), ScalingConfig(d=64)),
+    ("scaling kappas", ScalingConfig(kappas=(2.0, 4.0)), ScalingConfig(kappas=(2.0, 4.0, 8.0))),
+    ("scaling attentions", ScalingConfig(), ScalingConfig(attentions=("linear", "stacked:2"))),
+    ("scaling stacked:k", ScalingConfig(attentions=("stacked:2",)), ScalingConfig(attentions=("stacked:8",))),
+]
+
+
+@pytest.mark.parametrize("name,small,large", GROWS, ids=[g[0] for g in GROWS])
+def test_estimates_grow_with_every_parameter(name, small, large):
+    a, b = estimate(small), estimate(large)
+    assert b.seconds > a.seconds > 0, name
+    assert b.bytes >= a.bytes > 0, name
+
+
+@pytest.mark.parametrize("make,n", [
+    (lambda n: SweepConfig(data=_data(n=n, n_test=10, synthetic_d=16), widths=(16,)), 20_000),
+    (lambda n: KernelConfig(data=_data(n=n, n_test=1, synthetic_d=16), width=16), 20_000),
+    (lambda n: InfluenceConfig(data=_data(n=n, n_test=10, synthetic_d=16), width=16), 20_000),
+    (lambda n: MalleabilityConfig(data=_data(n=n, n_test=10, synthetic_d=16), width=16), 20_000),
+    (lambda n: ScalingConfig(n=n, d=8, min_width=16, max_width=32), 1000),
+], ids=["sweep", "kernels", "influence", "malleability", "scaling"])
+def test_memory_grows_with_n_squared(make, n):
+    one, two = estimate(make(n)).bytes, estimate(make(2 * n)).bytes
+    assert 3.5 <= two / one <= 4.0
+
+
+def test_every_config_has_an_estimate():
+    assert set(ESTIMATES) == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig, MalleabilityConfig,
+                              ScalingConfig}
+    with pytest.raises(BadInput, match="no estimate for DataSpec"):
+        estimate(SYN)
+
+
+# ---------------------------------------------------------------- check
+
+def test_check_refuses_over_budget_work_with_one_line():
+    B.check(B.Estimate(10.0, B.GIB), B.Budget(seconds=11.0, bytes=2 * B.GIB), "this run")  # fits: no error
+    with pytest.raises(BadInput) as info:
+        B.check(B.Estimate(7200.0, B.GIB), B.Budget(seconds=60.0, bytes=2 * B.GIB), "this run")
+    text = str(info.value)
+    assert "\n" not in text and "this run" in text and "2.0 h" in text and "1.0 min" in text and "--max-seconds" in text
+    with pytest.raises(BadInput) as info:
+        B.check(B.Estimate(1.0, 3 * B.GIB), B.Budget(seconds=60.0, bytes=B.GIB), "this run", "use n below 1000")
+    text = str(info.value)
+    assert "\n" not in text and "3.0 GiB" in text and "1.0 GiB" in text and text.endswith("use n below 1000")
+    with pytest.raises(BadInput, match="GiB"):  # memory is checked first
+        B.check(B.Estimate(1e9, 3 * B.GIB), B.Budget(seconds=60.0, bytes=B.GIB), "this run")
+    B.check(B.Estimate(1e9, 2**61), B.UNLIMITED, "this run")
+
+
+def test_estimates_add_time_and_keep_the_largest_memory():
+    s = B.Estimate(1.0, 10) + B.Estimate(2.0, 5)
+    assert s == B.Estimate(3.0, 10)
+    assert [B.duration(v) for v in (5, 90, 7200)] == ["5 s", "1.5 min", "2.0 h"]
+    assert B.Budget(bytes=None).limit_bytes() > 0 and B.Budget(bytes=123).limit_bytes() == 123
+
+
+@pytest.mark.parametrize("run,cfg,kind", [
+    (run_ntk_sweep, SweepConfig(data=_data(n=40, n_test=10, synthetic_d=8), widths=(16,), seeds=(0,),
+                                train=TrainSpec(epochs=2)), "ntk_sweep"),
+    (run_malleability, MalleabilityConfig(data=_data(n=40, n_test=10, synthetic_d=8), width=16, seeds=(0,),
+                                          train=TrainSpec(epochs=2)), "malleability"),
+    (run_scaling, ScalingConfig(n=16, d=8, kappas=(2.0,), max_width=32, seeds=(0,), train=TrainSpec(epochs=2)),
+     "scaling"),
+], ids=["ntk_sweep", "malleability", "scaling"])
+def test_runs_refuse_before_computing_anything(cache, run, cfg, kind):
+    stages = []
+    with pytest.raises(BadInput, match="over the budget") as info:
+        run(cfg, cache, progress=lambda f, s: stages.append(s), budget=B.Budget(seconds=1e-3))
+    assert "\n" not in str(info.value)
+    assert stages == [] and (kind, cfg) not in cache and len(cache._store) == 0
+    with pytest.raises(BadInput, match="GiB"):
+        run(cfg, cache, progress=lambda f, s: stages.append(s), budget=B.Budget(bytes=1))
+    assert stages == [] and len(cache._store) == 0
+    assert not run(cfg, cache, budget=B.Budget()).cached and (kind, cfg) in cache  # the same run fits the default
+
+
+def test_runaway_attention_is_refused_at_construction():
+    with pytest.raises(BadInput, match="attention"):
+        SpectrumConfig(attention="stacked:100000000")
+    with pytest.raises(BadInput, match="attention"):
+        SweepConfig(attention="truncated:1e9")
+
+
+# ---------------------------------------------------------------- command line
+
+def test_cli_estimate_prints_an_estimate_without_running(tmp_path):
+    cache = tmp_path / "cache"
+    p = subprocess.run([sys.executable, "-m", "engine", "ntk-sweep", "--dataset", "synthetic", "--n", "300",
+                        "--n-test", "100", "--synthetic-d", "64", "--estimate", "--json", "--cache-dir", str(cache)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    want = estimate(SweepConfig(data=SYN))
+    assert out["estimate_seconds"] == pytest.approx(want.seconds) and out["estimate_bytes"] == want.bytes
+    assert out["describe"] == want.describe()
+    assert "rows" not in out and "%]" not in p.stderr  # no result, no progress: nothing ran
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_cli_max_seconds_refuses_with_one_line(capsys, tmp_path):
+    rc = cli.main(["ntk-sweep", "--dataset", "synthetic", "--n", "300", "--n-test", "100", "--synthetic-d", "64",
+                   "--max-seconds", "0.001", "--cache-dir", str(tmp_path), "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and not out and err.startswith("error: this width sweep would take") and err.count("\n") == 1
+    assert "--max-seconds" in err

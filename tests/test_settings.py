@@ -1,0 +1,213 @@
+"""engine.settings: every config validates its own fields, and the CLI's flags are those fields.
+
+Bad values are generated from each field's declared type, bounds and choices, so a new
+setting is covered without editing this file.
+"""
+
+import dataclasses
+import math
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+import engine.cli as cli
+from engine import experiments, malleability, scaling
+from engine.attacks import AttackSpec
+from engine.data import DataSpec
+from engine.errors import BadInput
+from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
+from engine.malleability import InfluenceConfig, MalleabilityConfig
+from engine.scaling import ScalingConfig
+from engine.settings import meta, settings, validate
+from engine.training import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = (DataSpec, TrainSpec, AttackSpec, SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
+           MalleabilityConfig, ScalingConfig)
+
+
+def _kind(cls, name):
+    """(element type, is a tuple, may be None) from the field's annotation."""
+    t = typing.get_type_hints(cls)[name]
+    args = typing.get_args(t)
+    optional = type(None) in args
+    if optional:
+        t = next(a for a in args if a is not type(None))
+    if typing.get_origin(t) is tuple:
+        return typing.get_args(t)[0], True, optional
+    return t, False, optional
+
+
+def _bad_values(cls):
+    """(field, bad value, why) for every setting of cls, from its type, bounds and choices."""
+    out = []
+    for f, m in settings(cls):
+        kind, is_tuple, optional = _kind(cls, f.name)
+        wrap = (lambda v: (v,)) if is_tuple else (lambda v: v)
+        if kind is float:
+            out += [(f.name, wrap(math.nan), "nan"), (f.name, wrap(math.inf), "inf"),
+                    (f.name, wrap(-math.inf), "-inf"), (f.name, wrap("0.5"), "text")]
+        if kind is int:
+            out += [(f.name, wrap(1.5), "fraction"), (f.name, wrap("3"), "text"), (f.name, wrap(True), "bool")]
+        if kind is bool:
+            out += [(f.name, 1, "int"), (f.name, "yes", "text")]
+        if kind is str:
+            out += [(f.name, wrap(3), "int")]
+            if m.choices is not None or m.check is not None:
+                # dataset may be a path to a .npz: an unknown name is refused when it is loaded
+                out.append((f.name, wrap("" if f.name == "dataset" else "no-such-choice"), "choice"))
+        if kind in (int, float):
+            if m.lo is not None:
+                out.append((f.name, wrap(kind(m.lo) if m.lo_open else kind(m.lo) - 1), "below"))
+            if m.hi is not None:
+                out.append((f.name, wrap(kind(m.hi) * 2 + 1), "above"))
+        if is_tuple:
+            out.append((f.name, f.default[0] if f.default else 1, "scalar"))
+            if f.default:
+                out.append((f.name, (), "empty"))
+            if m.max_len is not None:
+                out.append((f.name, (f.default[0] if f.default else 1,) * (m.max_len + 1), "too many"))
+        if not optional:
+            out.append((f.name, None, "none"))
+    return out
+
+
+CASES = [(cls, name, value, why) for cls in CONFIGS for name, value, why in _bad_values(cls)]
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_defaults_validate(cls):
+    cfg = cls()
+    validate(cfg)
+    for f, m in settings(cls):
+        assert m.help and meta(cls, f.name) is m
+        assert getattr(cfg, f.name) == f.default
+
+
+@pytest.mark.parametrize("cls,name,value,why", CASES,
+                         ids=[f"{c.__name__}.{n}-{w}" for c, n, _, w in CASES])
+def test_bad_values_raise_one_line_naming_the_field(cls, name, value, why):
+    with pytest.raises(BadInput) as info:
+        cls(**{name: value})
+    message = str(info.value)
+    assert name in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("cls,name", [(SweepConfig, "data"), (SweepConfig, "train"), (MalleabilityConfig, "attack"),
+                                      (ScalingConfig, "train")])
+def test_nested_configs_must_have_their_type(cls, name):
+    with pytest.raises(BadInput, match=name):
+        cls(**{name: "mnist"})
+
+
+def test_lists_become_tuples_and_numpy_scalars_pass():
+    import numpy as np
+
+    cfg = SweepConfig(widths=[16, 32], seeds=[np.int64(0)], ridge=np.float32(0.01))
+    assert cfg.widths == (16, 32) and isinstance(cfg.seeds, tuple)
+    assert DataSpec(n=np.int64(20)).n == 20 and type(DataSpec(n=np.int64(20)).n) is int
+
+
+# ---------------------------------------------------------------- presets
+
+@pytest.mark.parametrize("module,group,cls", [
+    (experiments, "spectrum", SpectrumConfig), (experiments, "sweep", SweepConfig),
+    (experiments, "kernels", KernelConfig), (malleability, "influence", InfluenceConfig),
+    (malleability, "malleability", MalleabilityConfig), (scaling, "scaling", ScalingConfig)])
+def test_dashboard_presets_are_instances_of_the_configs(module, group, cls):
+    presets = module.PRESETS[group]
+    assert {"quick", "paper"} <= set(presets)
+    for name, cfg in presets.items():
+        assert type(cfg) is cls, (group, name)
+        assert dataclasses.replace(cfg) == cfg  # validates again
+
+
+# ---------------------------------------------------------------- command line
+
+COMMANDS = ("ntk-sweep", "malleability", "spectrum", "scaling")
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_cli_defaults_equal_the_dataclass_defaults(name):
+    cmd = cli.COMMANDS[name]
+    ns = cli.build_parser().parse_args([name])
+    assert cli.config_from_args(cmd, ns) == cmd.config()
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+@pytest.mark.parametrize("name", COMMANDS)
+def test_cli_presets_are_the_engine_presets(name, preset):
+    cmd = cli.COMMANDS[name]
+    ns = cli.build_parser(preset).parse_args([name, "--preset", preset])
+    assert cli.config_from_args(cmd, ns) == cli.PRESETS[cmd.preset][preset]
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_cli_setting_is_a_flag(name):
+    cmd = cli.COMMANDS[name]
+    ns = vars(cli.build_parser().parse_args([name]))
+    fields = {f.name for f in dataclasses.fields(cmd.config)}
+    nested = [(n, c) for n, c in cli.NESTED.items() if n in fields]
+    for where, cls in [("", cmd.config), *nested]:
+        for f, m in settings(cls):
+            if m.cli and f.name not in cli.NESTED_SKIP.get(where, ()):
+                assert f.name in ns, (cls.__name__, f.name)
+
+
+def test_cli_flags_override_a_preset():
+    cmd = cli.COMMANDS["malleability"]
+    ns = cli.build_parser("quick").parse_args(["malleability", "--preset", "quick", "--eps", "0.1,0.2", "--steps",
+                                               "4", "--norm", "l2", "--space", "normalized", "--n", "50"])
+    cfg = cli.config_from_args(cmd, ns)
+    quick = cli.PRESETS["malleability"]["quick"]
+    assert cfg.eps == (0.1, 0.2) and cfg.attack.steps == 4 and cfg.attack.norm == "l2" and cfg.space == "normalized"
+    assert cfg.data.n == 50 and cfg.attacks == quick.attacks and cfg.train == quick.train
+    assert cfg.attack.eps == AttackSpec().eps  # the sweep's ε is the config's, not the attack's
+
+
+BAD_CLI = [
+    ("ntk-sweep", "--lr", "inf"), ("ntk-sweep", "--init-std", "inf"), ("ntk-sweep", "--weight-decay", "inf"),
+    ("ntk-sweep", "--optimizer", "sgd", "--lr", "1e30"), ("malleability", "--eps", "inf"),
+    ("malleability", "--eps", "1e308"), ("spectrum", "--rank-rtol", "nan"), ("spectrum", "--eps", "nan"),
+    ("spectrum", "--eps", "0"), ("ntk-sweep", "--widths", "1000000000"), ("ntk-sweep", "--attention", "stacked:999"),
+    ("ntk-sweep", "--attention", "softmax:1e-300"),
+]
+
+
+SUBPROCESS = {BAD_CLI[0], BAD_CLI[4], BAD_CLI[6], BAD_CLI[11]}  # one per command, as a user runs it
+
+
+@pytest.fixture(scope="module")
+def bad_cli_results(tmp_path_factory):
+    """Some bad invocations as real processes, started together (each pays torch's import);
+    --estimate so that nothing could run long if a value slipped through."""
+    cache = tmp_path_factory.mktemp("cli-cache")
+    procs = {args: subprocess.Popen([sys.executable, "-m", "engine", *args, "--estimate", "--cache-dir", str(cache)],
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for args in BAD_CLI if args in SUBPROCESS}
+    out = {}
+    for args, p in procs.items():
+        stdout, stderr = p.communicate(timeout=300)
+        out[args] = (p.returncode, stdout, stderr)
+    return out
+
+
+def _check_refused(rc, stdout, stderr):
+    assert rc == 2, (stdout, stderr)
+    assert stderr.startswith("error:") and stderr.strip().count("\n") == 0, stderr
+    assert "Traceback" not in stderr and not stdout
+
+
+@pytest.mark.parametrize("args", BAD_CLI, ids=[" ".join(a) for a in BAD_CLI])
+def test_bad_cli_values_exit_2_with_one_line(args, capsys, tmp_path):
+    rc = cli.main([*args, "--estimate", "--cache-dir", str(tmp_path)])  # the same entry, in this process
+    out, err = capsys.readouterr()
+    _check_refused(rc, out, err)
+
+
+@pytest.mark.parametrize("args", sorted(SUBPROCESS), ids=[" ".join(a) for a in sorted(SUBPROCESS)])
+def test_bad_cli_values_in_a_subprocess(bad_cli_results, args):
+    _check_refused(*bad_cli_results[args])
