@@ -11,6 +11,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from engine.data import DataSpec
+from engine.settings import meta
+
 from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                        WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
                        ensure_entry, fetch_ui, upload_ui, uploaded_names)
@@ -33,9 +36,12 @@ def sidebar_ui() -> Shared:
                             help=f"`all`, or two classes `a-b` for a binary task, e.g. "
                                  f"`{PAIR_EXAMPLES.get(base, '0-1')}` (indices or names).")
     c1, c2 = st.columns(2)
-    n = c1.number_input("Training points n", 10, 20000, 200, step=50, key="n", **BOUND)
-    n_test = c2.number_input("Test points", 1, 10000, 100, step=50, key="n_test", **BOUND)
-    seed = st.number_input("Seed", 0, 1_000_000, 0, key="seed", **BOUND,
+    n = c1.number_input("Training points n", 10, int(meta(DataSpec, "n").hi), 200, step=50, key="n", **BOUND,
+                        help=meta(DataSpec, "n").help + "; each run says before it starts whether it fits "
+                             "this machine's memory and time")
+    n_test = c2.number_input("Test points", 1, int(meta(DataSpec, "n_test").hi), 100, step=50, key="n_test",
+                             **BOUND, help=meta(DataSpec, "n_test").help)
+    seed = st.number_input("Seed", 0, int(meta(DataSpec, "seed").hi), 0, key="seed", **BOUND,
                            help="Seeds the data draw; network seeds count up from it.")
     widths = st.multiselect("Widths m", WIDTH_CHOICES, default=[16, 64, 256, 1024], key="widths", **BOUND,
                             help="Hidden units of the two-layer ReLU head.")

@@ -7,23 +7,27 @@ import pandas as pd
 import streamlit as st
 
 from engine import plots
-from engine.malleability import run_influence
+from engine.malleability import InfluenceConfig, run_influence
+from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain
 
-BOUND = dict(bind="query-params", persist_state="session")
+BOUND = configs.BOUND
 WIDTHS = (64, 256, 1024, 4096)
+QUICK = configs.QUICK["influence"]
 
 
-def controls_ui() -> tuple[int, int, float]:
-    c1, c2, c3 = st.columns(3)
-    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(configs.INFL_WIDTH), key="influence.width", **BOUND)
-    epochs = c2.number_input("Training epochs", 0, 1000, configs.INFL_EPOCHS, step=10, key="influence.epochs",
-                             **BOUND, help="The kernel is the empirical NTK of the trained net (paper: 500 epochs).")
-    ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1], value=1e-3,
-                             key="influence.ridge", **BOUND)
-    return int(width), int(epochs), float(ridge)
+def controls_ui() -> tuple[int, int, float, str]:
+    c1, c2, c3, c4 = st.columns(4)
+    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="influence.width", **BOUND)
+    epochs = configs.number(c2, "Training epochs", TrainSpec, "epochs", "influence.epochs",
+                            value=QUICK.train.epochs, step=10, hi=1000)
+    ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1], value=QUICK.ridge,
+                             key="influence.ridge", **BOUND, help=configs.help_of(InfluenceConfig, "ridge"))
+    target = c4.radio("Influence on", configs.choices_of(InfluenceConfig, "target"), horizontal=True,
+                      key="influence.target", **BOUND, help=configs.help_of(InfluenceConfig, "target"))
+    return int(width), int(epochs), float(ridge), target
 
 
 def pick_ui(n_test: int) -> tuple[int, int]:
@@ -39,16 +43,17 @@ st.title("Influence of training images")
 st.markdown(
     "The influence of training point i on a test point x is the exact leave-one-out change of NTK "
     "kernel ridge regression with the trained net's empirical kernel K_m: I = f(x) − f₋ᵢ(x) = "
-    "[k(x, X) M]_i · α_i / M_ii with M = (K_m + λI)⁻¹ and α = M y, summed over output classes. "
-    "**Positive** means the point pushes the outputs up (removing it would lower them), **negative** "
-    "that it pushes them down. "
+    "[k(x, X) M]_i · α_i / M_ii with M = (K_m + λI)⁻¹ and α = M y, on the output chosen below "
+    "(the test point's own class by default). **Positive** means the point pushes that output up "
+    "(removing it would lower it), **negative** that it pushes it down. "
     f"Settings: {s.describe()}, attention `{s.attention}`.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
-width, epochs, ridge = controls_ui()
-cfg = configs.influence_config(s, width, epochs, ridge)
-sec = configs.influence_seconds(cfg, configs.input_dim(s))
-res = obtain("influence", run_influence, cfg, f"Influence at m = {width}", auto=sec < configs.AUTO_SECONDS,
-             button="Compute influences", note=f"About {sec:.0f} s with these settings.")
+width, epochs, ridge, target = controls_ui()
+cfg = configs.influence_config(s, width, epochs, ridge, target)
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_influence.kind, run_influence, cfg, f"Influence at m = {width}", auto=plan.auto,
+             button="Compute influences", note=plan.note)
 if res is None:
     st.stop()
 

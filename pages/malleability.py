@@ -6,93 +6,127 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine import plots
-from engine.malleability import run_malleability
+from engine import plots, tables
+from engine.attacks import AttackSpec
+from engine.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain
 
-BOUND = dict(bind="query-params", persist_state="session")
-ATTACKS = ("fgsm", "pgd", "mim")
-EPS_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)
+BOUND = configs.BOUND
+ATTACKS = configs.choices_of(MalleabilityConfig, "attacks")
+EPS_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 WIDTHS = (64, 256, 1024, 4096)
+QUICK = configs.QUICK["malleability"]
 
 
 def controls_ui() -> dict:
     c1, c2, c3, c4 = st.columns(4)
-    attacks = c1.multiselect("Attacks", ATTACKS, default=list(ATTACKS), key="mall.attacks", **BOUND,
-                             format_func=str.upper, help="FGSM: one signed-gradient step; PGD: projected steps; "
+    attacks = c1.multiselect("Attacks", ATTACKS, default=list(QUICK.attacks), key="mall.attacks", **BOUND,
+                             format_func=str.upper, help="FGSM: one gradient step; PGD: projected steps; "
                                                          "MIM: PGD with momentum.")
-    eps = c2.multiselect("ε (ℓ∞ budget, pixel units)", EPS_CHOICES, default=list(configs.MALL_EPS),
-                         key="mall.eps", **BOUND, help="The paper reports ε = 0.3; its prototype found 0.05 telling.")
-    steps = c3.number_input("Attack steps (PGD, MIM)", 1, 200, configs.MALL_STEPS, key="mall.steps", **BOUND)
-    epochs = c4.number_input("Training epochs", 0, 1000, configs.MALL_EPOCHS, step=10, key="mall.epochs", **BOUND)
+    norm = c2.radio("Attack norm", configs.choices_of(AttackSpec, "norm"), horizontal=True, key="mall.norm",
+                    **BOUND, help=configs.help_of(AttackSpec, "norm"))
+    space = c3.radio("Attack space", configs.choices_of(MalleabilityConfig, "space"), horizontal=True,
+                     key="mall.space", **BOUND, help=configs.help_of(MalleabilityConfig, "space"))
+    target = c4.radio("Influence on", configs.choices_of(MalleabilityConfig, "target"), horizontal=True,
+                      key="mall.target", **BOUND, help=configs.help_of(MalleabilityConfig, "target"))
     c1, c2, c3, c4 = st.columns(4)
-    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(configs.INFL_WIDTH), key="mall.width", **BOUND)
-    tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=0.1, key="mall.tau",
-                           **BOUND)
-    perturb = c3.radio("Perturb", ["top", "all"], horizontal=True, key="mall.perturb", **BOUND,
-                       help="top: only the top-τ points by influence; all: every training point.")
+    eps = c1.multiselect(f"ε ({norm} radius, {space} units)", EPS_CHOICES, default=list(QUICK.eps),
+                         key="mall.eps", **BOUND, help=configs.help_of(MalleabilityConfig, "eps"))
+    steps = configs.number(c2, "Attack steps (PGD, MIM)", AttackSpec, "steps", "mall.steps",
+                           value=QUICK.attack.steps, hi=200)
+    epochs = configs.number(c3, "Training epochs", TrainSpec, "epochs", "mall.epochs",
+                            value=QUICK.train.epochs, step=10, hi=1000)
+    n_seeds = c4.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="mall.seeds", **BOUND,
+                              help="Flip rates are shown as mean ± sd over these seeds.")
+    c1, c2, c3, c4 = st.columns(4)
+    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="mall.width", **BOUND)
+    tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=QUICK.tau,
+                           key="mall.tau", **BOUND, help=configs.help_of(MalleabilityConfig, "tau"))
+    perturb = c3.radio("Perturb", configs.choices_of(MalleabilityConfig, "perturb"), horizontal=True,
+                       key="mall.perturb", **BOUND, help=configs.help_of(MalleabilityConfig, "perturb"))
     with c4:
-        retrain = st.checkbox("Retrain on perturbed data", key="mall.retrain", **BOUND)
-        adv = st.checkbox("Adversarial training", key="mall.adv", **BOUND)
+        retrain = st.checkbox("Retrain on perturbed data", key="mall.retrain", **BOUND,
+                              help=configs.help_of(MalleabilityConfig, "retrain"))
+        adv = st.checkbox("Adversarial training", key="mall.adv", **BOUND,
+                          help=configs.help_of(MalleabilityConfig, "adversarial_training"))
         interventions = st.checkbox("Interventions", key="mall.interventions", **BOUND,
-                                    help="Curated (remove top-τ), Transformed (replace them by their "
-                                         "adversarial versions), Adversarial (PGD on all points).")
+                                    help=configs.help_of(MalleabilityConfig, "interventions"))
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
                 steps=int(steps), epochs=int(epochs), width=int(width), tau=float(tau), perturb=perturb,
-                retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions))
+                retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
+                norm=norm, space=space, target=target, n_seeds=int(n_seeds))
 
 
 s = shared()
 st.title("Influence malleability")
 st.markdown(
-    "Take the top-τ training points by influence magnitude, perturb the training images within an ℓ∞ "
-    "ball of radius ε (FGSM, PGD or MIM on the trained model's loss), recompute the kernel — for MLP-Attn "
-    "the attention map C = XᵀX changes too, so every feature moves — and recompute the influences. "
-    "The **flip rate** is the share of those points whose influence changes sign; **Spearman ρ** compares "
-    f"influence rankings before and after (lower = more malleable). Settings: {s.describe()}.")
+    "Take the top-τ training points by influence magnitude, perturb the training inputs within an "
+    "ε-ball (ℓ∞ or ℓ2, on raw pixels or on the ℓ2-normalised rows the networks see) with FGSM, PGD or MIM "
+    "on the trained model's loss, recompute the kernel — for MLP-Attn the attention map C = XᵀX changes "
+    "too, so every feature moves — and recompute the influences. The **flip rate** is the share of those "
+    "points whose influence changes sign; **Spearman ρ** compares influence rankings before and after "
+    f"(lower = more malleable). Settings: {s.describe()}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 cfg = configs.malleability_config(s, **opts)
-sec = configs.malleability_seconds(cfg, configs.input_dim(s))
-if opts["adversarial_training"] or opts["retrain"] or opts["interventions"]:
-    sec *= 3
-res = obtain("malleability", run_malleability, cfg, "Malleability", auto=sec < configs.AUTO_SECONDS,
-             button="Run the attacks", note=f"About {sec:.0f} s with these settings.")
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_malleability.kind, run_malleability, cfg, "Malleability", auto=plan.auto,
+             button="Run the attacks", note=plan.note)
 if res is None:
     st.stop()
 
-rows = plots.flip_data(res.frames["rows"])
-eps_list = sorted(rows["eps"].astype(float).unique())
-shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=len(eps_list) - 1, key="mall.shown_eps",
-                     format_func=lambda e: f"{e:g}")
+st.caption(f"Influence on **{cfg.target}** outputs; attack in **{cfg.attack.norm}**, **{cfg.space}** space; "
+           f"{'**adversarially trained** nets' if cfg.adversarial_training else 'nets trained on clean data'}"
+           f"{', retrained after the attack' if cfg.retrain else ''}; {len(cfg.seeds)} seed(s); flip rates over "
+           f"the top {int(res.frames['rows']['n_top'].iloc[0])} points.")
+summary = tables.percent(res.frames["summary"], ["flip_rate", "test_acc", "train_acc", "test_acc_ntk"])
+base = summary.drop_duplicates("arch")[["arch", "n_seeds", "train_acc_pct_mean", "test_acc_pct_mean",
+                                         "test_acc_ntk_pct_mean"]]
+st.dataframe(base, hide_index=True, column_config={
+    "train_acc_pct_mean": st.column_config.NumberColumn("train acc. (%)", format="%.1f"),
+    "test_acc_pct_mean": st.column_config.NumberColumn("test acc. (%)", format="%.1f"),
+    "test_acc_ntk_pct_mean": st.column_config.NumberColumn("K∞ ridge test acc. (%)", format="%.1f",
+                                                            help="Kernel ridge regression with K∞ on the same "
+                                                                 "features: what the architecture can reach")})
+eps_label = f"ε ({cfg.attack.norm} radius, {'pixel units' if cfg.space == 'raw' else 'unit-row units'})"
+summary = tables.percent(res.frames["summary"], ["flip_rate", "pair_flip_rate"])
+eps_list = sorted(summary["eps"].astype(float).unique())
+shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=len(eps_list) - 1,
+                                        key="mall.shown_eps", **BOUND, format_func=lambda e: f"{e:g}")
 c1, c2 = st.columns(2)
+data = summary[np.isclose(summary["eps"].astype(float), shown)]
 with c1:
-    data = rows[np.isclose(rows["eps"].astype(float), shown)]
-    render.chart(plots.flip_bars_fig(rows, shown), data, "flip rates",
-                 "Share of the top-τ training points whose influence changes sign under each attack; "
-                 "higher bars mean influence is easier to manipulate.")
+    render.chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label), data, "flip rates",
+                 "Share of the top-τ training points whose influence changes sign under each attack, mean ± sd "
+                 "over seeds; higher bars mean influence is easier to manipulate, and 50 % is a coin toss.")
 with c2:
-    if "spearman" in rows:
-        render.chart(plots.flip_bars_fig(rows, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f"),
-                     data, "spearman rho",
-                     "Rank correlation of all training points' influence before and after the attack; 1 means "
-                     "the ranking is intact, lower means the attack reshuffled it.")
+    render.chart(plots.flip_bars_fig(summary, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f",
+                                     eps_label=eps_label),
+                 data, "spearman rho",
+                 "Rank correlation of all training points' influence before and after the attack; 1 means "
+                 "the ranking is intact, lower means the attack reshuffled it.")
+st.caption("Mean relative size of the applied perturbation ‖δ‖₂/‖x‖₂: " + ", ".join(
+    f"{plots.arch_label(r.arch)} {r.attack.upper()} {tables.pm(r.rel_perturbation_mean, r.rel_perturbation_sd)}"
+    for r in data.itertuples()))
 if len(eps_list) > 1:
     c1, c2 = st.columns(2)
     with c1:
-        render.chart(plots.eps_sweep_fig(rows), rows, "flip rate against eps",
-                     "Flip rate as the perturbation budget grows; the ReLU/attention gap at small ε is the "
-                     "paper's malleability claim, while at large ε both approach random sign flips (50 %).")
+        render.chart(plots.eps_sweep_fig(summary, eps_label=eps_label), summary, "flip rate against eps",
+                     "Flip rate as the perturbation budget grows, mean ± sd over seeds; at large ε both nets "
+                     "approach random sign flips (50 %).")
     with c2:
-        if "spearman" in rows:
-            render.chart(plots.eps_sweep_fig(rows, "spearman", "Spearman ρ (unitless)"), rows,
-                         "spearman against eps", "Rank correlation against ε; a steeper fall means more malleable.")
+        render.chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label), summary,
+                     "spearman against eps", "Rank correlation against ε; a steeper fall means more malleable.")
 
 inter = res.frames.get("interventions")
 if inter is not None and not inter.empty:
+    inter = res.frames["interventions_summary"].rename(  # means over seeds
+        columns={"test_acc_mean": "test_acc", "influence_change_mean": "influence_change"})
     st.header("Interventions")
     c1, c2 = st.columns(2)
     with c1:
@@ -108,27 +142,30 @@ elif opts["interventions"]:
     st.info("The run returned no intervention rows.")
 
 st.header("One training image, before and after")
-archs = [a for a in cfg.archs if f"{a}_top_idx" in res.arrays]
-c1, c2 = st.columns(2)
-arch = c1.selectbox("Architecture", archs, format_func=lambda a: ARCH_LABELS[a], key="mall.arch")
-top = res.arrays[f"{arch}_top_idx"]
-pos = c2.selectbox("Training image (top-τ by influence)", list(range(len(top))), key="mall.point",
+c1, c2, c3, c4 = st.columns(4)
+arch = c1.selectbox("Architecture", list(cfg.archs), format_func=lambda a: ARCH_LABELS[a], key="mall.arch", **BOUND)
+attack = c2.selectbox("Attack", list(cfg.attacks), format_func=str.upper, key="mall.shown_attack", **BOUND)
+eps = c3.selectbox("ε", list(cfg.eps), index=cfg.eps.index(shown) if shown in cfg.eps else 0,
+                   format_func=lambda e: f"{e:g}", key="mall.example_eps", **BOUND)
+top = res.arrays[example_key(arch, attack, eps, "top_idx")]
+pos = c4.selectbox("Training image (top-τ by influence)", list(range(len(top))), key="mall.point", **BOUND,
                    format_func=lambda p: f"#{int(top[p])} (rank {p + 1})")
 j = int(top[pos])
-before, after = res.arrays[f"{arch}_infl_before"], res.arrays[f"{arch}_infl_after"]
-shape = res.meta.get("image_shape")
-attack, eps = res.meta.get("shown_attack", cfg.attacks[0]), res.meta.get("shown_eps", cfg.eps[0])
+before = res.arrays[example_key(arch, attack, eps, "infl_before")]
+after = res.arrays[example_key(arch, attack, eps, "infl_after")]
+shape = res.meta.get("image_shape") if cfg.space == "raw" else None
 m = st.columns(3)
 m[0].metric("influence before", f"{before[j]:+.4g}")
 m[1].metric("influence after", f"{after[j]:+.4g}", delta=f"{after[j] - before[j]:+.3g}")
-m[2].metric("sign flipped", "yes" if np.sign(before[j]) != np.sign(after[j]) else "no")
-clean, pert = res.arrays[f"{arch}_X_clean"][pos], res.arrays[f"{arch}_X_pert"][pos]
+m[2].metric("sign flipped", "yes" if tables.sign_flipped(before[j], after[j]) else "no")
+clean = res.arrays[example_key(arch, attack, eps, "X_clean")][pos]
+pert = res.arrays[example_key(arch, attack, eps, "X_pert")][pos]
 data = pd.DataFrame({"pixel": np.arange(clean.size), "clean": clean, "perturbed": pert})
 render.chart(plots.before_after_fig(clean, pert, shape, f"{ARCH_LABELS[arch]}: training image #{j}, "
                                                          f"{str(attack).upper()} at ε = {float(eps):g}"),
              data, f"{arch} image {j} before and after",
-             "Left the clean training image, middle its perturbed version, right the change per pixel "
-             "(bounded by ε).")
+             f"Left the clean training input, middle its perturbed version, right the change per coordinate "
+             f"({cfg.attack.norm} ball of radius ε in {cfg.space} space; seed {res.meta.get('shown_seed')}).")
 data = pd.DataFrame({"train_index": np.arange(before.size), "before": before, "after": after})
 render.chart(plots.influence_shift_fig(before, after, j, arch), data, f"{arch} influence before and after",
              "Every training point's aggregate influence before (x) and after (y) the attack; points off the "

@@ -5,23 +5,36 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import plots
-from engine.experiments import run_kernels, run_ntk_sweep
+from engine.experiments import SweepConfig, run_kernels, run_ntk_sweep
+from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain
 
-BOUND = dict(bind="query-params", persist_state="session")
+BOUND = configs.BOUND
+KERNEL_METRICS = {  # what "distance to K∞" means: the choice changes the verdict, so it is visible
+    "kernel_dist": "relative Frobenius ‖K_m − K∞‖_F / ‖K∞‖_F (blind to κ)",
+    "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
+    "prediction_gap": "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
+}
 
 
-def controls_ui() -> tuple[int, int, float]:
-    c1, c2, c3 = st.columns(3)
-    epochs = c1.number_input("Training epochs", 0, 1000, configs.NTK_EPOCHS, step=10, key="ntk.epochs", **BOUND,
-                             help="Adam, lr 1e-3, batch 128, weight decay 1e-3 as in the paper (which trains 500).")
-    seeds = c2.number_input("Network seeds per width", 1, 10, configs.NTK_SEEDS, key="ntk.seeds", **BOUND,
-                            help="Shown as a band from the smallest to the largest value.")
-    ridge = c3.select_slider("Ridge of the NTK regression (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1],
-                             value=1e-3, key="ntk.ridge", **BOUND)
-    return int(epochs), int(seeds), float(ridge)
+def controls_ui() -> tuple[int, int, float, str, str]:
+    c1, c2, c3, c4, c5 = st.columns(5)
+    epochs = configs.number(c1, "Training epochs", TrainSpec, "epochs", "ntk.epochs",
+                            value=configs.QUICK["sweep"].train.epochs, step=10, hi=1000)
+    seeds = c2.number_input("Network seeds per width", 1, 10, 3, key="ntk.seeds", **BOUND,
+                            help="Charts show the mean ± sd over these seeds (claims rest on at least 3).")
+    ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1],
+                             value=configs.QUICK["sweep"].ridge, key="ntk.ridge", **BOUND,
+                             help=configs.help_of(SweepConfig, "ridge"))
+    optimizer = c4.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="ntk.optimizer",
+                             **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
+    metric = c5.selectbox("Kernel distance", list(KERNEL_METRICS), format_func=lambda k: KERNEL_METRICS[k],
+                          key="ntk.metric", **BOUND,
+                          help="The Frobenius distance is blind to the conditioning the paper is about; the "
+                               "whitened distance and the prediction gap are not.")
+    return int(epochs), int(seeds), float(ridge), optimizer, metric
 
 
 def heatmap_ui(widths: tuple[int, ...], archs: tuple[str, ...]) -> tuple[str, int]:
@@ -41,31 +54,44 @@ st.markdown(
     f"Settings: {s.describe()}, attention `{s.attention}`.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
-epochs, n_seeds, ridge = controls_ui()
-cfg = configs.sweep_config(s, epochs, n_seeds, ridge)
-sec = configs.sweep_seconds(cfg, configs.input_dim(s))
-res = obtain("ntk_sweep", run_ntk_sweep, cfg, f"NTK sweep, {len(cfg.widths) * len(cfg.archs) * n_seeds} nets",
-             auto=sec < configs.AUTO_SECONDS, button="Run the sweep",
-             note=f"These settings take about {sec:.0f} s here; they run in the background once started.")
+epochs, n_seeds, ridge, optimizer, metric = controls_ui()
+cfg = configs.sweep_config(s, epochs, n_seeds, ridge, optimizer=optimizer)
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_ntk_sweep.kind, run_ntk_sweep, cfg,
+             f"NTK sweep, {len(cfg.widths) * len(cfg.archs) * n_seeds} nets",
+             auto=plan.auto, button="Run the sweep", note=plan.note)
 
 if res is not None:
     rows = res.frames["rows"]
     c1, c2 = st.columns(2)
     with c1:
-        data = plots.distance_data(rows, "kernel_dist_init")
-        render.chart(plots.distance_fig(data, "kernel_dist_init"), data, "kernel distance at init",
-                     "Relative Frobenius distance between the empirical NTK at initialisation and K∞ on the "
-                     "training points; a falling line means the width is approaching the kernel limit.")
+        data = plots.distance_data(rows, f"{metric}_init")
+        render.chart(plots.distance_fig(data, f"{metric}_init"), data, f"{metric} at init",
+                     f"{KERNEL_METRICS[metric].capitalize()} between the empirical NTK at initialisation and "
+                     "K∞ on the training points, mean ± sd over seeds; a falling line means the width is "
+                     "approaching the kernel limit.")
     with c2:
-        data = plots.distance_data(rows, "kernel_dist_trained")
-        render.chart(plots.distance_fig(data, "kernel_dist_trained"), data, "kernel distance after training",
+        data = plots.distance_data(rows, f"{metric}_trained")
+        render.chart(plots.distance_fig(data, f"{metric}_trained"), data, f"{metric} after training",
                      "The same distance after training; if it is much larger than at init, training moved "
                      "the kernel (feature learning) instead of staying in the lazy regime.")
-    data = plots.distance_data(rows, "function_dist")
-    render.chart(plots.distance_fig(data, "function_dist"), data, "function distance",
-                 "Distance between the trained network's test outputs and those of kernel regression with K∞ "
-                 "(the paper's ‖f_m − f_NTK‖); bands span the seeds.")
-    with st.expander("All measurements"):
+    c1, c2 = st.columns(2)
+    with c1:
+        data = plots.distance_data(rows, "function_dist_rel")
+        render.chart(plots.distance_fig(data, "function_dist_rel"), data, "relative function distance",
+                     "‖f_m − f_NTK‖_F / ‖f_NTK‖_F on the test points: the paper's function distance divided by "
+                     "the scale of what it compares (its absolute value mostly tracks the logits' size).")
+    with c2:
+        data = plots.distance_data(rows, "test_acc")
+        render.chart(plots.distance_fig(data, "test_acc"), data, "test accuracy",
+                     "Test accuracy of the trained nets; compare with the K∞ ridge baseline in the table "
+                     "below: a net far below it underfits, and its distances mean little.")
+    st.dataframe(res.frames["summary"][["arch", "width", "n_seeds", "train_acc_mean", "test_acc_mean",
+                                        "test_acc_ntk_mean", "f_norm_mean", "f_ntk_norm_mean",
+                                        "function_dist_mean", "function_dist_sd"]],
+                 hide_index=True)
+    with st.expander("All measurements, one row per seed"):
         st.dataframe(rows, hide_index=True)
     if epochs > 0:
         data = plots.loss_data(res.frames["losses"])
@@ -75,8 +101,8 @@ if res is not None:
         if not res.frames["trajectory"].empty:
             data = plots.trajectory_data(res.frames["trajectory"])
             render.chart(plots.trajectory_fig(data), data, "kernel distance during training",
-                         "The kernel's distance to K∞ at five points of training; a line that stays flat is "
-                         "the lazy (kernel) regime, a rising one means training moves the kernel.")
+                         "The kernel's Frobenius distance to K∞ at five points of training; a line that stays "
+                         "flat is the lazy (kernel) regime, a rising one means training moves the kernel.")
     else:
         st.caption("Epochs = 0: the networks are not trained, so there are no loss curves and the trained "
                    "kernel equals the initial one.")
@@ -88,10 +114,11 @@ st.markdown("Training points are sorted by label, so class blocks show along the
             f"than {plots.MAX_SIDE} x {plots.MAX_SIDE} are shown as block means; the full ones download as .npy.")
 arch, width = heatmap_ui(cfg.widths, cfg.archs)
 kcfg = configs.kernel_config(s, arch, width, epochs)
-kres = obtain("kernels", run_kernels, kcfg, f"Kernels of {ARCH_LABELS[arch]} at m = {width}",
-              auto=configs.sweep_seconds(configs.sweep_config(s, epochs, 1, ridge, (width,)),
-                                         configs.input_dim(s)) < configs.AUTO_SECONDS,
-              button="Compute the kernels")
+kplan = configs.plan(kcfg)
+kres = obtain(run_kernels.kind, run_kernels, kcfg, f"Kernels of {ARCH_LABELS[arch]} at m = {width}",
+              auto=kplan.auto, button="Compute the kernels", note=kplan.note) if kplan.allowed else None
+if not kplan.allowed:
+    st.error(kplan.note)
 if kres is not None:
     K = kres.arrays["K_trained"] if epochs > 0 else kres.arrays["K_init"]
     K_inf = kres.arrays["K_inf"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import paper, plots
+from engine import paper, plots, tables
 from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
@@ -19,16 +19,17 @@ st.caption("This dashboard recomputes the paper's quantities from scratch with t
            "every result is cached on disk, and every chart offers its data as CSV.")
 
 st.header("Headline numbers: here and in the paper")
-spec = obtain("spectrum", run_spectrum, configs.spectrum_config(s), f"Spectrum at n = {s.n}")
-sweep_cfg = configs.sweep_config(s, n_seeds=1, widths=configs.PAPER_WIDTHS)
-sweep = peek("ntk_sweep", sweep_cfg) or obtain(
-    "ntk_sweep", run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
-    auto=configs.sweep_seconds(sweep_cfg, configs.input_dim(s)) < configs.AUTO_SECONDS, button="Measure")
+spec_cfg = configs.spectrum_config(s)
+spec = obtain(run_spectrum.kind, run_spectrum, spec_cfg, f"Spectrum at n = {s.n}", auto=configs.plan(spec_cfg).auto)
+sweep_cfg = configs.sweep_config(s, n_seeds=3, widths=configs.PAPER_WIDTHS)
+sweep = peek(run_ntk_sweep.kind, sweep_cfg) or obtain(
+    run_ntk_sweep.kind, run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
+    auto=configs.plan(sweep_cfg).auto, button="Measure", note=configs.plan(sweep_cfg).note)
 
 mall_cfg = configs.malleability_config(s, eps=(paper.FLIP_EPS,))
-mall = peek("malleability", mall_cfg) or obtain(
-    "malleability", run_malleability, mall_cfg, "Flip rates at ε = 0.3",
-    auto=configs.malleability_seconds(mall_cfg, configs.input_dim(s)) < configs.AUTO_SECONDS, button="Measure")
+mall = peek(run_malleability.kind, mall_cfg) or obtain(
+    run_malleability.kind, run_malleability, mall_cfg, "Flip rates at ε = 0.3",
+    auto=configs.plan(mall_cfg).auto, button="Measure", note=configs.plan(mall_cfg).note)
 
 key = paper.paper_key(s.dataset) or "mnist"
 rows = []
@@ -58,17 +59,19 @@ if sweep is not None:
 flips = paper.FLIP_RATE.get(key, paper.FLIP_RATE["mnist"])
 here = "—"
 if mall is not None:
-    got = plots.flip_data(mall.frames["rows"]).groupby(["arch", "attack"])["flip_rate_pct"].mean()
+    got = tables.percent(mall.frames["summary"], ["flip_rate"]).set_index(["arch", "attack"])
     if {"relu", "attn"} <= set(got.index.get_level_values("arch")):
-        here = " vs ".join(" / ".join(f"{got[(a, k)]:.0f}" for k in ("fgsm", "pgd", "mim")) + " %"
-                           for a in ("relu", "attn"))
+        here = " vs ".join(" / ".join(tables.pm(got.loc[(a, k), "flip_rate_pct_mean"], got.loc[(a, k), "flip_rate_pct_sd"], 2)
+                                      for k in mall_cfg.attacks) + " %" for a in ("relu", "attn"))
 rows.append({"quantity": "flip rate FGSM / PGD / MIM at ε = 0.3, 2L-ReLU vs MLP-Attn", "here": here,
              "paper": " / ".join(f"{v:g}" for v in flips["relu"].values()) + " % vs "
                       + " / ".join(f"{v:g}" for v in flips["attn"].values()) + " %"})
 st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
-st.caption(f"Measured on {s.describe()}; networks trained {configs.NTK_EPOCHS} epochs (the paper: 500), "
-           f"one seed; flip rates with {configs.MALL_STEPS} attack steps. Absolute distances depend on the "
-           "number of test points: compare the trends. The Reproduction page gives a verdict per claim.")
+st.caption(f"Measured on {s.describe()}; networks trained {sweep_cfg.train.epochs} epochs (the paper: 500), "
+           f"mean ± sd over {len(mall_cfg.seeds)} seeds; flip rates with {mall_cfg.attack.steps} attack steps "
+           f"({mall_cfg.attack.norm}, {mall_cfg.space} pixels, influence on the {mall_cfg.target} class). Absolute "
+           "distances depend on the number of test points: compare the trends. The Reproduction page gives a "
+           "verdict per claim.")
 
 if sweep is not None and key in paper.NTK_DISTANCE:
     measured = plots.distance_data(sweep.frames["rows"], "function_dist")
@@ -82,6 +85,7 @@ links = [("pages/spectrum.py", "Spectrum: κ, κ³ and the width needed", ":mate
          ("pages/ntk.py", "NTK convergence against width", ":material/show_chart:"),
          ("pages/influence.py", "Influence of training images", ":material/image_search:"),
          ("pages/malleability.py", "Malleability under attacks", ":material/bolt:"),
+         ("pages/scaling.py", "Scaling law: width needed against κ", ":material/trending_up:"),
          ("pages/reproduction.py", "Reproduction: paper vs here", ":material/fact_check:")]
 cols = st.columns(3)
 for i, (page, label, icon) in enumerate(links):
@@ -98,5 +102,6 @@ with right:
     st.header("Cache")
     cs = cache_summary()
     st.markdown(f"Results are cached in `{cs['folder']}` ({cs['megabytes']:.1f} MB). Set ENGINE_CACHE_DIR "
-                "to move it; delete the folder to start afresh. A result is keyed by its full settings "
-                "and the engine version.")
+                "to move it; delete the folder to start afresh. A result is keyed by its full settings, "
+                "a fingerprint of the data files it read and a fingerprint of the engine's code, so a "
+                "changed file or a new engine version never returns a stale number.")

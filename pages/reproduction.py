@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import paper, plots
+from engine import paper, plots, tables
+from engine.attacks import AttackSpec
+from engine.training import TrainSpec
 from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
 from ui.common import require, shared
 from ui.runner import obtain
 
-BOUND = dict(bind="query-params", persist_state="session")
+BOUND = configs.BOUND
 
 
 def controls_ui() -> tuple[int, int, int]:
     c1, c2, c3 = st.columns(3)
-    epochs = c1.number_input("Epochs (NTK distance)", 0, 1000, configs.NTK_EPOCHS, step=10,
-                             key="repro.epochs", **BOUND, help="The paper trains 500 epochs.")
-    m_epochs = c2.number_input("Epochs (flip rates)", 0, 1000, configs.MALL_EPOCHS, step=10,
-                               key="repro.mall_epochs", **BOUND, help="The paper trains 500 epochs.")
-    steps = c3.number_input("Attack steps (PGD, MIM)", 1, 200, configs.MALL_STEPS, key="repro.steps", **BOUND)
+    epochs = configs.number(c1, "Epochs (NTK distance)", TrainSpec, "epochs", "repro.epochs",
+                            value=configs.QUICK["sweep"].train.epochs, step=10, hi=1000)
+    m_epochs = configs.number(c2, "Epochs (flip rates)", TrainSpec, "epochs", "repro.mall_epochs",
+                              value=configs.QUICK["malleability"].train.epochs, step=10, hi=1000)
+    steps = configs.number(c3, "Attack steps (PGD, MIM)", AttackSpec, "steps", "repro.steps",
+                           value=configs.QUICK["malleability"].attack.steps, hi=200)
     return int(epochs), int(m_epochs), int(steps)
 
 
@@ -39,7 +42,8 @@ epochs, m_epochs, steps = controls_ui()
 ref = key or "mnist"
 
 st.header("Condition numbers and the width needed")
-spec = obtain("spectrum", run_spectrum, configs.spectrum_config(s), f"Spectrum at n = {s.n}")
+spec_cfg = configs.spectrum_config(s)
+spec = obtain(run_spectrum.kind, run_spectrum, spec_cfg, f"Spectrum at n = {s.n}", auto=configs.plan(spec_cfg).auto)
 summary = spec.meta["summary"] if spec is not None else None
 if summary is not None:
     thr = summary["width_threshold_log10"]
@@ -58,16 +62,16 @@ if summary is not None:
     st.dataframe(kappa_rows, hide_index=True, width="stretch")
 
 st.header("NTK distance at m = 16 / 1024 / 4096")
-sweep_cfg = configs.sweep_config(s, epochs=epochs, n_seeds=1, widths=configs.PAPER_WIDTHS)
-sec = configs.sweep_seconds(sweep_cfg, configs.input_dim(s))
-sweep = obtain("ntk_sweep", run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
-               auto=sec < configs.AUTO_SECONDS, button="Measure the NTK distance",
-               note=f"About {sec:.0f} s with these settings.")
+sweep_cfg = configs.sweep_config(s, epochs=epochs, n_seeds=3, widths=configs.PAPER_WIDTHS)
+splan = configs.plan(sweep_cfg)
+sweep = obtain(run_ntk_sweep.kind, run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
+               auto=splan.auto, button="Measure the NTK distance", note=splan.note) if splan.allowed else None
 sweep_rows = sweep.frames["rows"] if sweep is not None else None
 if sweep_rows is not None and ref in paper.NTK_DISTANCE:
     measured = plots.distance_data(sweep_rows, "function_dist")
     table = paper.ntk_distance_table(ref).merge(
-        measured[["arch", "width", "mean"]].rename(columns={"mean": "measured"}), on=["arch", "width"], how="left")
+        measured[["arch", "width", "mean", "sd"]].rename(columns={"mean": "measured", "sd": "measured sd"}),
+        on=["arch", "width"], how="left")
     table = table.rename(columns={"value": "paper"})
     st.dataframe(table.assign(arch=table["arch"].map(plots.arch_label)), hide_index=True, width="stretch")
     data = plots.paper_trend_data(measured, paper.ntk_distance_table(ref))
@@ -79,14 +83,14 @@ st.header(f"Flip rates at ε = {paper.FLIP_EPS} (τ = {paper.TAU})")
 mall_rows = adv_rows = mall_cfg = adv_cfg = None
 mcfg = configs.malleability_config(s, attacks=("fgsm", "pgd", "mim"), eps=(paper.FLIP_EPS,),
                                    epochs=m_epochs, steps=steps)
-msec = configs.malleability_seconds(mcfg, configs.input_dim(s))
-mall = obtain("malleability", run_malleability, mcfg, "Flip rates at ε = 0.3",
-              auto=msec < configs.AUTO_SECONDS, button="Measure flip rates",
-              note=f"About {msec:.0f} s with these settings.")
+mplan = configs.plan(mcfg)
+mall = obtain(run_malleability.kind, run_malleability, mcfg, "Flip rates at ε = 0.3",
+              auto=mplan.auto, button="Measure flip rates", note=mplan.note) if mplan.allowed else None
 if mall is not None:
     mall_rows, mall_cfg = mall.frames["rows"], mall.config
     ptab = paper.flip_rate_table(ref if ref in paper.FLIP_RATE else "mnist")
-    got = plots.flip_data(mall_rows).groupby(["arch", "attack"])["flip_rate_pct"].mean().reset_index()
+    got = tables.percent(mall.frames["summary"], ["flip_rate"])[["arch", "attack", "flip_rate_pct_mean"]] \
+        .rename(columns={"flip_rate_pct_mean": "flip_rate_pct"})
     data = ptab.rename(columns={"flip_rate_pct": "paper"}).merge(
         got.rename(columns={"flip_rate_pct": "measured"}), on=["arch", "attack"], how="left")
     data["attack"] = data["attack"].str.upper()
@@ -97,10 +101,10 @@ if mall is not None:
 st.subheader("Adversarial training")
 acfg = configs.malleability_config(s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
                                    adversarial_training=True)
-adv = obtain("malleability", run_malleability, acfg, "Flip rates after adversarial training", auto=False,
+aplan = configs.plan(acfg)
+adv = obtain(run_malleability.kind, run_malleability, acfg, "Flip rates after adversarial training", auto=False,
              button="Measure with adversarial training",
-             note=f"Adversarial training repeats the attack every epoch: about "
-                  f"{configs.malleability_seconds(acfg, configs.input_dim(s)) * 3:.0f} s.")
+             note="Adversarial training repeats the attack every epoch. " + aplan.note) if aplan.allowed else None
 if adv is not None:
     adv_rows, adv_cfg = adv.frames["rows"], adv.config
 

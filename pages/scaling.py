@@ -5,34 +5,42 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import plots
-from engine.scaling import run_scaling
+from engine.scaling import ScalingConfig, run_scaling
+from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ATTENTION_CHOICES, shared
 from ui.runner import obtain
 
-BOUND = dict(bind="query-params", persist_state="session")
+BOUND = configs.BOUND
+QUICK = configs.QUICK["scaling"]
 KAPPAS = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
-MEASURES = {"movement": "‖K_t − K_0‖ / ‖K_0‖: how far training moves the kernel",
-            "trained": "‖K_t − K∞‖ / ‖K∞‖: distance to the limit after training",
-            "init": "‖K_0 − K∞‖ / ‖K∞‖: distance at initialisation (no training)"}
+MEASURES = {"movement": "‖K_t − K_0‖: how far training moves the kernel",
+            "trained": "‖K_t − K∞‖: distance to the limit after training",
+            "init": "‖K_0 − K∞‖: distance at initialisation (no training)"}
 
 
 def controls_ui(attention: str):
-    c1, c2, c3 = st.columns(3)
-    kappas = c1.multiselect("κ values", KAPPAS, default=[2.0, 4.0, 8.0, 16.0], key="scaling.kappas", **BOUND,
-                            help="Target condition numbers of the synthetic data's Gram matrix.")
+    c1, c2, c3, c4 = st.columns(4)
+    kappas = c1.multiselect("κ values", KAPPAS, default=list(QUICK.kappas), key="scaling.kappas", **BOUND,
+                            help=configs.help_of(ScalingConfig, "kappas"))
     measure = c2.selectbox("Distance measured", list(MEASURES), format_func=lambda k: MEASURES[k],
-                           key="scaling.measure", **BOUND)
-    target = c3.select_slider("Target distance", [0.02, 0.05, 0.1, 0.2, 0.3], value=0.05,
-                              key="scaling.target", **BOUND)
-    c4, c5, c6 = st.columns(3)
+                           index=list(MEASURES).index(QUICK.measure), key="scaling.measure", **BOUND,
+                           help=configs.help_of(ScalingConfig, "measure"))
+    metric = c3.selectbox("Kernel metric", configs.choices_of(ScalingConfig, "metric"), key="scaling.metric",
+                          **BOUND, help=configs.help_of(ScalingConfig, "metric"))
+    target = c4.select_slider("Target distance", [0.02, 0.05, 0.1, 0.2, 0.3], value=QUICK.target,
+                              key="scaling.target", **BOUND, help=configs.help_of(ScalingConfig, "target"))
+    c4, c5, c6, c7 = st.columns(4)
     variants = c4.multiselect("Attention variants", ATTENTION_CHOICES, default=[attention] if attention in
                               ATTENTION_CHOICES else ["linear"], key="scaling.attentions", **BOUND,
                               help="Each variant gets its own curve; truncated:r keeps r directions.")
-    epochs = c5.number_input("Training epochs", 1, 2000, 100, key="scaling.epochs", **BOUND)
-    max_width = c6.select_slider("Largest width tried", [1024, 4096, 16384, 65536], value=4096,
-                                 key="scaling.max_width", **BOUND)
-    return kappas, measure, target, variants, epochs, max_width
+    epochs = configs.number(c5, "Training epochs", TrainSpec, "epochs", "scaling.epochs",
+                            value=QUICK.train.epochs, hi=2000)
+    max_width = c6.select_slider("Largest width tried", [1024, 4096, 16384, 65536], value=QUICK.max_width,
+                                 key="scaling.max_width", **BOUND, help=configs.help_of(ScalingConfig, "max_width"))
+    n_seeds = c7.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="scaling.seeds", **BOUND,
+                              help=configs.help_of(ScalingConfig, "seeds"))
+    return kappas, measure, metric, target, variants, epochs, max_width, n_seeds
 
 
 s = shared()
@@ -40,34 +48,49 @@ st.title("The scaling law, measured")
 st.markdown(
     "The paper's bound says the width needed for the kernel regime grows like **κ⁶** for linearised "
     "attention (κ^(2(2k+1)) for k stacked layers) against **κ²** for the same bound on the ReLU net's "
-    "own Gram. Here κ is dialled: synthetic data (n = 64, d = 32) with a prescribed Gram spectrum, "
-    "and for each κ a bisection over width (quarter-octave steps) finds the smallest width whose "
-    "kernel stays within the target. The slope on log-log axes is the measured exponent p. "
+    f"own Gram. Here κ is dialled: synthetic data (n = {QUICK.n}, d = {QUICK.d}) with a prescribed Gram "
+    "spectrum. For each κ the kernel distance is measured on a fixed grid of widths (two per doubling) and "
+    "averaged over seeds; the width needed is the smallest grid width from which the distance stays within "
+    "the target at every larger width, so a wider search range never changes a width it already found. "
+    "The slope on log-log axes is the measured exponent p, with a 95 % interval from a bootstrap over seeds. "
     f"Architectures from the sidebar: {', '.join(plots.arch_label(a) for a in s.archs)}.")
-kappas, measure, target, variants, epochs, max_width = controls_ui(s.attention)
+kappas, measure, metric, target, variants, epochs, max_width, n_seeds = controls_ui(s.attention)
 if not kappas or not s.archs or ("attn" in s.archs and not variants):
     st.info("Pick at least one κ, one architecture and, for MLP-Attn, one attention variant.")
     st.stop()
-cfg = configs.scaling_config(sorted(kappas), s.archs, variants, target, measure, epochs, lr=1e-2,
-                             max_width=max_width, seed=s.seed)
-sec = configs.scaling_seconds(cfg)
-res = obtain("scaling", run_scaling, cfg, "Scaling law", auto=sec < configs.AUTO_SECONDS,
-             button="Measure the scaling law", note=f"These settings take about {sec / 60:.1f} min on this machine.")
+cfg = configs.scaling_config(kappas=sorted(kappas), archs=s.archs, attentions=variants, target=target,
+                             measure=measure, metric=metric, epochs=epochs, max_width=max_width, seed=int(s.seed),
+                             seeds=tuple(range(int(n_seeds))))
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_scaling.kind, run_scaling, cfg, "Scaling law", auto=plan.auto,
+             button="Measure the scaling law", note=plan.note)
 if res is None:
     st.stop()
 
 data = plots.scaling_data(res.frames["widths"], res.frames["fit"])
 render.chart(plots.scaling_fig(data, cfg.max_width), data, "width needed against kappa",
-             "Filled points are the smallest widths that met the target, solid lines their power-law fit, "
-             "dotted lines the theory's slope through the first point, open triangles κ values that needed "
-             "more than the largest width tried.")
+             "Filled points are the widths needed (crosses: the criterion held at a smaller width and failed "
+             "again above it), solid lines their power-law fit, dotted lines the theory's slope through the "
+             "first point, open triangles κ values that needed more than the largest width tried.")
+if not res.frames["widths"]["monotone"].all():
+    st.warning("At some κ the distance met the target at a smaller width and missed it again at a larger one: "
+               "the criterion is not monotone in width there (marked ×), so read those widths with care.")
 fit = res.frames["fit"].copy()
-fit.insert(0, "model", [plots._model_label(a, t) for a, t in zip(fit["arch"], fit["attention"])])
-st.dataframe(fit[["model", "exponent", "theory_exponent", "points"]], hide_index=True,
+fit.insert(0, "model", [plots.model_label(a, t) for a, t in zip(fit["arch"], fit["attention"])])
+if (fit["exponent"].dropna() < 0).any():
+    st.warning("A fitted exponent is negative: the width needed falls with κ over this range, against every "
+               "bound; check the interval, the seeds and the non-monotone points before reading it.")
+st.dataframe(fit[["model", "exponent", "exponent_low", "exponent_high", "theory_exponent", "points"]],
+             hide_index=True,
              column_config={"exponent": st.column_config.NumberColumn("fitted p", format="%.2f"),
+                            "exponent_low": st.column_config.NumberColumn("95 % low", format="%.2f"),
+                            "exponent_high": st.column_config.NumberColumn("95 % high", format="%.2f"),
                             "theory_exponent": st.column_config.NumberColumn("theory p", format="%g"),
                             "points": st.column_config.NumberColumn("κ values fitted")})
-st.caption("Adam, lr 1e-2, batch 128, weight decay 1e-3; no row normalisation, so κ is the dialled one.")
+st.caption(f"{cfg.train.optimizer}, lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, weight decay "
+           f"{cfg.train.weight_decay:g}, {cfg.train.epochs} epochs; no row normalisation, so κ is the dialled one; "
+           f"grid: {', '.join(str(w) for w in res.meta['grid'])}.")
 with st.expander("Every width evaluated"):
     st.dataframe(res.frames["evaluations"], hide_index=True)
 render.settings(res.config)

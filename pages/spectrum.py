@@ -5,21 +5,22 @@ from __future__ import annotations
 import streamlit as st
 
 from engine import plots
-from engine.experiments import run_spectrum
+from engine.experiments import SpectrumConfig, run_spectrum
 from ui import configs, render
 from ui.common import shared
 from ui.runner import obtain
 
 RTOLS = {"auto: n · machine epsilon": None, "1e-12": 1e-12, "1e-10": 1e-10, "1e-8": 1e-8, "1e-6": 1e-6}
-BOUND = dict(bind="query-params", persist_state="session")
+BOUND = configs.BOUND
 
 
 def controls_ui() -> tuple[float | None, float]:
     c1, c2 = st.columns(2)
     rtol = c1.selectbox("Numerical-rank tolerance (relative to λ_max)", list(RTOLS), key="spectrum.rtol",
                         **BOUND, help="Eigenvalues below tolerance · λ_max count as zero; κ uses the rest.")
-    eps = c2.select_slider("ε of the v1 bound κ⁶/ε²", [0.01, 0.05, 0.1, 0.2, 0.5], value=0.1,
-                           key="spectrum.eps", **BOUND)
+    eps = c2.select_slider("ε of the v1 bound κ⁶/ε²", [0.01, 0.05, 0.1, 0.2, 0.5],
+                           value=configs.QUICK["spectrum"].eps, key="spectrum.eps", **BOUND,
+                           help=configs.help_of(SpectrumConfig, "eps"))
     return RTOLS[rtol], float(eps)
 
 
@@ -33,17 +34,19 @@ st.markdown(
     f"from `eigvalsh`. Settings: {s.describe()}, attention `{s.attention}`.")
 rtol, eps = controls_ui()
 cfg = configs.spectrum_config(s, rtol=rtol, eps=eps)
-sec = configs.spectrum_seconds(s)
-res = obtain("spectrum", run_spectrum, cfg, f"Spectrum at n = {s.n}", auto=sec < configs.AUTO_SECONDS,
-             button="Compute the spectrum", note=f"n = {s.n} takes about {sec:.0f} s on this machine.")
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_spectrum.kind, run_spectrum, cfg, f"Spectrum at n = {s.n}", auto=plan.auto,
+             button="Compute the spectrum", note=plan.note)
 if res is None:
     st.stop()
 
 summ = res.meta["summary"]
 k3 = summ.get("kappa_attention_theory")
+formula = summ.get("kappa_attention_formula") or "no closed form"
 m = st.columns(5)
 m[0].metric("κ(G)", f"{summ['kappa']:.3g}", help="λ_max / λ_rank over the numerical rank")
-m[1].metric("κ(G)³ (theory)", "—" if k3 is None else f"{k3:.3g}")
+m[1].metric(f"{formula} (theory, {summ['attention']})", "—" if k3 is None else f"{k3:.3g}")
 m[2].metric("κ of attention Gram (measured)", f"{summ['kappa_attention']:.3g}")
 m[3].metric("numerical rank of G", f"{summ['numerical_rank']} / {summ['n']}",
             help=f"tolerance {summ['rank_tol']:.3g} (absolute); d = {summ['d']}")
@@ -52,6 +55,10 @@ m[4].metric("κ_d (used by v2)",
             help="κ of the rank-min(n, d) truncation of G; undefined when rank < min(n, d), e.g. from "
                  "MNIST's all-zero border pixels.")
 
+if summ.get("kappa_attention_saturated"):
+    st.warning(f"The theory's κ of the attention Gram ({k3:.3g}) is beyond what float64 eigenvalues can resolve "
+               f"(about {summ['kappa_resolvable']:.2g} at this n): the measured value ({summ['kappa_attention']:.3g}) "
+               "is saturated, not a disagreement with the theory.")
 left, right = st.columns(2)
 with left:
     st.subheader("Eigenvalues")

@@ -1,27 +1,87 @@
-"""Page settings -> engine configs, and a rough run-time estimate that decides auto vs button.
+"""Page settings -> engine configs, built from the engine's own presets and estimates.
 
-Pages and the Overview/Reproduction summaries build their configs here, so that the same
-settings give the same cache key everywhere (a result computed on one page is reused by
-the others).
+The dashboard's defaults are the ``quick`` presets of the engine's config dataclasses, its
+widgets take their bounds and help text from the dataclass fields (``engine.settings``),
+and whether a run starts by itself comes from the engine's ``estimate``; nothing here is a
+second copy of a default, a bound or a cost formula. The same settings give the same cache
+key on every page, so a result computed on one page is reused by the others.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+import streamlit as st
+
+from engine import budget
+from engine.calibration import estimate
+from engine.experiments import PRESETS as EXP_PRESETS
 from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
+from engine.malleability import PRESETS as MALL_PRESETS
 from engine.malleability import InfluenceConfig, MalleabilityConfig
-from engine.training import TrainSpec
+from engine.scaling import PRESETS as SCALING_PRESETS
+from engine.settings import default, meta
 from ui.common import Shared
 
-NTK_EPOCHS = 20        # quick default; the paper trains 500 epochs
-NTK_SEEDS = 3          # network seeds per width, drawn as seed, seed+1, ...
-PAPER_WIDTHS = (16, 1024, 4096)
-AUTO_SECONDS = 30.0    # runs estimated below this start without a click
-INPUT_DIM = {"mnist": 784, "fashion-mnist": 784, "cifar10": 3072}
-FLOPS = 6e9           # effective CPU rate of the estimates (measured: 2 cores, float32)
+PRESETS = {**EXP_PRESETS, **MALL_PRESETS, **SCALING_PRESETS}
+QUICK = {kind: p["quick"] for kind, p in PRESETS.items()}
+PAPER_WIDTHS = PRESETS["sweep"]["paper"].widths
+BOUND = dict(bind="query-params", persist_state="session")
 
 
-def input_dim(s: Shared) -> int:
-    return INPUT_DIM.get(s.base, 64)
+def number(container, label: str, cls, name: str, key: str, value=None, step=None, hi=None):
+    """A number input whose bounds and help come from the setting ``cls.name``; bound to the URL.
+
+    ``hi`` lowers the declared upper bound for the browser (e.g. epochs a talk can wait for)."""
+    m = meta(cls, name)
+    value = default(cls, name) if value is None else value
+    is_int = isinstance(value, int)
+    cast = int if is_int else float
+    lo = None if m.lo is None else cast(m.lo)
+    top = m.hi if hi is None else min(hi, m.hi if m.hi is not None else hi)
+    unit = f" ({m.unit})" if m.unit else ""
+    return container.number_input(label, min_value=lo, max_value=None if top is None else cast(top),
+                                  value=value, step=step, key=key, help=m.help[0].upper() + m.help[1:] + unit,
+                                  **BOUND)
+
+
+def help_of(cls, name: str) -> str:
+    m = meta(cls, name)
+    return m.help[0].upper() + m.help[1:] + (f" ({m.unit})" if m.unit else "")
+
+
+def choices_of(cls, name: str) -> tuple:
+    return meta(cls, name).choices
+
+
+@dataclass(frozen=True)
+class Plan:
+    seconds: float
+    gib: float
+    auto: bool     # starts without a click
+    allowed: bool  # may start at all from the dashboard
+    note: str      # one line for the user
+
+
+def plan(cfg) -> Plan:
+    """Whether a config runs at once, on a click, or not from the browser (engine estimate)."""
+    est = estimate(cfg)
+    fits = est.bytes <= budget.Budget().limit_bytes()
+    allowed = fits and est.seconds <= budget.DASHBOARD_SECONDS
+    auto = allowed and est.seconds <= budget.QUICK_SECONDS
+    if not fits:
+        note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than fits here; "
+                "use a smaller n or width.")
+    elif not allowed:
+        note = (f"These settings would take about {budget.duration(est.seconds)}, over the dashboard's limit of "
+                f"{budget.duration(budget.DASHBOARD_SECONDS)}; run them with `python -m engine` instead.")
+    else:
+        note = f"These settings take about {budget.duration(est.seconds)} here; they run in the background once started."
+    return Plan(est.seconds, est.bytes / budget.GIB, auto, allowed, note)
+
+
+def dashboard_budget() -> budget.Budget:
+    return budget.Budget(seconds=budget.DASHBOARD_SECONDS * 1.5)
 
 
 def growth_sizes(n: int) -> tuple[int, ...]:
@@ -29,91 +89,66 @@ def growth_sizes(n: int) -> tuple[int, ...]:
     return tuple(sorted({max(2, n // k) for k in (8, 4, 2, 1)}))
 
 
-def spectrum_config(s: Shared, rtol: float | None = None, eps: float = 0.1,
-                    attention: str | None = None) -> SpectrumConfig:
-    return SpectrumConfig(data=s.data(n_test=1), attention=attention or s.attention, rtol=rtol, eps=eps,
-                          growth_ns=growth_sizes(int(s.n)))
+def spectrum_config(s: Shared, rtol: float | None = None, eps: float | None = None) -> SpectrumConfig:
+    q = QUICK["spectrum"]
+    return replace(q, data=s.data(n_test=1), attention=s.attention, rtol=rtol,
+                   eps=q.eps if eps is None else float(eps), growth_ns=growth_sizes(int(s.n)))
 
 
-def spectrum_seconds(s: Shared) -> float:
-    n, d = int(s.n), input_dim(s)
-    return 2 * 4 * (n ** 3 + n * n * d) / FLOPS + 0.5
-
-
-def sweep_config(s: Shared, epochs: int = NTK_EPOCHS, n_seeds: int = NTK_SEEDS, ridge: float = 1e-3,
-                 widths: tuple[int, ...] | None = None) -> SweepConfig:
+def sweep_config(s: Shared, epochs: int | None = None, n_seeds: int = 3, ridge: float | None = None,
+                 widths: tuple[int, ...] | None = None, optimizer: str | None = None) -> SweepConfig:
+    q = QUICK["sweep"]
+    epochs = q.train.epochs if epochs is None else int(epochs)
     seeds = tuple(int(s.seed) + i for i in range(int(n_seeds)))
-    snapshots = tuple(sorted({int(epochs) * k // 4 for k in range(5)})) if epochs > 0 else ()
-    return SweepConfig(data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
-                       attention=s.attention, seeds=seeds,
-                       train=TrainSpec(epochs=int(epochs), snapshot_epochs=snapshots), ridge=ridge)
+    snapshots = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
+    train = replace(q.train, epochs=epochs, snapshot_epochs=snapshots,
+                    optimizer=optimizer or q.train.optimizer)
+    return replace(q, data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
+                   attention=s.attention, seeds=seeds, train=train, ridge=q.ridge if ridge is None else ridge)
 
 
-def sweep_seconds(cfg: SweepConfig, d: int) -> float:
-    n, nets = cfg.data.n, len(cfg.archs) * len(cfg.seeds)
-    per_width = sum(4 * n * d * w * (1 + cfg.train.epochs) + 2 * n * n * (d + w) for w in cfg.widths)
-    return nets * per_width / FLOPS + 0.5
+def kernel_config(s: Shared, arch: str, width: int, epochs: int | None = None) -> KernelConfig:
+    q = QUICK["kernels"]
+    return replace(q, data=s.data(), arch=arch, width=int(width), attention=s.attention, seed=int(s.seed),
+                   train=replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs)))
 
 
-def kernel_config(s: Shared, arch: str, width: int, epochs: int = NTK_EPOCHS) -> KernelConfig:
-    return KernelConfig(data=s.data(), arch=arch, width=int(width), attention=s.attention,
-                        seed=int(s.seed), train=TrainSpec(epochs=int(epochs)))
+def influence_config(s: Shared, width: int | None = None, epochs: int | None = None,
+                     ridge: float | None = None, target: str | None = None) -> InfluenceConfig:
+    q = QUICK["influence"]
+    return replace(q, data=s.data(), archs=tuple(s.archs), width=int(width or q.width), attention=s.attention,
+                   seeds=(int(s.seed),), train=replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs)),
+                   ridge=q.ridge if ridge is None else ridge, target=target or q.target)
 
 
-# ---------------------------------------------------------------- influence and malleability
-
-INFL_EPOCHS = 20       # quick default; the paper trains 500
-INFL_WIDTH = 1024      # the paper's m for influence
-MALL_EPOCHS = 20
-MALL_STEPS = 10        # PGD / MIM iterations (the NOTES' prototype: 20)
-MALL_EPS = (0.05, 0.3)  # the prototype's ε and the paper's
-
-
-def influence_config(s: Shared, width: int = INFL_WIDTH, epochs: int = INFL_EPOCHS, ridge: float = 1e-3):
-    return InfluenceConfig(data=s.data(), archs=tuple(s.archs), width=int(width), attention=s.attention,
-                           seed=int(s.seed), train=TrainSpec(epochs=int(epochs)), ridge=ridge)
-
-
-def influence_seconds(cfg, d: int) -> float:
-    n, nt, m = cfg.data.n, cfg.data.n_test, cfg.width
-    per_arch = 4 * n * d * m * (1 + cfg.train.epochs) + 2 * (n + nt) * n * (d + m) + 4 * n ** 3
-    return len(cfg.archs) * per_arch / FLOPS + 0.5
+def malleability_config(s: Shared, epochs: int | None = None, steps: int | None = None, norm: str | None = None,
+                        n_seeds: int | None = None, optimizer: str | None = None, **options) -> MalleabilityConfig:
+    """The quick preset with the sidebar's data and any MalleabilityConfig field in ``options``."""
+    q = QUICK["malleability"]
+    seeds = q.seeds if n_seeds is None else tuple(int(s.seed) + i for i in range(int(n_seeds)))
+    train = replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs),
+                    optimizer=optimizer or q.train.optimizer)
+    attack = replace(q.attack, steps=q.attack.steps if steps is None else int(steps), norm=norm or q.attack.norm)
+    if "eps" in options:
+        options["eps"] = tuple(float(e) for e in options["eps"])
+    return replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention, seeds=seeds, train=train,
+                   attack=attack, **options)
 
 
-def malleability_config(s: Shared, attacks=("fgsm", "pgd", "mim"), eps=MALL_EPS, epochs: int = MALL_EPOCHS,
-                        steps: int = MALL_STEPS, width: int = INFL_WIDTH, tau: float = 0.1, perturb: str = "top",
-                        retrain: bool = False, adversarial_training: bool = False, interventions: bool = False,
-                        ridge: float = 1e-3):
-    return MalleabilityConfig(data=s.data(), archs=tuple(s.archs), width=int(width), attention=s.attention,
-                              seed=int(s.seed), train=TrainSpec(epochs=int(epochs)), attacks=tuple(attacks),
-                              eps=tuple(float(e) for e in eps), steps=int(steps), tau=float(tau),
-                              ridge=ridge, perturb=perturb, retrain=bool(retrain),
-                              adversarial_training=bool(adversarial_training), interventions=bool(interventions))
+def scaling_config(**options):
+    """The quick scaling preset with any ScalingConfig field replaced (train fields: epochs, lr)."""
+    q = QUICK["scaling"]
+    epochs, lr = options.pop("epochs", None), options.pop("lr", None)
+    train = replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs),
+                    lr=q.train.lr if lr is None else float(lr))
+    for k in ("kappas", "archs", "attentions"):
+        if k in options:
+            options[k] = tuple(options[k])
+    return replace(q, train=train, **options)
 
 
-def malleability_seconds(cfg, d: int) -> float:
-    n, m = cfg.data.n, cfg.width
-    kernel = 2 * n * n * (d + m) + 4 * n ** 3            # one kernel and its inverse
-    grad_steps = sum(1 if a == "fgsm" else cfg.steps for a in cfg.attacks) * len(cfg.eps)
-    per_arch = (4 * n * d * m * (1 + cfg.train.epochs) + kernel * (1 + grad_steps * 3)
-                + (4 * n * d * m * cfg.train.epochs if cfg.retrain else 0))
-    return len(cfg.archs) * per_arch / FLOPS + 0.5
-
-
-# ---------------------------------------------------------------- scaling law
-
-def scaling_config(kappas, archs, attentions, target: float, measure: str, epochs: int, lr: float,
-                   max_width: int, n: int = 64, d: int = 32, seed: int = 0):
-    from engine.scaling import ScalingConfig
-
-    return ScalingConfig(n=int(n), d=int(d), kappas=tuple(float(k) for k in kappas), archs=tuple(archs),
-                         attentions=tuple(attentions), target=float(target), measure=measure,
-                         max_width=int(max_width), seed=int(seed),
-                         train=TrainSpec(epochs=int(epochs), lr=float(lr)))
-
-
-def scaling_seconds(cfg) -> float:
-    """About ten bisection steps per (κ, model); each trains a net of up to max_width."""
-    models = ("relu" in cfg.archs) + len(cfg.attentions) * ("attn" in cfg.archs)
-    per_eval = 4 * cfg.n * cfg.d * cfg.max_width / 4 * (1 + (cfg.train.epochs if cfg.measure != "init" else 0))
-    return len(cfg.kappas) * models * 10 * per_eval / FLOPS + 0.5
+def show_plan(p: Plan) -> None:
+    """Say before a run how long it will take, or why it cannot start here."""
+    if not p.allowed:
+        st.error(p.note)
+        st.stop()
