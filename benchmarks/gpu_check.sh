@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session that has the device tool (one H200):
-#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=420)
-# It runs the CUDA tests, the benchmarks at full size and the paper grid on the GPU,
-# writes JSON and logs under $OUT, and stops itself within about five minutes.
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=560)
+# It runs the CUDA tests, the benchmarks at full size, the paper grid and the full-MNIST-size
+# kernel algebra (n = 60,000) on the GPU, writes JSON and logs under $OUT, and stops itself
+# within about eight and a half minutes (each step has its own timeout).
 # The device image has torch, numpy, scipy, pandas and pytest; diskcache travels as a
 # wheel in .whl/ (see benchmarks/RESULTS.md for how to fetch it).
 set -uo pipefail
@@ -23,3 +24,71 @@ cat "$OUT/bench_gpu.json"
 
 timeout 120 python3 benchmarks/paper_grid.py --device cuda > "$OUT/paper_grid.json" 2> "$OUT/paper_grid.log"
 tail -2 "$OUT/paper_grid.log"
+
+# Full-MNIST size: n = 60,000 random l2-normalised rows, d = 784, width 4096, 1000 test points,
+# 10 one-hot classes. Each step's wall time and peak GPU memory; a step that runs out of memory
+# is recorded as such and the rest still run. Each n x n float64 kernel is 28.8 GB: K_m stays,
+# K-infinity is dropped before the LOO step, which adds its Cholesky factor (one more n x n).
+OUT="$OUT" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 - <<'PY' 2>&1 | tee "$OUT/full_mnist_scale.log" | tail -12
+import json, os, time
+import torch
+from engine.influence import influence_matrix, loo_influence
+from engine.models import TwoLayerReLU, normalize_rows
+from engine.ntk import empirical_ntk_features, infinite_ntk
+from engine.spectral import gram_spectrum
+
+n, n_test, d, m, c, ridge = 60_000, 1000, 784, 4096, 10, 1e-3
+dev = torch.device("cuda")
+g = torch.Generator(device=dev).manual_seed(0)
+phi_all = normalize_rows(torch.rand(n + n_test, d, generator=g, device=dev))  # float32
+phi, phi_test = phi_all[:n], phi_all[n:]
+y = torch.randint(0, c, (n,), generator=g, device=dev)
+y_test = torch.randint(0, c, (n_test,), generator=g, device=dev)
+Y = torch.nn.functional.one_hot(y, c).double()
+head = TwoLayerReLU(d, m, 1, seed=0).to(dev)
+out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+       "size": {"n": n, "n_test": n_test, "d": d, "m": m, "classes": c, "ridge": ridge}}
+res = {}
+
+
+def step(name, fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    try:
+        res[name] = fn()
+        torch.cuda.synchronize()
+        out[name] = {"seconds": time.perf_counter() - t0}
+    except Exception as exc:  # out of memory (torch's, or the engine's BadInput saying so) and the like
+        out[name] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
+    out[name]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    print(name, out[name], flush=True)
+
+
+step("warmup", lambda: empirical_ntk_features(head, phi[:256]).sum().item())  # CUDA context, cuBLAS
+step("entk_train", lambda: empirical_ntk_features(head, phi))                # (n, n) float64
+step("entk_test", lambda: empirical_ntk_features(head, phi_test, phi))       # (n_test, n)
+step("kinf", lambda: infinite_ntk(phi))
+if "kinf" in res:
+    diag = res["kinf"].diagonal()
+    out["kinf"]["diag_max_abs_err"] = float((diag - phi.double().square().sum(1) / 2).abs().max())
+    res.pop("kinf")
+    del diag
+torch.cuda.empty_cache()
+step("spectrum", lambda: gram_spectrum(phi))  # n > d: the 784 x 784 Gram, n - d exact zeros
+if "spectrum" in res:
+    s = res.pop("spectrum")
+    out["spectrum"].update({"rank": s.rank, "kappa": s.kappa})
+if "entk_train" in res and "entk_test" in res:
+    K, K_test = res.pop("entk_train"), res.pop("entk_test")
+    step("loo_influence", lambda: loo_influence(K, K_test, Y, ridge))  # (n_test, n, c) float64, 4.8 GB
+    if "loo_influence" in res:
+        I = res.pop("loo_influence")
+        out["loo_influence"]["finite"] = bool(torch.isfinite(I).all())
+        del I
+    torch.cuda.empty_cache()
+    step("influence_true", lambda: influence_matrix(K, K_test, Y, ridge, target="true", y_test=y_test))
+    res.clear()
+with open(os.path.join(os.environ["OUT"], "full_mnist_scale.json"), "w") as f:
+    json.dump(out, f, indent=1)
+PY

@@ -13,6 +13,16 @@
 - ``page_render``: a dashboard page rendered with a cold cache against the same page with
   a warm one (``benchmarks/page_render.py`` runs it, in its own process, so that this
   module never imports streamlit).
+- ``run_scale`` (``run(scale=True)``): the float64 kernel algebra at n = 8000 real MNIST
+  digits, each step against its floor (the plain torch call that any implementation
+  needs, or that the textbook recipe uses), measured alternately in the same run:
+  ``gram_spectrum`` against ``eigvalsh(Xᵀ X)`` (``X Xᵀ`` when n <= d), ``infinite_ntk``
+  against the float64 GEMM ``X Xᵀ``, ``loo_influence`` (500 test points) against
+  ``cholesky`` + ``cholesky_inverse`` of K + λI, and the closed-form empirical NTK at
+  m = 4096 against its three GEMMs run as plain full calls. Keys ``scale_<step>_seconds``,
+  ``scale_<step>_floor_seconds``, ``scale_<step>_ratio`` (time / floor), ``scale_<step>_floor``
+  (what the floor is) and ``scale_<step>_max_rel_diff`` (the step's result checked against
+  one computed from the floor's output).
 """
 
 from __future__ import annotations
@@ -26,8 +36,12 @@ from pathlib import Path
 
 import torch
 
+from .data import DataSpec, load_sample
+from .errors import BadInput, DataCorrupt, DataMissing
+from .influence import influence_matrix, loo_influence
 from .models import Net, TwoLayerReLU, normalize_rows
-from .ntk import empirical_ntk_features
+from .ntk import _counts, _cpu_count_dtype, empirical_ntk_features, infinite_ntk
+from .spectral import gram_spectrum
 from .training import TrainSpec, train, train_many
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,10 +137,144 @@ def bench_page(timeout: float = 300) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=None) -> dict:
-    """All benchmarks at the quick or full sizes; returns one JSON-able dict."""
+SCALE_N = 8000       # training points of the scale benchmark (MNIST train split)
+SCALE_N_TEST = 500   # test points scored by the LOO influence
+SCALE_M = 4096       # width of the empirical NTK
+SCALE_D = 784        # input dimension of the random fallback (MNIST's)
+SCALE_RIDGE = 1e-3   # λ relative to mean diag K, as everywhere in the engine
+
+
+def _paired(fn, floor, repeat: int, sync) -> tuple[float, float]:
+    """Best wall times of ``fn`` and ``floor``, one warm-up each, then run alternately so that
+    a load that comes and goes on a shared machine hits both alike."""
+    times = ([], [])
+    for k in range(repeat + 1):
+        for f, ts in zip((fn, floor), times):
+            t0 = time.perf_counter()
+            f()
+            sync()
+            if k:
+                ts.append(time.perf_counter() - t0)
+    return min(times[0]), min(times[1])
+
+
+def _scale_data(n: int, n_test: int, data_dir):
+    """ℓ2-normalised float64 rows and labels of MNIST, or random rows if it is missing."""
+    try:
+        s = load_sample(DataSpec(dataset="mnist", n=n, n_test=n_test), data_dir, allow_download=False)
+        return normalize_rows(s.X), normalize_rows(s.X_test), s.y, s.y_test, f"mnist ({s.source})", False
+    except (DataMissing, DataCorrupt) as exc:
+        g = torch.Generator().manual_seed(0)
+        Z = normalize_rows(torch.rand(n + n_test, SCALE_D, generator=g, dtype=torch.float64))
+        y = torch.randint(0, 10, (n + n_test,), generator=g)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Z[:n], Z[n:], y[:n], y[n:], f"random l2-normalised rows, d = {SCALE_D} (MNIST missing: {why})", True
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=None, repeat: int = 2,
+              n_test: int = SCALE_N_TEST, m: int = SCALE_M) -> dict:
+    """The scale benchmark (see the module notes) at n training points; one JSON-able dict.
+
+    Data: ``load_sample(DataSpec("mnist", n, n_test), data_dir)`` without downloading; when
+    MNIST is absent, random ℓ2-normalised rows (d = 784) and ``scale_fallback`` True, with
+    the reason in ``scale_data``. Times are the best of ``repeat`` runs after a warm-up.
+    """
     from .device import resolve_device
 
+    if n < 2 or n_test < 1 or m < 1 or repeat < 1:
+        raise BadInput(f"run_scale needs n >= 2, n_test >= 1, m >= 1, repeat >= 1; got {n}, {n_test}, {m}, {repeat}")
+    dev = resolve_device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    say = progress or (lambda f, s: None)
+    say(0.0, f"data: {n} + {n_test} digits")
+    X, X_test, y, y_test, source, fallback = _scale_data(n, n_test, data_dir)
+    X, X_test, y, y_test = X.to(dev), X_test.to(dev), y.to(dev), y_test.to(dev)
+    out = {"device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "scale_data": source, "scale_fallback": fallback,
+           "scale_size": {"n": n, "n_test": n_test, "d": X.shape[1], "m": m, "classes": 10, "ridge": SCALE_RIDGE}}
+
+    def record(step, t, t_floor, floor, diff):
+        out.update({f"scale_{step}_seconds": t, f"scale_{step}_floor_seconds": t_floor,
+                    f"scale_{step}_ratio": t / t_floor, f"scale_{step}_floor": floor,
+                    f"scale_{step}_max_rel_diff": diff})
+
+    say(0.05, "Gram spectrum against eigvalsh(Xᵀ X)")
+    wide = n <= X.shape[1]  # then the smaller Gram, and the floor, is X Xᵀ
+
+    def eigvalsh_floor():
+        return torch.linalg.eigvalsh(X @ X.T if wide else X.T @ X)
+
+    t, t_floor = _paired(lambda: gram_spectrum(X), eigvalsh_floor, repeat, sync)
+    spec = gram_spectrum(X)
+    top = eigvalsh_floor().flip(0).clamp_min(0).cpu().numpy()
+    record("spectrum", t, t_floor, f"torch.linalg.eigvalsh({'X @ X.T' if wide else 'X.T @ X'}), float64",
+           float(abs(spec.eigenvalues[:top.size] - top).max() / top[0]))
+    out.update({"scale_spectrum_rank": spec.rank, "scale_spectrum_kappa": spec.kappa})
+
+    say(0.15, "infinite-width NTK against the float64 GEMM X Xᵀ")
+    t, t_floor = _paired(lambda: infinite_ntk(X), lambda: X @ X.T, repeat, sync)
+    K = infinite_ntk(X)
+    G = X[:64] @ X.T  # the floor's output on a few rows, turned into K∞ by the closed form
+    cos = (G / (X[:64].norm(dim=1)[:, None] * X.norm(dim=1)).clamp_min(1e-300)).clamp(-1, 1)
+    record("kinf", t, t_floor, "X @ X.T, float64 GEMM",
+           _rel(K[:64], G * (math.pi - torch.arccos(cos)) / (2 * math.pi)))
+    del G, cos
+
+    say(0.3, f"LOO influence for {n_test} test points against cholesky + cholesky_inverse")
+    K_test = infinite_ntk(X_test, X)
+    Y = torch.nn.functional.one_hot(y, 10).double()
+    lam = SCALE_RIDGE * float(K.diagonal().mean())
+
+    def factorisation():
+        A = K.clone()
+        A.diagonal().add_(lam)
+        return torch.cholesky_inverse(torch.linalg.cholesky(A))
+
+    t, t_floor = _paired(lambda: loo_influence(K, K_test, Y, SCALE_RIDGE), factorisation, repeat, sync)
+    M = factorisation()
+    I_ref = (K_test[:8] @ M)[:, :, None] * ((M @ Y) / M.diagonal()[:, None])[None]
+    record("loo", t, t_floor, "torch.cholesky_inverse(torch.linalg.cholesky(K + λI)), float64",
+           _rel(loo_influence(K, K_test[:8], Y, SCALE_RIDGE), I_ref))
+    del M, I_ref
+    say(0.6, "influence matrix, target 'true'")
+    t = _best(lambda: influence_matrix(K, K_test, Y, SCALE_RIDGE, target="true", y_test=y_test), repeat, sync)
+    out.update({"scale_influence_true_seconds": t, "scale_influence_true_ratio": t / t_floor})
+    del K, K_test
+
+    say(0.7, f"empirical NTK at m = {m} against its GEMMs")
+    phi = X.float()
+    head = TwoLayerReLU(X.shape[1], m, 1, seed=0).to(dev)
+    W = head.W.detach()
+    cdt = torch.bfloat16 if dev.type == "cuda" else _cpu_count_dtype()
+    S = (phi @ W.T > 0).to(cdt)
+
+    def gemms():  # Φ Wᵀ, S Sᵀ and Φ Φᵀ as plain full calls, in the closed form's dtypes
+        return phi @ W.T, _counts(S, S), phi @ phi.T
+
+    t, t_floor = _paired(lambda: empirical_ntk_features(head, phi), gemms, repeat, sync)
+    K_m = empirical_ntk_features(head, phi)
+    _, counts, gram = gemms()
+    record("entk", t, t_floor, "Φ Wᵀ (fp32) + S Sᵀ (exact low-precision counts) + Φ Φᵀ (fp32), full GEMMs",
+           _rel(K_m, gram.double() * counts / m))
+    say(1.0, "done")
+    return out
+
+
+def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=None, scale: bool = False,
+        scale_n: int = SCALE_N, data_dir=None) -> dict:
+    """All benchmarks at the quick or full sizes; returns one JSON-able dict.
+
+    ``scale=True`` runs the scale benchmark instead (``run_scale`` at ``scale_n`` points,
+    MNIST from ``data_dir``); ``quick`` and ``page`` do not apply to it.
+    """
+    from .device import resolve_device
+
+    if scale:
+        return _finite(run_scale(scale_n, device, data_dir, progress))
     dev = resolve_device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     say = progress or (lambda f, s: None)
@@ -144,4 +292,9 @@ def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=Non
         say(0.8, "page render, cold and warm cache")
         out.update(bench_page())
     say(1.0, "done")
+    return _finite(out)
+
+
+def _finite(out: dict) -> dict:
+    """JSON has no inf or nan: such floats become None."""
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}

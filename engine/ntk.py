@@ -179,23 +179,59 @@ def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None =
     return _run(NTKMethod(method), head, phi1, phi2, chunk)
 
 
-def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+_KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # elements per row block: cache-sized on CPU, large on GPU
+
+
+def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
     """Infinite-width NTK of the head w.r.t. W, w ~ N(0, σ²I) (independent of σ):
 
         K∞(x, x') = xᵀx' · (π − θ) / (2π),   θ = arccos(xᵀx' / (|x| |x'|)).
 
     X1: (n1, d) features (already normalised if the net normalises), X2 likewise or None.
-    Returns float64 (n1, n2). Zero rows give zero kernel entries.
+    Returns float64 (n1, n2). Zero rows give zero kernel entries. For X2 = None the result is
+    exactly symmetric and its diagonal is exactly ``|x|² / 2`` (θ = 0 there; arccos is
+    ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per block
+    (default: about 2²¹ entries on CPU, 2²⁶ on CUDA); besides the output only two blocks
+    are held, never a temporary the size of K. Not differentiable: inputs are detached.
     """
-    A = X1.double()
-    B = A if X2 is None else X2.double()
-    dots = A @ B.T
-    norms = A.norm(dim=1)[:, None] * B.norm(dim=1)[None, :]
-    cos = torch.where(norms > 0, dots / norms.clamp_min(1e-300), torch.zeros_like(dots)).clamp(-1.0, 1.0)
+    A = X1.detach().double()
+    B = A if X2 is None else X2.detach().double()
+    n1, n2 = A.shape[0], B.shape[0]
+    K = torch.empty(n1, n2, dtype=torch.float64, device=A.device)
+    if n1 == 0 or n2 == 0:
+        return K
+    budget = _KINF_BLOCK["cuda" if A.device.type == "cuda" else "cpu"]
+    rows = max(1, min(n1, budget // n2 if chunk is None else chunk))
+    rA = _inverse_norms(A)
+    rB = rA if X2 is None else _inverse_norms(B)
+    G_buf = torch.empty(rows * n2, dtype=torch.float64, device=A.device)
+    C_buf = torch.empty_like(G_buf)
+    for i in range(0, n1, rows):
+        i2 = min(i + rows, n1)
+        # Symmetric case: only the blocks on and right of the diagonal are computed (half
+        # the GEMM and half the arccos) and mirrored below it.
+        j0 = i if X2 is None else 0
+        G = G_buf[:(i2 - i) * (n2 - j0)].view(i2 - i, n2 - j0)  # contiguous, so mm writes in place
+        C = C_buf[:G.numel()].view_as(G)
+        torch.mm(A[i:i2], B[j0:].T, out=G)                         # xᵀx'
+        torch.mul(G, rA[i:i2, None], out=C)
+        C.mul_(rB[j0:]).clamp_(-1.0, 1.0).arccos_()                # θ
+        C.mul_(-1 / (2 * math.pi)).add_(0.5)                       # (π − θ) / (2π)
+        G.mul_(C)
+        K[i:i2, j0:] = G
+        if X2 is None:
+            block = K[i:i2, i:i2]
+            block.copy_((block + block.T) / 2)  # the diagonal block's GEMM is a hair asymmetric
+            K[i2:, i:i2] = G[:, i2 - i:].T
     if X2 is None:
-        cos.fill_diagonal_(1.0)  # arccos is ill-conditioned at 1: rounding there costs 1e-8
-    theta = torch.arccos(cos)
-    return dots * (math.pi - theta) / (2 * math.pi)
+        K.diagonal().copy_((A * A).sum(dim=1) / 2)
+    return K
+
+
+def _inverse_norms(A: torch.Tensor) -> torch.Tensor:
+    """1 / |a| per row (n,), 0 for zero rows (their cosine is then 0 and K entries 0)."""
+    r = A.norm(dim=1)
+    return torch.where(r > 0, 1 / r.clamp_min(1e-300), torch.zeros_like(r))
 
 
 def relative_distance(K: torch.Tensor, K_ref: torch.Tensor) -> float:
@@ -215,3 +251,39 @@ def kernel_regression(K_train: torch.Tensor, K_test_train: torch.Tensor, Y: torc
     L = torch.linalg.cholesky(K_train + lam * torch.eye(n, dtype=K_train.dtype, device=K_train.device))
     alpha = torch.cholesky_solve(Y.double().reshape(n, -1), L)
     return K_test_train @ alpha
+
+
+def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-3) -> float:
+    """‖(K∞ + λI)^-½ (K_m − K∞) (K∞ + λI)^-½‖₂, the spectral norm, λ = ridge · mean diag K∞.
+
+    K_m, K_inf: symmetric (n, n) training kernels (any float dtype; computed in float64).
+    Scale free, and measured in the geometry kernel ridge regression sees: a value ≪ 1 means
+    K_m acts like K∞ on every direction the ridge does not suppress. Computed through the
+    Cholesky factor L of K∞ + λI: ``L⁻¹ D L⁻ᵀ`` is similar to the symmetric-square-root
+    form (same eigenvalues), so their spectral norms agree.
+    """
+    if not ridge > 0:
+        raise BadInput(f"ridge λ must be > 0, got {ridge!r}")
+    if K_m.shape != K_inf.shape or K_m.ndim != 2 or K_m.shape[0] != K_m.shape[1]:
+        raise BadInput(f"K_m and K_inf must be the same square shape; got {tuple(K_m.shape)} and {tuple(K_inf.shape)}")
+    K_inf = K_inf.double()
+    D = K_m.to(K_inf) - K_inf
+    D = (D + D.T) / 2  # exact no-op for symmetric inputs; keeps eigvalsh honest otherwise
+    lam = ridge * float(K_inf.diagonal().mean())
+    L = torch.linalg.cholesky(K_inf + lam * torch.eye(K_inf.shape[0], dtype=K_inf.dtype, device=K_inf.device))
+    Z = torch.linalg.solve_triangular(L, D, upper=False)        # L⁻¹ D
+    W = torch.linalg.solve_triangular(L, Z.T, upper=False)      # L⁻¹ (L⁻¹ D)ᵀ = L⁻¹ D L⁻ᵀ
+    return float(torch.linalg.eigvalsh((W + W.T) / 2).abs().max())
+
+
+def prediction_gap(K_m: torch.Tensor, K_m_test: torch.Tensor, K_inf: torch.Tensor, K_inf_test: torch.Tensor,
+                   Y: torch.Tensor, ridge: float = 1e-3) -> float:
+    """‖f_KRR(K_m) − f_KRR(K∞)‖_F / ‖f_KRR(K∞)‖_F on the test points.
+
+    K_m, K_inf: (n, n) training kernels; K_m_test, K_inf_test: (n_test, n); Y: (n, c) or (n,)
+    targets. ``f_KRR`` is ``kernel_regression`` with ``ridge`` relative to each kernel's own
+    mean diagonal.
+    """
+    f_m = kernel_regression(K_m.double(), K_m_test.double(), Y, ridge)
+    f_inf = kernel_regression(K_inf.double(), K_inf_test.double(), Y, ridge)
+    return float(torch.linalg.norm(f_m - f_inf) / torch.linalg.norm(f_inf))

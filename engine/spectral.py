@@ -1,6 +1,7 @@
 """Gram spectra, numerical rank, condition numbers and the paper's width thresholds.
 
-Everything is float64. Eigenvalues come from ``eigvalsh`` of the symmetric Gram; the
+Everything is float64. Eigenvalues come from ``eigvalsh`` of the smaller of the two Grams
+``F Fᵀ`` (n x n) and ``Fᵀ F`` (d x d), which share their nonzero spectrum; the
 numerical rank counts eigenvalues above ``rank_tol = rtol · λ_max`` with the default
 ``rtol = n · eps(float64)``, the size of the rounding error of a float64 Gram. Condition
 numbers are ratios of eigenvalues over that rank and are never formed from cubed matrices
@@ -34,10 +35,21 @@ class Spectrum:
 
 
 def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Spectrum:
-    """Spectrum of the Gram ``F Fᵀ`` of rows F (n, d), in float64."""
+    """Spectrum of the Gram ``F Fᵀ`` of rows F (n, d), in float64.
+
+    Returns all n eigenvalues (descending). The smaller Gram is decomposed: for n > d the
+    d nonzero eigenvalues come from ``Fᵀ F`` (d x d, the same nonzero spectrum) and the
+    other n − d are exact zeros. The rank tolerance is still that of the n x n Gram
+    (default ``n · eps64 · λ_max``), so both routes give the same rank and κ.
+    """
     F64 = torch.as_tensor(F).double()
-    G = F64 @ F64.T
-    return eig_spectrum(torch.linalg.eigvalsh(G).cpu().numpy(), rtol)
+    n, d = F64.shape
+    if n > d:
+        lam = torch.linalg.eigvalsh(F64.T @ F64).cpu().numpy()
+        lam = np.concatenate([lam, np.zeros(n - d)])  # eig_spectrum's default rtol counts all n
+    else:
+        lam = torch.linalg.eigvalsh(F64 @ F64.T).cpu().numpy()
+    return eig_spectrum(lam, rtol)
 
 
 def eig_spectrum(eigenvalues: np.ndarray, rtol: float | None = None) -> Spectrum:

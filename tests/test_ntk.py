@@ -2,12 +2,14 @@ import math
 
 import numpy as np
 import pytest
+import scipy.linalg
 import torch
 
 from conftest import ATOL64, RTOL64
 from engine.models import Net, TwoLayerReLU
+from engine.errors import BadInput
 from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
-                        relative_distance)
+                        prediction_gap, relative_distance, whitened_distance)
 
 
 def _rand(n, d, seed=0):
@@ -53,6 +55,65 @@ def test_infinite_ntk_matches_arccos_formula_elementwise():
             expected = a[i] @ b[j] * (math.pi - math.acos(np.clip(c, -1, 1))) / (2 * math.pi)
             assert K[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-14)
     np.testing.assert_allclose(np.diag(infinite_ntk(A).numpy()), (a**2).sum(1) / 2, rtol=1e-12)
+
+
+def _arccos_kernel(a, b):
+    """The closed form in numpy, all at once (the simplest implementation)."""
+    dots = a @ b.T
+    norms = np.linalg.norm(a, axis=1)[:, None] * np.linalg.norm(b, axis=1)[None, :]
+    cos = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0).clip(-1, 1)
+    return dots * (math.pi - np.arccos(cos)) / (2 * math.pi)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, None])
+def test_blocked_infinite_ntk_matches_the_closed_form(chunk):
+    A, B = _rand(11, 6, seed=1) - 0.5, _rand(7, 6, seed=2) - 0.5
+    A[4] = 0.0  # a zero row: zero kernel entries
+    K = infinite_ntk(A, B, chunk=chunk).numpy()
+    np.testing.assert_allclose(K, _arccos_kernel(A.numpy(), B.numpy()), rtol=RTOL64, atol=ATOL64)
+    K = infinite_ntk(A, chunk=chunk).numpy()
+    ref = _arccos_kernel(A.numpy(), A.numpy())
+    off = ~np.eye(11, dtype=bool)
+    np.testing.assert_allclose(K[off], ref[off], rtol=RTOL64, atol=ATOL64)
+    np.testing.assert_array_equal(K, K.T)  # exactly symmetric
+    np.testing.assert_array_equal(np.diag(K), (A * A).sum(1).numpy() / 2)  # exact diagonal
+    assert not K[4].any()
+
+
+def test_whitened_distance_matches_the_symmetric_square_root_form():
+    Z = torch.nn.functional.normalize(_rand(15, 4, seed=5) - 0.5, dim=1)
+    K_inf = infinite_ntk(Z)
+    K_m = empirical_ntk_features(TwoLayerReLU(4, 64, 1, seed=0, dtype=torch.float64), Z)
+    ridge = 1e-2
+    Ki, Km = K_inf.numpy(), K_m.numpy()
+    lam = ridge * np.mean(np.diag(Ki))
+    S = np.real(scipy.linalg.sqrtm(np.linalg.inv(Ki + lam * np.eye(15))))  # (K∞ + λI)^-½
+    expected = np.linalg.norm(S @ (Km - Ki) @ S, 2)
+    assert whitened_distance(K_m, K_inf, ridge) == pytest.approx(expected, rel=RTOL64)
+    w, V = np.linalg.eigh(Ki + lam * np.eye(15))
+    S = (V / np.sqrt(w)) @ V.T
+    assert whitened_distance(K_m, K_inf, ridge) == pytest.approx(np.linalg.norm(S @ (Km - Ki) @ S, 2), rel=RTOL64)
+    assert whitened_distance(K_inf, K_inf) == 0.0
+    with pytest.raises(BadInput, match="ridge"):
+        whitened_distance(K_m, K_inf, 0.0)
+
+
+def test_prediction_gap_matches_numpy_solves():
+    Z = torch.nn.functional.normalize(_rand(14, 4, seed=6) - 0.5, dim=1)
+    Zt = torch.nn.functional.normalize(_rand(5, 4, seed=7) - 0.5, dim=1)
+    head = TwoLayerReLU(4, 32, 1, seed=1, dtype=torch.float64)
+    K_m, K_mt = empirical_ntk_features(head, Z), empirical_ntk_features(head, Zt, Z)
+    K_inf, K_inft = infinite_ntk(Z), infinite_ntk(Zt, Z)
+    Y = _rand(14, 3, seed=8)
+
+    def krr(K, Kt):  # ridge relative to each kernel's own mean diagonal
+        lam = 1e-3 * np.mean(np.diag(K))
+        return Kt @ np.linalg.solve(K + lam * np.eye(len(K)), Y.numpy())
+
+    f_m, f_inf = krr(K_m.numpy(), K_mt.numpy()), krr(K_inf.numpy(), K_inft.numpy())
+    expected = np.linalg.norm(f_m - f_inf) / np.linalg.norm(f_inf)
+    assert prediction_gap(K_m, K_mt, K_inf, K_inft, Y) == pytest.approx(expected, rel=RTOL64)
+    assert prediction_gap(K_inf, K_inft, K_inf, K_inft, Y) == 0.0
 
 
 def test_infinite_ntk_is_the_monte_carlo_limit():

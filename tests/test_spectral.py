@@ -3,7 +3,9 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
+import torch
 
+from conftest import RTOL64
 from engine.data import DataSpec, load_sample
 from engine.models import attention_features, normalize_rows
 from engine.spectral import EPS64, eig_spectrum, gram_spectrum, width_thresholds_log10
@@ -23,6 +25,24 @@ def test_gram_spectrum_matches_scipy(n, d, r):
     assert s.rank == np.linalg.matrix_rank(X) == r
     assert s.rank_tol == pytest.approx(n * EPS64 * ref[0])
     assert s.kappa == pytest.approx(ref[0] / ref[r - 1], rel=1e-8)
+
+
+@pytest.mark.parametrize("n,d,r", [(1000, 50, 50), (1000, 50, 20), (40, 200, 40), (40, 200, 15)])
+def test_both_gram_routes_match_the_full_n_by_n_eigvalsh(n, d, r):
+    """n > d decomposes Fᵀ F (d x d) and pads zeros; n <= d decomposes F Fᵀ: both must
+    give the spectrum, rank and κ of numpy's eigvalsh of the full n x n Gram."""
+    X = _low_rank(n, d, r, seed=n + r)
+    s = gram_spectrum(torch.from_numpy(X))
+    ref = np.linalg.eigvalsh(X @ X.T)[::-1]
+    tol = n * EPS64 * ref[0]  # the rounding scale of a float64 n x n Gram, the rank tolerance
+    assert s.eigenvalues.shape == (n,) and np.all(np.diff(s.eigenvalues) <= 0)
+    np.testing.assert_allclose(s.eigenvalues, ref.clip(min=0), rtol=RTOL64, atol=tol)
+    assert s.rank_tol == pytest.approx(tol, rel=RTOL64)
+    assert s.rank == int((ref > tol).sum()) == r
+    kappa = ref[0] / ref[r - 1]
+    assert s.kappa == pytest.approx(kappa, rel=max(RTOL64, tol / ref[r - 1]))
+    if n > d:
+        assert np.count_nonzero(s.eigenvalues[d:]) == 0  # the padding is exact zeros
 
 
 def test_kappa_top_reports_singular_truncations_as_none():
