@@ -208,6 +208,9 @@ def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_input
             opt.step()
             total += batch.detach() * idx.numel()
         losses.append(total / n)
+        if not bool(torch.isfinite(losses[-1]).all()):
+            raise BadInput(f"training diverged at epoch {epoch}: the loss is not finite; lower the learning "
+                           f"rate (now {spec.lr:g}) or the weight decay")
         if epoch in spec.snapshot_epochs:
             snapshots[epoch] = [p.detach().clone() for p in params]
         if progress is not None:

@@ -150,3 +150,15 @@ def test_kernel_trajectory_from_snapshots():
     assert list(traj.epoch) == [0, 2, 4]
     assert traj.kernel_dist.iloc[0] == pytest.approx(row.kernel_dist_init)
     assert traj.kernel_dist.iloc[-1] == pytest.approx(row.kernel_dist_trained)
+
+
+@pytest.mark.parametrize("kappa,saturated", [(10.0, False), (1e6, True)])
+def test_spectrum_flags_kappa_beyond_float64_resolution(kappa, saturated):
+    data = DataSpec("synthetic", n=60, n_test=1, synthetic_d=40, synthetic_kappa=kappa, normalize=False)
+    s = run_spectrum(SpectrumConfig(data=data)).meta["summary"]
+    assert s["kappa_attention_saturated"] is saturated
+    assert s["kappa_attention_formula"] == "κ(G)^3"
+    if not saturated:  # resolvable: the measured κ of the attention Gram is the cube, to float64 accuracy
+        assert s["kappa_attention"] == pytest.approx(s["kappa"] ** 3, rel=1e-6)
+    else:             # saturated: the measured value is capped near 1/rtol, far below the theory
+        assert s["kappa_attention"] <= s["kappa_resolvable"] * 1.01 < s["kappa_attention_theory"]
