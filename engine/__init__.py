@@ -13,7 +13,8 @@ from .calibration import estimate
 from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
                           run_spectrum)
 from .attacks import AttackMethod, AttackSpec, attack
-from .influence import aggregate, influence_matrix, loo_influence, net_influence, top_indices
+from .influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, influence_matrix, loo_influence,
+                        net_influence, top_indices)
 from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
 from .runs import Prepared, prepare, tick
 from .settings import setting, validate
@@ -27,7 +28,7 @@ from .training import TrainSpec, train
 __version__ = ENGINE_VERSION
 
 __all__ = [
-    "__version__", "aggregate", "Budget", "Estimate", "estimate", "prediction_gap", "Prepared", "prepare",
+    "__version__", "aggregate", "DEFAULT_TARGET", "INFLUENCE_TARGETS", "Budget", "Estimate", "estimate", "prediction_gap", "Prepared", "prepare",
     "setting", "tick", "validate", "whitened_distance", "ARCHS", "attack", "AttackMethod", "AttackSpec", "Attention",
     "attention_features", "available_datasets", "BadInput", "Cache", "CacheCorrupt", "cached_run",
     "Cancelled", "DataCorrupt", "DataMissing", "DataSpec", "eig_spectrum", "empirical_ntk",

@@ -40,7 +40,7 @@ from .data import DataSpec, load_sample
 from .errors import BadInput, DataCorrupt, DataMissing
 from .influence import influence_matrix, loo_influence
 from .models import Net, TwoLayerReLU, normalize_rows
-from .ntk import _counts, _cpu_count_dtype, empirical_ntk_features, infinite_ntk
+from .ntk import exact_counts, cpu_count_dtype, empirical_ntk_features, infinite_ntk
 from .spectral import gram_spectrum
 from .training import TrainSpec, train, train_many
 
@@ -249,11 +249,11 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
     phi = X.float()
     head = TwoLayerReLU(X.shape[1], m, 1, seed=0).to(dev)
     W = head.W.detach()
-    cdt = torch.bfloat16 if dev.type == "cuda" else _cpu_count_dtype()
+    cdt = torch.bfloat16 if dev.type == "cuda" else cpu_count_dtype()
     S = (phi @ W.T > 0).to(cdt)
 
     def gemms():  # Φ Wᵀ, S Sᵀ and Φ Φᵀ as plain full calls, in the closed form's dtypes
-        return phi @ W.T, _counts(S, S), phi @ phi.T
+        return phi @ W.T, exact_counts(S, S), phi @ phi.T
 
     t, t_floor = _paired(lambda: empirical_ntk_features(head, phi), gemms, repeat, sync)
     K_m = empirical_ntk_features(head, phi)

@@ -34,7 +34,7 @@ class NTKMethod(str, enum.Enum):
     AUTOGRAD = "autograd"  # Jacobian contraction through torch.func; reference
 
 
-def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
+def exact_counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
     """S1 S2ᵀ of 0/1 matrices as exact float64 counts.
 
     CUDA: S is bf16 (0/1 exact) and the tensor-core GEMM accumulates and writes fp32.
@@ -51,7 +51,7 @@ def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _cpu_count_dtype() -> torch.dtype:
+def cpu_count_dtype() -> torch.dtype:
     """int8 when this torch build has CPU int8 GEMMs (torch._int_mm), else float32."""
     try:
         ones = torch.ones(32, 32, dtype=torch.int8)
@@ -72,7 +72,7 @@ def _closed(head, phi1, phi2, chunk):
     m = W.shape[0]
     if m >= _EXACT_COUNT_LIMIT:
         raise BadInput(f"width {m} too large for exact activation counts (limit {_EXACT_COUNT_LIMIT - 1})")
-    cdt = torch.bfloat16 if phi1.device.type == "cuda" else _cpu_count_dtype()
+    cdt = torch.bfloat16 if phi1.device.type == "cuda" else cpu_count_dtype()
     same = phi2 is None
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
@@ -87,7 +87,7 @@ def _closed(head, phi1, phi2, chunk):
     for i in range(0, n1, chunk):
         i2 = min(i + chunk, n1)
         j0 = i if same else 0
-        counts = _counts(S1[i:i2], S2[j0:])
+        counts = exact_counts(S1[i:i2], S2[j0:])
         K[i:i2, j0:] = (phi1[i:i2] @ phi2[j0:].T).double() * counts / m
         if same:
             block = K[i:i2, i:i2]

@@ -12,7 +12,7 @@ from engine.device import resolve_device
 from engine.experiments import SweepConfig, run_ntk_sweep
 from engine.malleability import MalleabilityConfig, example_key, run_malleability
 from engine.models import Net, TwoLayerReLU, normalize_rows
-from engine.ntk import _counts, empirical_ntk, empirical_ntk_features
+from engine.ntk import exact_counts, empirical_ntk, empirical_ntk_features
 from engine.training import TrainSpec
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
@@ -30,7 +30,7 @@ def test_bf16_activation_counts_are_exact(m):
     S1 = (torch.rand(37, m, generator=g) > 0.5)
     S2 = (torch.rand(23, m, generator=g) > 0.3)
     exact = S1.long() @ S2.long().T
-    got = _counts(S1.to(CUDA, torch.bfloat16), S2.to(CUDA, torch.bfloat16))
+    got = exact_counts(S1.to(CUDA, torch.bfloat16), S2.to(CUDA, torch.bfloat16))
     assert torch.equal(got.cpu().long(), exact)
 
 

@@ -165,11 +165,11 @@ def test_out_of_memory_is_a_clear_message():
 
 @pytest.mark.parametrize("m", [1, 3, 4096, 70_000])
 def test_low_precision_counts_are_exact(m):
-    from engine.ntk import _counts, _cpu_count_dtype
+    from engine.ntk import exact_counts, cpu_count_dtype
 
     g = torch.Generator().manual_seed(m)
     S1, S2 = torch.rand(37, m, generator=g) > 0.5, torch.rand(23, m, generator=g) > 0.3
     exact = S1.long() @ S2.long().T
-    dtype = _cpu_count_dtype()
-    assert torch.equal(_counts(S1.to(dtype), S2.to(dtype)).long(), exact)
-    assert torch.equal(_counts(S1.float(), S2.float()).long(), exact)
+    dtype = cpu_count_dtype()
+    assert torch.equal(exact_counts(S1.to(dtype), S2.to(dtype)).long(), exact)
+    assert torch.equal(exact_counts(S1.float(), S2.float()).long(), exact)
