@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import Cancelled
 from .settings import setting, validate
 from .training import loss_fn
 
@@ -114,8 +115,11 @@ def _grad(net, Xp, y, loss, n_classes):
 
 
 def attack(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: AttackSpec, loss: str,
-           mask: torch.Tensor | None = None, box: tuple[float, float] | None = (0.0, 1.0)) -> torch.Tensor:
+           mask: torch.Tensor | None = None, box: tuple[float, float] | None = (0.0, 1.0),
+           cancel=None) -> torch.Tensor:
     """Adversarial training inputs (n, d), same dtype and device as X.
+
+    ``cancel`` (anything with ``is_set()``) is checked before every step; ``Cancelled`` stops it.
 
     X: clean raw inputs (n, d); y: labels (n,); loss: "ce" or "mse" (the training loss);
     mask: bool (n,) rows allowed to move (None: all); the others come back bit-for-bit.
@@ -141,7 +145,9 @@ def attack(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: AttackSp
         Xp = fixed(_project(X + _random_start(X, eps, norm, spec.seed) * move, X, eps, box, norm))
     best, best_loss = Xp.clone(), None
     velocity = torch.zeros_like(X)
-    for _ in range(spec.steps):
+    for step in range(spec.steps):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"attack cancelled at step {step + 1}/{spec.steps}")
         g, value = _grad(net, Xp, y, loss, n_classes)
         if best_loss is None or value > best_loss:
             best, best_loss = Xp.clone(), value

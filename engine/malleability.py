@@ -136,7 +136,7 @@ def _fit(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None
     loss = resolve_loss(cfg.train, c)
 
     def attacked(epoch):  # a fresh attack on the current net every epoch
-        return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box)
+        return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box, cancel)
 
     train(net, X, y, c, cfg.train, seed, progress, cancel, None if adversarial is None else attacked)
     return net
@@ -244,7 +244,7 @@ def _measure(cfg, arch, net, p: Prepared, X, Xt, box, spec, I0, agg0, top, loss,
     if cfg.perturb == "top":
         mask = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
         mask[top] = True
-    Xp = attack(net, X, y, c, spec, loss, mask, box)
+    Xp = attack(net, X, y, c, spec, loss, mask, box, cancel)
     if cfg.retrain:
         net_after = _fit(cfg, arch, Xp, y, c, p.device, seed, cancel=cancel)
         I1 = _influence(cfg, net_after, Xp, Y, Xt, yt)
@@ -380,7 +380,7 @@ def _interventions(cfg, arch, seed, net, p: Prepared, X, Xt, box, agg0, top, acc
             "spearman": 1.0, "flip_rate": 0.0}]
     keep = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     keep[top] = False
-    X_adv_all = attack(net, X, y, c, attack_spec(cfg, "pgd", cfg.eps[0], seed), loss, None, box)
+    X_adv_all = attack(net, X, y, c, attack_spec(cfg, "pgd", cfg.eps[0], seed), loss, None, box, cancel)
     X_transformed = X.clone()
     X_transformed[top] = X_attacked[top]
     cases = {"curated": (X[keep], y[keep], Y[keep]), "transformed": (X_transformed, y, Y),

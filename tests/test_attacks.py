@@ -361,3 +361,17 @@ def test_spec_declares_its_settings_once():
     # positional callers (the malleability experiment) keep working; norm comes last
     assert AttackSpec("mim", 0.1, 5, None, False, 0.5, 3) == AttackSpec("mim", 0.1, 5, momentum=0.5, seed=3)
     assert AttackSpec(eps=0.3, steps=6).alpha == pytest.approx(0.125, rel=RTOL64)
+
+
+def test_a_set_cancel_flag_stops_the_attack_before_its_next_step():
+    import threading
+
+    from engine.errors import Cancelled
+
+    torch.manual_seed(0)
+    X = torch.rand(6, 5, dtype=torch.float64)
+    net = Net("relu", X, 8, 3, seed=0, dtype=torch.float64)
+    flag = threading.Event()
+    flag.set()
+    with pytest.raises(Cancelled, match="step 1/"):
+        attack(net, X, torch.tensor([0, 1, 2, 0, 1, 2]), 3, AttackSpec("pgd", 0.1, steps=5), "ce", cancel=flag)
