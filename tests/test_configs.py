@@ -1,0 +1,53 @@
+"""ui/configs: the dashboard's settings are the engine's presets, and its plans the engine's estimates."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine import budget
+from engine.calibration import estimate
+from engine.experiments import PRESETS as EXP
+from engine.malleability import PRESETS as MALL
+from engine.scaling import PRESETS as SCALING
+from ui import configs
+from ui.common import Shared
+
+S = Shared(base="synthetic", n=60, n_test=20, widths=(16, 64))
+
+
+def test_quick_settings_are_the_engine_quick_presets():
+    assert configs.QUICK["sweep"] is EXP["sweep"]["quick"]
+    assert configs.QUICK["malleability"] is MALL["malleability"]["quick"]
+    assert configs.QUICK["scaling"] is SCALING["scaling"]["quick"]
+
+
+def test_page_configs_take_the_sidebar_data_and_keep_every_other_preset_value():
+    q = EXP["sweep"]["quick"]
+    cfg = configs.sweep_config(S, n_seeds=3)
+    assert cfg.data == S.data() and cfg.widths == (16, 64) and cfg.seeds == (0, 1, 2)
+    assert (cfg.ridge, cfg.init_std, cfg.train.lr, cfg.train.optimizer) == (q.ridge, q.init_std, q.train.lr,
+                                                                           q.train.optimizer)
+    m = configs.malleability_config(S, norm="l2", space="normalized", target="margin", eps=(0.3,))
+    qm = MALL["malleability"]["quick"]
+    assert (m.attack.norm, m.space, m.target, m.eps) == ("l2", "normalized", "margin", (0.3,))
+    assert (m.attack.steps, m.tau, m.train.epochs, m.seeds) == (qm.attack.steps, qm.tau, qm.train.epochs, qm.seeds)
+
+
+def test_plans_follow_the_engine_estimate():
+    small = configs.sweep_config(S, epochs=0, n_seeds=1)
+    plan = configs.plan(small)
+    assert plan.seconds == pytest.approx(estimate(small).seconds)
+    assert plan.auto and plan.allowed
+    big = replace(small, widths=(65536,), train=replace(small.train, epochs=20000, snapshot_epochs=()))
+    heavy = configs.plan(big)
+    assert heavy.seconds > budget.DASHBOARD_SECONDS and not heavy.allowed and not heavy.auto
+    assert "python -m engine" in heavy.note
+
+
+def test_a_run_that_cannot_fit_in_memory_is_not_allowed():
+    cfg = configs.sweep_config(replace(S, n=60000), epochs=0, n_seeds=1)
+    plan = configs.plan(cfg)
+    assert plan.gib * budget.GIB > budget.Budget().limit_bytes() and not plan.allowed
+    assert "GiB" in plan.note
