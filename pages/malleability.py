@@ -41,7 +41,9 @@ def controls_ui() -> dict:
                             value=QUICK.train.epochs, step=10, hi=1000)
     n_seeds = c4.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="mall.seeds", **BOUND,
                               help="Flip rates are shown as mean ± sd over these seeds.")
-    c1, c2, c3, c4 = st.columns(4)
+    c1, c2, c3, c4, c5 = st.columns(5)
+    optimizer = c5.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="mall.optimizer",
+                             **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
     width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="mall.width", **BOUND)
     tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=QUICK.tau,
                            key="mall.tau", **BOUND, help=configs.help_of(MalleabilityConfig, "tau"))
@@ -57,7 +59,7 @@ def controls_ui() -> dict:
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
                 steps=int(steps), epochs=int(epochs), width=int(width), tau=float(tau), perturb=perturb,
                 retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
-                norm=norm, space=space, target=target, n_seeds=int(n_seeds))
+                norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer)
 
 
 s = shared()

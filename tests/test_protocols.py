@@ -1,0 +1,245 @@
+"""engine.protocols: the verdict rules, the protocol grids, and their links to the pages."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine import protocols as P
+from engine.data import DataSpec
+from engine.malleability import MalleabilityConfig, run_malleability
+from engine.training import OPTIMIZERS, TrainSpec
+from tests.test_app import app, env, settle  # noqa: F401  (env is a fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
+
+
+def _flips(relu, attn, acc=(0.9, 0.9), attack="pgd", eps=0.3, seeds=3) -> pd.DataFrame:
+    """A malleability summary: (mean, sd) flip rates of relu and attn, their train accuracies."""
+    return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_rate_mean": m, "flip_rate_sd": sd,
+                          "train_acc_mean": ac, "n_seeds": seeds}
+                         for a, (m, sd), ac in (("relu", relu, acc[0]), ("attn", attn, acc[1]))])
+
+
+def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_trained") -> pd.DataFrame:
+    return pd.DataFrame([{"arch": a, "attention": "linear" if a == "attn" else "", "width": w, f"{col}_mean": v,
+                          f"{col}_sd": sd, "train_acc_mean": 0.9, "n_seeds": 3}
+                         for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals)])
+
+
+# ---------------------------------------------------------------- verdict rules
+
+@pytest.mark.parametrize("relu,attn,acc,want,why", [
+    ((0.04, 0.01), (0.30, 0.05), (0.9, 0.9), "holds", "7.5×"),
+    ((0.00, 0.00), (0.10, 0.02), (0.9, 0.9), "holds", "never flips"),
+    ((0.10, 0.05), (0.25, 0.12), (0.9, 0.9), "fails", "within the sds"),   # 2.5× but inside the spread
+    ((0.20, 0.01), (0.30, 0.01), (0.9, 0.9), "fails", "1.5× as often, under 2×"),  # beyond the sds
+    ((0.30, 0.01), (0.10, 0.01), (0.9, 0.9), "fails", "no more than"),     # the other way round
+    ((0.04, 0.01), (0.30, 0.05), (0.9, 0.15), "uninformative", "chance"),  # 1/10 + 0.05: at chance
+    ((0.45, 0.02), (0.50, 0.02), (0.9, 0.9), "uninformative", "coin"),
+])
+def test_flip_verdict(relu, attn, acc, want, why):
+    v = P.flip_verdict(_flips(relu, attn, acc), n_classes=10)
+    assert v["verdict"] == want and why in v["why"]
+    assert v["relu_flip"] == relu[0] and v["attn_flip"] == attn[0] and v["attn_train_acc"] == acc[1]
+    assert "MLP-Attn" in v["numbers"] and "%" in v["numbers"]
+
+
+def test_flip_verdict_chance_depends_on_classes_and_one_seed_has_no_sd():
+    s = _flips((0.05, 0.0), (0.30, 0.0), acc=(0.55, 0.9))
+    assert P.flip_verdict(s, 10)["verdict"] == "holds"
+    assert P.flip_verdict(s, 2)["verdict"] == "uninformative"             # 0.55 ≤ 1/2 + 0.05
+    assert P.flip_verdict(_flips((0.05, 0.0), (0.30, 0.0), acc=(0.56, 0.9)), 2)["verdict"] == "holds"
+    v = P.flip_verdict(_flips((0.05, np.nan), (0.11, np.nan), seeds=1), 10)
+    assert v["verdict"] == "holds" and v["attn_flip_sd"] == 0.0 and v["n_seeds"] == 1
+
+
+def test_flip_verdict_picks_one_attack_and_eps():
+    s = pd.concat([_flips((0.04, 0.01), (0.30, 0.05), attack="fgsm"),
+                   _flips((0.30, 0.01), (0.30, 0.01), attack="pgd"),
+                   _flips((0.04, 0.01), (0.30, 0.01), attack="pgd", eps=0.05)], ignore_index=True)
+    assert P.flip_verdict(s, 10)["verdict"] == "fails"                     # pgd, first ε (0.3)
+    assert P.flip_verdict(s, 10, attack="fgsm")["verdict"] == "holds"
+    assert P.flip_verdict(s, 10, eps=0.05)["verdict"] == "holds"
+    assert P.flip_verdict(_flips((0.1, 0.0), (0.3, 0.0)).iloc[:1], 10)["verdict"] == "uninformative"
+    assert P.flip_verdict(s.iloc[:0], 10)["verdict"] == "uninformative"
+
+
+@pytest.mark.parametrize("metric", list(P.KERNEL_METRICS))
+@pytest.mark.parametrize("relu,attn,want,why", [
+    ((0.30, 0.05, 0.02), (0.10, 0.30, 0.40), "holds", "20×"),
+    ((0.30, 0.05, 0.02), (0.30, 0.05, 0.03), "fails", "only 1.5×"),
+    ((0.02, 0.05, 0.10), (0.30, 0.50, 0.60), "fails", "does not fall"),
+    ((0.02, 0.05, 0.10), (0.10, 0.10, 0.10), "fails", "only 1× as far; 2L-ReLU"),
+    ((0.30, 0.05, math.nan), (0.10, 0.30, 0.40), "uninformative", "non-finite"),
+])
+def test_kernel_verdict(metric, relu, attn, want, why):
+    v = P.kernel_verdict(_sweep(relu, attn, col=P.KERNEL_METRICS[metric][0]), metric)
+    assert v["verdict"] == want and why in v["why"]
+    assert v["widths"] == (16, 4096) and v["relu_small"] == relu[0] and v["attn_large"] == attn[2]
+
+
+def test_kernel_verdict_needs_two_widths_both_archs_and_reads_its_metric():
+    assert P.kernel_verdict(_sweep((0.3,), (0.4,), widths=(16,)), "frobenius")["verdict"] == "uninformative"
+    relu_only = _sweep((0.3, 0.1, 0.05), (1, 1, 1)).query("arch == 'relu'")
+    assert P.kernel_verdict(relu_only, "frobenius")["verdict"] == "uninformative"
+    both = _sweep((0.3, 0.1, 0.05), (0.3, 0.1, 0.05)).merge(
+        _sweep((0.3, 0.1, 0.05), (0.3, 0.5, 0.6), col="prediction_gap_trained"))
+    assert P.kernel_verdict(both, "frobenius")["verdict"] == "fails"
+    assert P.kernel_verdict(both, "prediction")["verdict"] == "holds"
+
+
+def test_every_verdict_is_reachable_and_named():
+    seen = {P.flip_verdict(_flips(r, a, acc), 10)["verdict"] for r, a, acc in
+            [((0.0, 0.0), (0.3, 0.0), (1, 1)), ((0.3, 0.0), (0.3, 0.0), (1, 1)), ((0, 0), (0.3, 0), (0, 0))]}
+    assert seen == set(P.VERDICTS)
+    assert set(P.RULES) == set(P.CLAIMS) == {"flip", "kernel"}
+
+
+# ---------------------------------------------------------------- the grids
+
+def _page_bases():
+    """The bases the Reproduction page builds (quick presets, sidebar defaults on synthetic data)."""
+    from ui import configs
+    from ui.common import Shared
+
+    s = Shared(base="synthetic")
+    return (s, configs.malleability_config(s, attacks=("pgd",), eps=(0.3,), n_seeds=3),
+            configs.sweep_config(s, n_seeds=3, widths=configs.PAPER_WIDTHS))
+
+
+def test_flip_grid():
+    _, base, _ = _page_bases()
+    cells = P.flip_variants(base)
+    assert len(cells) == 12 and len({c.config for c in cells}) == 12
+    assert [(c.config.attack.norm, c.config.space, c.config.target, c.config.train.optimizer) for c in cells] == \
+        [(n, s, t, o) for (n, s), t, o in itertools.product(P.GEOMETRIES, P.TARGETS, OPTIMIZERS)]
+    for c in cells:
+        assert isinstance(c.config, MalleabilityConfig) and c.page == "malleability" and c.claim == "flip"
+        assert replace(c.config) == c.config   # validates again
+        assert c.config.attacks == base.attacks and c.config.eps == base.eps and c.config.data == base.data
+        assert c.unlinked == {} and c.params["mall.optimizer"] == c.config.train.optimizer
+    assert cells[0].config == base                                   # adam, ℓ∞ raw, true: the base itself
+
+
+def test_kernel_grid():
+    _, _, base = _page_bases()
+    cells = P.kernel_variants(base)
+    assert len(cells) == 9 and len({c.config for c in cells}) == 3
+    assert len({(c.config, c.metric) for c in cells}) == 9
+    assert {c.config.train.optimizer for c in cells} == set(OPTIMIZERS)
+    assert {c.metric for c in cells} == set(P.KERNEL_METRICS)
+    assert all(c.page == "ntk" and not c.unlinked and replace(c.config) == c.config for c in cells)
+    assert cells[0].config == base
+
+
+def test_unreproducible_settings_are_named():
+    base = MalleabilityConfig(data=DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=8), seeds=(5, 9))
+    assert set(P.flip_variants(base)[0].unlinked) == {"data", "seeds"}
+
+
+def _widget_keys() -> set[str]:
+    """Every literal widget key of the app: ``key="..."``, and ui.configs.number's fifth argument."""
+    keys = set()
+    for f in SOURCES:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            keys |= {k.value.value for k in node.keywords if k.arg == "key" and isinstance(k.value, ast.Constant)}
+            if getattr(node.func, "attr", None) == "number" and len(node.args) > 4:
+                keys.add(ast.literal_eval(node.args[4]))
+    return keys
+
+
+def _literal(path: Path, name: str):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == name)
+    return ast.literal_eval(node.value)
+
+
+def test_query_parameters_name_real_widgets_with_their_shown_values():
+    from ui.common import ARCH_LABELS, WIDTH_CHOICES
+
+    keys = _widget_keys()
+    _, mbase, sbase = _page_bases()
+    cells = P.flip_variants(mbase) + P.kernel_variants(sbase)
+    for c in cells:
+        assert set(c.params) <= keys, set(c.params) - keys
+        assert set(c.params["archs"]) <= set(ARCH_LABELS.values())
+        assert f"{c.page}?" in c.link() and c.page in ("malleability", "ntk")
+    eps_choices = {str(e) for e in _literal(ROOT / "pages" / "malleability.py", "EPS_CHOICES")}
+    widths = {str(w) for w in _literal(ROOT / "pages" / "malleability.py", "WIDTHS")}
+    for c in cells[:12]:
+        assert set(c.params["mall.eps"]) <= eps_choices and c.params["mall.width"] in widths
+        assert c.params["mall.attacks"] == ["PGD"]
+    assert _literal(ROOT / "pages" / "ntk.py", "KERNEL_METRICS") == P.NTK_METRIC_LABELS
+    for c in cells[12:]:
+        assert c.params["ntk.metric"] == P.NTK_METRIC_LABELS[P.KERNEL_METRICS[c.metric][1]]
+        assert {int(w) for w in c.params["widths"]} <= set(WIDTH_CHOICES)
+
+
+def test_query_parameters_rebuild_the_configs_as_the_pages_do():
+    """What pages/malleability.py and pages/ntk.py make of the parameters is the cell's config."""
+    from ui import configs
+    from ui.common import ARCH_LABELS, Shared
+
+    s0, mbase, sbase = _page_bases()
+    label = {v: k for k, v in ARCH_LABELS.items()}
+
+    def sidebar(p, widths=s0.widths):
+        return Shared(base=p["data"], classes=p["classes"], n=int(p["n"]), n_test=int(p["n_test"]),
+                      seed=int(p["seed"]), widths=widths, archs=tuple(label[a] for a in p["archs"]),
+                      attention=p["attention"])
+
+    for c in P.flip_variants(mbase):
+        p = c.params
+        cfg = configs.malleability_config(
+            sidebar(p), attacks=tuple(a.lower() for a in p["mall.attacks"]),
+            eps=tuple(float(e) for e in p["mall.eps"]), steps=int(p["mall.steps"]), epochs=int(p["mall.epochs"]),
+            width=int(p["mall.width"]), tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
+            retrain=p["mall.retrain"] == "true", adversarial_training=p["mall.adv"] == "true",
+            interventions=p["mall.interventions"] == "true", norm=p["mall.norm"], space=p["mall.space"],
+            target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"])
+        assert cfg == c.config and not c.unlinked
+    for c in P.kernel_variants(sbase):
+        p = c.params
+        cfg = configs.sweep_config(sidebar(p, tuple(int(w) for w in p["widths"])), int(p["ntk.epochs"]),
+                                   int(p["ntk.seeds"]), float(p["ntk.ridge"]), optimizer=p["ntk.optimizer"])
+        assert cfg == c.config
+
+
+def test_a_link_opens_the_malleability_page_with_its_settings(env):  # noqa: F811
+    _, base, _ = _page_bases()
+    base = replace(base, data=replace(base.data, n=40, n_test=10), train=replace(base.train, epochs=3),
+                   attack=replace(base.attack, steps=2))
+    cell = next(c for c in P.flip_variants(base) if not c.unlinked and c.config.space == "normalized"
+                and c.config.target == "sum")
+    at = settle(app(cell.params).switch_page("pages/malleability.py").run())
+    assert not at.exception and not at.error
+    assert at.radio(key="mall.norm").value == "l2" and at.radio(key="mall.space").value == "normalized"
+    assert at.radio(key="mall.target").value == "sum" and at.multiselect(key="mall.attacks").value == ["pgd"]
+    assert at.multiselect(key="mall.eps").value == [0.3] and at.number_input(key="n").value == 40
+    assert at.number_input(key="mall.epochs").value == 3 and at.number_input(key="mall.steps").value == 2
+
+
+# ---------------------------------------------------------------- one real cell
+
+def test_one_real_flip_cell_gets_a_verdict():
+    base = MalleabilityConfig(data=DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=8),
+                              train=TrainSpec(epochs=3), width=64, seeds=(0, 1))
+    cell = P.flip_variants(base)[7]   # ℓ2 normalized, true target, adamw
+    assert (cell.config.attack.norm, cell.config.space, cell.config.train.optimizer) == ("l2", "normalized", "adamw")
+    res = run_malleability(cell.config)
+    v = P.flip_verdict(res.frames["summary"], len(res.meta["class_names"]))
+    assert v["verdict"] in P.VERDICTS and v["n_seeds"] == 2 and 0.0 <= v["attn_flip"] <= 1.0
+    row = P.cell(cell, res.frames["summary"], len(res.meta["class_names"]))
+    assert row["verdict"] == v["verdict"] and row["optimizer"] == "adamw"
+    assert P.cell(cell, None)["verdict"] == "not run"
