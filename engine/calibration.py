@@ -12,11 +12,12 @@ import time
 
 from .budget import Estimate
 from .errors import BadInput
+from .dynamics import ESTIMATES as _DYN
 from .experiments import ESTIMATES as _EXP
 from .malleability import ESTIMATES as _MALL
 from .scaling import ESTIMATES as _SCALING
 
-ESTIMATES = {**_EXP, **_MALL, **_SCALING}
+ESTIMATES = {**_EXP, **_MALL, **_SCALING, **_DYN}
 
 
 def estimate(cfg) -> Estimate:
@@ -31,6 +32,7 @@ def estimate(cfg) -> Estimate:
 def calibration_configs() -> dict:
     """Small real runs of every kind (synthetic data: no files needed), a few seconds each."""
     from .data import DataSpec
+    from .dynamics import CoordCheckConfig, DynamicsConfig
     from .experiments import SpectrumConfig, SweepConfig
     from .malleability import InfluenceConfig, MalleabilityConfig
     from .scaling import ScalingConfig
@@ -46,17 +48,22 @@ def calibration_configs() -> dict:
                                            attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
         "scaling": ScalingConfig(train=TrainSpec(epochs=30, lr=1e-2), kappas=(2.0, 8.0), max_width=1024,
                                  seeds=(0, 1)),
+        "dynamics": DynamicsConfig(data=syn, train=TrainSpec(epochs=30, optimizer="sgd", lr=1.0, weight_decay=0.0),
+                                   widths=(64, 512, 2048), seeds=(0,)),
+        "coord_check": CoordCheckConfig(data=syn),
     }
 
 
 def run(progress=None, device: str = "cpu") -> dict:
     """Estimate against measured wall time for each calibration config (no cache)."""
+    from .dynamics import run_coord_check, run_dynamics
     from .experiments import run_ntk_sweep, run_spectrum
     from .malleability import run_influence, run_malleability
     from .scaling import run_scaling
 
     runs = {"spectrum": run_spectrum, "ntk_sweep": run_ntk_sweep, "influence": run_influence,
-            "malleability": run_malleability, "scaling": run_scaling}
+            "malleability": run_malleability, "scaling": run_scaling, "dynamics": run_dynamics,
+            "coord_check": run_coord_check}
     out = {}
     configs = calibration_configs()
     for i, (name, cfg) in enumerate(configs.items()):

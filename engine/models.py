@@ -4,7 +4,8 @@ Both architectures are the same two-layer ReLU head
 
     f(x) = m^(-1/2) · relu(φ(x) Wᵀ) a,        W: (m, d) trained,  a: (m, c) fixed ±1,
 
-applied to different features φ:
+applied to different features φ (``param="mup"`` replaces m^(-1/2) by μP's m^(-1); see
+``TwoLayerReLU`` and ``engine.training``):
 
 - ``relu`` (2L-ReLU):   φ(x) = normalize(x)
 - ``attn`` (MLP-Attn):  φ(x) = normalize(A(normalize(x); Z)), where A is an attention map
@@ -29,6 +30,7 @@ from torch import nn
 from .errors import BadInput
 
 ARCHS = ("relu", "attn")
+PARAMS = ("ntk", "mup")    # parametrisations of the head: output scale m^-1/2 (the paper's) or m^-1 (μP)
 MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
 MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
 MAX_TRUNCATED = 100_000
@@ -195,6 +197,12 @@ def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: 
     raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
 
 
+def check_param(param) -> str:
+    if param not in PARAMS:
+        raise BadInput(f"unknown param {param!r}; allowed: {', '.join(PARAMS)}")
+    return param
+
+
 def check_width(width) -> int:
     if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
         raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
@@ -202,14 +210,17 @@ def check_width(width) -> int:
 
 
 class TwoLayerReLU(nn.Module):
-    """``f(x) = width^(-1/2) · relu(x Wᵀ) a``.
+    """``f(x) = s_m · relu(x Wᵀ) a`` with ``s_m = width^(-1/2)`` (``param="ntk"``, the paper's)
+    or ``s_m = width^(-1)`` (``param="mup"``, the mean-field / μP output multiplier).
 
     W (width, d) ~ N(0, init_std²) is the only ``nn.Parameter``; a (width, n_out) is a
-    buffer of random ±1 signs. Same seed → same W and a. Output (n, n_out).
+    buffer of random ±1 signs. Same seed → same W and a, whatever ``param``. Output (n, n_out).
+    Training sets ``param`` from ``TrainSpec.param`` (see ``engine.training``), which also
+    scales the learning rate as μP asks.
     """
 
     def __init__(self, d: int, width: int, n_out: int, seed: int = 0, init_std: float = 1.0,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, param: str = "ntk"):
         super().__init__()
         check_width(width)
         if not init_std > 0:
@@ -219,9 +230,23 @@ class TwoLayerReLU(nn.Module):
         signs = torch.randint(0, 2, (width, n_out), generator=g).to(dtype) * 2 - 1
         self.register_buffer("a", signs)
         self.width = width
+        self.param = check_param(param)
+
+    @property
+    def output_scale(self) -> float:
+        """s_m: m^-1/2 (ntk) or m^-1 (mup)."""
+        return 1.0 / math.sqrt(self.width) if self.param == "ntk" else 1.0 / self.width
+
+    def readout(self) -> torch.Tensor:
+        """``s_m · a`` (width, n_out): the fixed second layer with its output multiplier."""
+        if self.param == "ntk":
+            return self.a / math.sqrt(self.width)
+        return self.a / self.width
 
     def forward(self, phi: torch.Tensor) -> torch.Tensor:
-        return torch.relu(phi @ self.W.T) @ self.a / math.sqrt(self.width)
+        if self.param == "ntk":
+            return torch.relu(phi @ self.W.T) @ self.a / math.sqrt(self.width)
+        return torch.relu(phi @ self.W.T) @ self.a / self.width
 
 
 class Net(nn.Module):
@@ -235,13 +260,13 @@ class Net(nn.Module):
 
     def __init__(self, arch: str, X_ref: torch.Tensor, width: int, n_out: int, seed: int = 0,
                  init_std: float = 1.0, attention: str = "linear", normalize: bool = True,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, param: str = "ntk"):
         super().__init__()
         if arch not in ARCHS:
             raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
         self.arch, self.attention, self.normalize = arch, str(parse_attention(attention)), normalize
         self.register_buffer("X_ref", X_ref.to(dtype))
-        self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype)
+        self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype, param)
         trainable = arch == "attn" and parse_attention(attention).kind is Attention.QKV
         self.attn = QKVAttention(X_ref.shape[1], seed, dtype) if trainable else None
         self.fixed_features = not trainable

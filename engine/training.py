@@ -4,11 +4,32 @@ Only W is trained. The features φ(X) do not depend on W, so they are computed o
 head is trained on them (MLP-Attn's transductive attention is fixed by the clean training
 set). Binary tasks use one output and targets ±1 with MSE; multi-class tasks use c outputs
 with cross-entropy (``loss="auto"``).
+
+Parametrisation (``TrainSpec.param``). ``ntk`` (default, the paper's): output multiplier
+m^(-1/2), learning rate independent of the width. ``mup``: the Maximal Update
+Parametrisation of Yang & Hu 2021 ("Tensor Programs IV", ICML) in the form of Yang et al.
+2022 ("Tensor Programs V", Table 3). There the output weights have init variance 1 and
+multiplier 1/fan_in = 1/m, and the input weights (our W: fan_in d, fan_out m, init variance
+independent of m) take SGD learning rate η·fan_out = η·m and Adam learning rate η. For
+this head, where only W trains and a = ±1 is fixed:
+
+    f = m^-1 Σ_r a_r relu(w_r·φ),   ∂f/∂w_r = m^-1 a_r 1[w_r·φ > 0] φ = O(1/m),
+
+so an SGD step Δw_r = −η_m ∂L/∂w_r changes each pre-activation h_r = w_r·φ by Θ(η_m/m):
+η_m = η·m keeps Δh_r = Θ(1) (features move at every width), and since Δw_r ∝ a_r the
+m terms of Δf = m^-1 Σ_r a_r 1[h_r > 0] Δh_r add up coherently to Θ(1). Adam normalises
+the gradient, so Δw_r = Θ(η) already and η stays width-independent. Both are realised
+here by weighting net j's loss by its width m_j (base width 1): SGD then steps
+−η(m ∇L + λ W) = −(η m)(∇L + (λ/m) W), i.e. learning rate η·m with coupled L2 λ/m; Adam
+and AdamW are invariant to the gradient's scale (up to ε, which becomes ε/m as μP's 1/m
+gradients ask), so they keep η, with coupled L2 λ/m (adam) or decoupled λ (adamw).
+Training sets each net's ``mlp.param`` to ``spec.param``. The NTK functions of
+``engine.ntk`` keep their 1/m normalisation: for a μP net they give m times its tangent
+kernel (which itself vanishes like 1/m, the point of μP).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -16,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import BadInput, Cancelled
+from .models import PARAMS
 from .settings import normalised, setting, validate
 
 Progress = Callable[[float, str], None]
@@ -40,6 +62,9 @@ class TrainSpec:
                         choices=LOSSES)
     snapshot_epochs: tuple[int, ...] = setting((), "epochs at which the kernel is measured along training",
                                                unit="epochs", lo=0, hi=20_000, max_len=50)
+    param: str = setting("ntk", "parametrisation: ntk = output scale m^-1/2, width-independent learning rate "
+                         "(the paper's); mup = μP, output scale m^-1, SGD learning rate × m (Adam's unchanged)",
+                         choices=PARAMS)
 
     def __post_init__(self):
         normalised(self)
@@ -88,7 +113,7 @@ class TrainResult:
     snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> W
 
 
-def _per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
+def per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
     """Mean loss of each of k models, (k,), from outputs (B, k, n_out) and labels (B,)."""
     if loss == "ce":
         return F.cross_entropy(out.permute(0, 2, 1), y[:, None].expand(-1, out.shape[1]),
@@ -127,6 +152,11 @@ def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Tra
     """
     if epoch_inputs is not None and len(nets) != 1:
         raise BadInput("epoch_inputs trains a single net")
+    if not nets[0].fixed_features and spec.param != "ntk":
+        raise BadInput("param 'mup' is defined for the ReLU head alone; trainable attention (qkv) "
+                       "trains more layers, use param 'ntk'")
+    for net in nets:  # the spec decides the parametrisation (output multiplier) of the head
+        net.mlp.param = spec.param
     if not nets[0].fixed_features:
         return [_train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)
                 for net in nets]
@@ -135,7 +165,7 @@ def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Tra
         phi = nets[0].features(X)
     k, n_out = len(nets), nets[0].mlp.a.shape[1]
     W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
-    A = torch.block_diag(*[net.mlp.a / math.sqrt(net.mlp.width) for net in nets])
+    A = torch.block_diag(*[net.mlp.readout() for net in nets])
 
     def per_model(idx, inputs):
         nonlocal phi
@@ -143,10 +173,11 @@ def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Tra
             with torch.no_grad():
                 phi = nets[0].features(inputs, X_ref=inputs)
         rows = phi if idx is None else phi[idx]
-        return _per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, n_out), y if idx is None else y[idx],
+        return per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, n_out), y if idx is None else y[idx],
                                loss_name, n_classes)
 
-    history = _optimise([W], per_model, y.to(phi.device), k, spec, seed, progress, cancel, epoch_inputs)
+    history = _optimise([W], per_model, y.to(phi.device), k, spec, seed, progress, cancel, epoch_inputs,
+                        loss_weights(nets, spec))
     curves, snapshots, W0 = history
     results, offset = [], 0
     for j, net in enumerate(nets):
@@ -169,26 +200,35 @@ def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epo
         if inputs is not None:
             ref = inputs
         rows = ref if idx is None else ref[idx]
-        return _per_model_loss(net(rows, X_ref=ref)[:, None, :], y if idx is None else y[idx], loss_name, n_classes)
+        return per_model_loss(net(rows, X_ref=ref)[:, None, :], y if idx is None else y[idx], loss_name, n_classes)
 
     params = [net.mlp.W, *net.attn.parameters()]
     curves, snapshots, W0 = _optimise(params, per_model, y, 1, spec, seed, progress, cancel, epoch_inputs)
     return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
 
 
-_OPTIMIZERS = {  # all elementwise, so batching widths into one parameter changes nothing
+OPTIMIZER_FNS = {  # all elementwise, so batching widths into one parameter changes nothing
     "adam": lambda p, **kw: torch.optim.Adam(p, fused=True, **kw),  # fused: one kernel per step
     "adamw": lambda p, **kw: torch.optim.AdamW(p, fused=True, **kw),
     "sgd": lambda p, **kw: torch.optim.SGD(p, **kw),
 }
 
 
-def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs):
+def loss_weights(nets, spec: TrainSpec) -> torch.Tensor | None:
+    """Weights of the k nets' losses in the optimised sum: None for ``ntk`` (plain sum),
+    the widths m_j for ``mup`` (μP's learning-rate scaling, see the module docstring)."""
+    if spec.param == "ntk":
+        return None
+    return torch.tensor([float(net.mlp.width) for net in nets], device=nets[0].mlp.W.device)
+
+
+def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs, weights=None):
     """The shared Adam loop. ``per_model(idx, new_inputs)`` returns the k mean losses on the
-    rows ``idx`` (None: all rows). Returns (loss curves (epochs + 1, k), snapshots of the
+    rows ``idx`` (None: all rows); the optimiser minimises their sum, weighted by
+    ``weights`` (k,) when given. Returns (loss curves (epochs + 1, k), snapshots of the
     parameters by epoch, initial parameters)."""
     init = [p.detach().clone() for p in params]
-    opt = _OPTIMIZERS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
+    opt = OPTIMIZER_FNS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
     g = torch.Generator().manual_seed(int(seed) + 7919)
     n = y.shape[0]
     with torch.no_grad():
@@ -204,7 +244,7 @@ def _optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_input
             idx = order[start:start + spec.batch_size]
             opt.zero_grad(set_to_none=False)  # reuse the gradient buffers: no page faults per step
             batch = per_model(idx, inputs if start == 0 else None)
-            batch.sum().backward()
+            (batch.sum() if weights is None else (batch * weights.to(batch.dtype)).sum()).backward()
             opt.step()
             total += batch.detach() * idx.numel()
         losses.append(total / n)

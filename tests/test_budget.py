@@ -114,8 +114,10 @@ def test_memory_grows_with_n_squared(make, n):
 
 
 def test_every_config_has_an_estimate():
+    from engine.dynamics import CoordCheckConfig, DynamicsConfig
+
     assert set(ESTIMATES) == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig, MalleabilityConfig,
-                              ScalingConfig}
+                              ScalingConfig, DynamicsConfig, CoordCheckConfig}
     with pytest.raises(BadInput, match="no estimate for DataSpec"):
         estimate(SYN)
 

@@ -127,7 +127,7 @@ def test_dashboard_presets_are_instances_of_the_configs(module, group, cls):
 
 # ---------------------------------------------------------------- command line
 
-COMMANDS = ("ntk-sweep", "malleability", "spectrum", "scaling")
+COMMANDS = ("ntk-sweep", "malleability", "spectrum", "scaling", "dynamics")
 
 
 @pytest.mark.parametrize("name", COMMANDS)

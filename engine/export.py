@@ -1,0 +1,187 @@
+"""Figures for talks: a page's main chart rendered headless to PNG, SVG or PDF.
+
+kaleido 1.x (pinned in requirements.txt) renders Plotly figures in a Chrome or Chromium it
+drives over the DevTools protocol (through ``choreographer``); it ships no browser and cannot
+download one here. Its ``kaleido.Kaleido(**kwargs)`` passes unknown keywords on to
+``choreographer.Browser(path=...)``, the browser's executable (the environment variable
+``BROWSER_PATH`` does the same). ``browser_path`` picks one: ``$ENGINE_BROWSER``,
+``$BROWSER_PATH``, Debian's ``/usr/bin/chromium``, then chromium or Chrome on ``PATH``.
+MathJax is switched off (kaleido would fetch it from a CDN; the figures use Unicode, not
+LaTeX) and plotly.js comes from the installed plotly package, so nothing is downloaded.
+
+``image_bytes(fig, "png" | "svg" | "pdf")`` is the helper for download buttons;
+``main_figure(kind, result)`` builds the chart a page leads with from a cached result, so that
+``python -m engine figure KIND ... --out FILE`` draws exactly what the dashboard shows.
+Each call starts a fresh headless browser (about a second).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from .errors import BadInput, EngineError
+
+FORMATS = ("png", "svg", "pdf")
+DEBIAN_CHROMIUM = "/usr/bin/chromium"
+WIDTH_PX = 1000       # default image size in CSS pixels (PNG: times ``scale``)
+HEIGHT_PX = 560
+SCALE = 2.0           # PNG pixel density: sharp on a projector
+TIMEOUT_S = 90.0      # kaleido's limit for one image
+KINDS = {  # figure kind -> (CLI command whose result it draws, what the chart shows)
+    "spectrum": ("spectrum", "eigenvalues of G and of the attention features' Gram (Spectrum page)"),
+    "ntk": ("ntk-sweep", "kernel distance to K∞ against width (NTK convergence page)"),
+    "malleability": ("malleability", "influence flip rates per attack at the largest ε (Malleability page)"),
+    "scaling": ("scaling", "width needed against κ with the fitted power law (Scaling law page)"),
+    "regime": ("dynamics", "distance to the linearised net against width, m^-1/2 reference (Kernel regime page)"),
+}
+
+
+class BrowserMissing(EngineError):
+    """No Chrome or Chromium to render with (exit code 3, like missing data)."""
+
+    exit_code = 3
+
+
+def browser_path() -> str | None:
+    """The browser kaleido will drive, or None when there is none here."""
+    for name in ("ENGINE_BROWSER", "BROWSER_PATH"):
+        value = os.environ.get(name)
+        if value:
+            return value
+    if os.access(DEBIAN_CHROMIUM, os.X_OK):
+        return DEBIAN_CHROMIUM
+    for exe in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(exe)
+        if found:
+            return found
+    return None
+
+
+def format_of(path: str | os.PathLike) -> str:
+    """"png", "svg" or "pdf" from a file name's suffix; ``BadInput`` otherwise."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise BadInput(f"cannot tell the image format of {str(path)!r}; end the file name in "
+                       f"{', '.join('.' + f for f in FORMATS)}")
+    return fmt
+
+
+def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, height: int | None = None,
+                scale: float = SCALE) -> bytes:
+    """The figure as PNG, SVG or PDF bytes, rendered by kaleido in a headless Chromium.
+
+    width/height in CSS pixels (default: ``WIDTH_PX`` and the figure's own height, else
+    ``HEIGHT_PX``); ``scale`` multiplies the PNG's pixels (vector formats ignore it).
+    Raises ``BrowserMissing`` when no browser is found, ``EngineError`` (one line) when the
+    render fails. For a page: ``st.download_button("PNG", lambda: image_bytes(fig, "png"), ...)``.
+    """
+    if fmt not in FORMATS:
+        raise BadInput(f"unknown image format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    browser = browser_path()
+    if browser is None:
+        raise BrowserMissing("no Chrome or Chromium found to render images with; install Debian's chromium "
+                             "(apt-get install chromium) or set ENGINE_BROWSER to a browser's path")
+    if not (os.path.isfile(browser) and os.access(browser, os.X_OK)):
+        raise BrowserMissing(f"the browser {browser!r} is not an executable file; fix ENGINE_BROWSER "
+                             "or BROWSER_PATH")
+    try:
+        import kaleido
+    except ImportError:
+        raise EngineError("kaleido is not installed; pip install -r requirements.txt") from None
+    opts = {"format": fmt, "width": int(width or WIDTH_PX),
+            "height": int(height or fig.layout.height or HEIGHT_PX),
+            "scale": float(scale) if fmt == "png" else 1.0}  # vector formats keep their CSS size
+    try:
+        data = kaleido.calc_fig_sync(fig, opts=opts, kopts={"path": browser, "mathjax": False, "timeout": TIMEOUT_S})
+    except Exception as exc:  # kaleido and choreographer raise many kinds; the user needs one line
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise EngineError(f"rendering the {fmt.upper()} with {browser} failed: {text[:300]}") from exc
+    return bytes(data)
+
+
+def write_image(fig: go.Figure, path: str | os.PathLike, width: int | None = None, height: int | None = None,
+                scale: float = SCALE) -> Path:
+    """Render to ``path`` (format from its suffix); creates missing parent folders."""
+    path = Path(path).expanduser()
+    data = image_bytes(fig, format_of(path), width, height, scale)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def talk_style(fig: go.Figure) -> go.Figure:
+    """A copy with slide-sized text, thicker lines and larger markers (the Presentation mode)."""
+    out = go.Figure(fig)
+    out.update_layout(font=dict(size=18), title_font=dict(size=22), legend=dict(font=dict(size=16)))
+    out.update_traces(line_width=3, marker_size=9, selector=dict(type="scatter"))
+    out.update_annotations(font_size=18)
+    return out
+
+
+def titled(fig: go.Figure, title: str) -> go.Figure:
+    """Put ``title`` at the top left, above the horizontal legend, with room for both."""
+    top = max(int(fig.layout.margin.t or 0), 95)
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=0.98, yanchor="top"),
+                      margin=dict(t=top))
+    return fig
+
+
+# ---------------------------------------------------------------- a page's main chart
+
+def _where(config: dict) -> str:
+    data = config.get("data") or {}
+    if not data:
+        return ""
+    return f" ({data.get('dataset')}, n = {data.get('n')})"
+
+
+def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
+    """The chart a page leads with, drawn from its result, titled for a slide.
+
+    kind: one of ``KINDS``. ``metric`` picks the plotted column for ``ntk`` (any sweep
+    metric, default kernel_dist_init, the page's first chart) and ``regime`` (lin_gap,
+    pattern_change, k_inf_gap, weight_movement; default lin_gap).
+    """
+    from . import dynamics, plots, tables
+
+    cfg, frames = result.config, result.frames
+    if kind == "spectrum":
+        summ = result.meta["summary"]
+        data = plots.spectrum_data(result.arrays["eig_G"], result.arrays["eig_attention"])
+        fig = plots.spectrum_fig(data, summ["rank_tol"], summ["attention"])
+        title = "Eigenvalues of G and of the attention features' Gram"
+    elif kind == "ntk":
+        metric = metric or "kernel_dist_init"
+        rows = frames["rows"]
+        if metric not in rows:
+            raise BadInput(f"unknown metric {metric!r} for ntk; allowed: "
+                           f"{', '.join(m for m in plots.METRICS if m in rows)}")
+        fig = plots.distance_fig(plots.distance_data(rows, metric), metric)
+        title = plots.METRICS.get(metric, (metric,))[0]
+    elif kind == "malleability":
+        summary = tables.percent(frames["summary"], ["flip_rate", "pair_flip_rate"])
+        eps = float(summary["eps"].astype(float).max())
+        units = "pixel units" if cfg.get("space") == "raw" else "unit-row units"  # as the page labels it
+        label = f"ε ({(cfg.get('attack') or {}).get('norm', '')} radius, {units})"
+        fig = plots.flip_bars_fig(summary, eps, eps_label=label)
+        title = f"Influence sign flips under attack, ε = {eps:g}"
+    elif kind == "scaling":
+        fig = plots.scaling_fig(plots.scaling_data(frames["widths"], frames["fit"]), cfg["max_width"])
+        title = "Width needed to stay near K∞ against the condition number κ"
+    elif kind == "regime":
+        metric = metric or "lin_gap"
+        allowed = ("lin_gap", "pattern_change", "k_inf_gap", "weight_movement")
+        if metric not in allowed:
+            raise BadInput(f"unknown metric {metric!r} for regime; allowed: {', '.join(allowed)}")
+        final = frames["final"]
+        if final[f"{metric}_mean"].isna().all():
+            raise BadInput(f"{metric} was not measured in this run (k_inf_gap needs MSE and SGD)")
+        fig = dynamics.width_fig(dynamics.width_data(final, metric), metric)
+        title = f"{dynamics.LABELS[metric][0]} after {cfg['train']['epochs']} epochs"
+    else:
+        raise BadInput(f"unknown figure kind {kind!r}; allowed: {', '.join(KINDS)}")
+    return titled(fig, title + _where(cfg))

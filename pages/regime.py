@@ -1,0 +1,171 @@
+"""Kernel regime: does training stay near the linearised net, and how do μP and NTK scale?"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from engine import dynamics
+from engine.dynamics import PRESETS, CoordCheckConfig, DynamicsConfig, run_coord_check, run_dynamics
+from engine.errors import EngineError
+from engine.training import TrainSpec
+from ui import configs, render
+from ui.common import ARCH_LABELS, require, shared
+from ui.runner import obtain
+
+BOUND = configs.BOUND
+QUICK = PRESETS["dynamics"]["quick"]
+CC_QUICK = PRESETS["coord_check"]["quick"]
+LR_CHOICES = (1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0)
+PARAM_LABELS = {"ntk": "NTK (m^-½, the paper's)", "mup": "μP (m^-1, SGD lr × m)"}
+OPTIMIZERS = configs.choices_of(TrainSpec, "optimizer")
+
+
+def controls_ui() -> tuple[int, int, str, float, str, int]:
+    c1, c2, c3, c4, c5, c6 = st.columns(6)
+    epochs = configs.number(c1, "Training epochs", TrainSpec, "epochs", "regime.epochs", value=QUICK.train.epochs,
+                            step=10, hi=1000)
+    seeds = c2.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="regime.seeds", **BOUND,
+                            help="Charts show the mean ± sd over these seeds.")
+    optimizer = c3.selectbox("Optimiser", OPTIMIZERS, index=OPTIMIZERS.index(QUICK.train.optimizer),
+                             key="regime.optimizer", **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
+    lr = c4.select_slider("Learning rate", LR_CHOICES, value=QUICK.train.lr, key="regime.lr", **BOUND,
+                          help=configs.help_of(TrainSpec, "lr") + ". Plain SGD needs a large one (1.0 here); "
+                               "Adam a small one (1e-3).")
+    param = c5.selectbox("Parametrisation", list(PARAM_LABELS), format_func=lambda p: PARAM_LABELS[p],
+                         key="regime.param", **BOUND, help=configs.help_of(TrainSpec, "param"))
+    every = configs.number(c6, "Measure every", DynamicsConfig, "record_every", "regime.every",
+                           value=QUICK.record_every, hi=100)
+    return int(epochs), int(seeds), optimizer, float(lr), param, int(every)
+
+
+def coord_ui(archs: tuple[str, ...]) -> tuple[str, str, float, int]:
+    c1, c2, c3, c4 = st.columns(4)
+    arch = c1.selectbox("Architecture", archs, format_func=lambda a: ARCH_LABELS[a], key="regime.cc_arch", **BOUND)
+    optimizer = c2.selectbox("Optimiser", OPTIMIZERS, index=OPTIMIZERS.index(CC_QUICK.train.optimizer),
+                             key="regime.cc_optimizer", **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
+    lr = c3.select_slider("Learning rate", LR_CHOICES, value=CC_QUICK.train.lr, key="regime.cc_lr", **BOUND,
+                          help="The base learning rate η: μP uses η·m for SGD and η for Adam.")
+    steps = configs.number(c4, "Steps t", CoordCheckConfig, "steps", "regime.cc_steps", value=CC_QUICK.steps)
+    return arch, optimizer, float(lr), int(steps)
+
+
+def dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every) -> DynamicsConfig:
+    train = replace(QUICK.train, epochs=epochs, optimizer=optimizer, lr=lr, param=param)
+    return replace(QUICK, data=s.data(), widths=tuple(sorted(s.widths)), archs=tuple(s.archs),
+                   attention=s.attention, seeds=tuple(int(s.seed) + i for i in range(n_seeds)), train=train,
+                   record_every=every)
+
+
+def coord_config(s, arch, optimizer, lr, steps) -> CoordCheckConfig:
+    train = replace(CC_QUICK.train, optimizer=optimizer, lr=lr)
+    return replace(CC_QUICK, data=s.data(), arch=arch, attention=s.attention, train=train, steps=steps)
+
+
+s = shared()
+st.title("Kernel regime")
+st.markdown(
+    "A network is in the kernel (lazy) regime when it trains like its **linearisation** around the "
+    "initialisation, f_lin(x) = f(x; W0) + J(W0)(W − W0). For this head that model freezes every unit's "
+    "activation pattern at init. Here each net is trained side by side with its linearisation, from the same "
+    "initial weights with the same optimiser, mini-batches and steps, and the two are compared on the test "
+    "points. NTK theory says the gap and the share of flipped activation signs shrink like m^-½ under plain "
+    "SGD, so curves for wider nets collapse towards zero; where they do not, training learns features. "
+    f"Settings: {s.describe()}, attention `{s.attention}`.")
+require(bool(s.widths), "Pick at least one width in the sidebar.")
+require(bool(s.archs), "Pick at least one architecture in the sidebar.")
+epochs, n_seeds, optimizer, lr, param, every = controls_ui()
+try:
+    cfg = dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every)
+except EngineError as exc:  # e.g. qkv attention, which has no fixed features to linearise around
+    st.error(str(exc))
+    st.stop()
+plan = configs.plan(cfg)
+configs.show_plan(plan)
+res = obtain(run_dynamics.kind, run_dynamics, cfg,
+             f"Real vs linearised training, {len(cfg.widths) * len(cfg.archs) * n_seeds} pairs of nets",
+             auto=plan.auto, button="Train the nets and their linearisations", note=plan.note)
+
+if res is not None:
+    summary, final = res.frames["summary"], res.frames["final"]
+    c1, c2 = st.columns(2)
+    with c1:
+        data = dynamics.epoch_data(summary, "lin_gap")
+        render.chart(dynamics.epoch_fig(data, "lin_gap"), data, "gap to the linearised net",
+                     "‖f_t − f_lin,t‖ / ‖f_lin,t‖ on the test points during training, mean over seeds, one line "
+                     "per width (darker = wider); lines that drop with width mean wider nets stay lazier.")
+    with c2:
+        data = dynamics.epoch_data(summary, "pattern_change")
+        render.chart(dynamics.epoch_fig(data, "pattern_change"), data, "activation signs flipped",
+                     "Share of the training set's activation signs 1[w_r·φ(x_i) > 0] that differ from init; "
+                     "the linearised net keeps every sign, so this is where the two part ways.")
+    c1, c2 = st.columns(2)
+    with c1:
+        data = dynamics.width_data(final, "lin_gap")
+        render.chart(dynamics.width_fig(data, "lin_gap"), data, "final gap against width",
+                     f"The gap after {epochs} epochs against width, mean ± sd over seeds; the dotted lines fall "
+                     "like m^-½ from the smallest width: the lazy regime's rate.")
+    with c2:
+        data = dynamics.width_data(final, "pattern_change")
+        render.chart(dynamics.width_fig(data, "pattern_change"), data, "final sign flips against width",
+                     "The share of flipped activation signs after training against width, with the same "
+                     "m^-½ reference.")
+    slopes = dynamics.width_slopes(final)
+    slopes.insert(0, "model", [ARCH_LABELS.get(a, a) for a in slopes["arch"]])
+    lazy = param == "ntk" and optimizer == "sgd"
+    st.dataframe(slopes[["model", "metric", "slope"]], hide_index=True, column_config={
+        "slope": st.column_config.NumberColumn("log-log slope against width", format="%.2f",
+                                               help="−0.5 is the lazy regime's rate (NTK parametrisation, SGD)")})
+    st.caption("Lazy-regime theory: slope −½ (NTK parametrisation, plain SGD). " + (
+        "These settings are that case." if lazy else
+        "These settings are not (Adam normalises steps, μP keeps features moving): expect flatter curves."))
+    if final["k_inf_gap_mean"].notna().any():
+        data = dynamics.epoch_data(summary, "k_inf_gap")
+        eta, beta, per_epoch = res.meta["flow"]
+        render.chart(dynamics.epoch_fig(data, "k_inf_gap"), data, "gap to the K-infinity gradient flow",
+                     f"‖f_t − f_K∞,t‖ / ‖f_K∞,t‖: the trained net against kernel regression with K∞ run for the "
+                     f"same time in closed form (η' = 2η/(n·c) = {eta:.3g}, decay ηλ = {beta:.3g}, "
+                     f"{per_epoch} steps per epoch).")
+    else:
+        st.caption(f"The distance to the K∞ gradient flow needs the MSE loss and plain SGD (here: "
+                   f"{res.meta['loss']}, {optimizer}); pick two classes in the sidebar, e.g. `3-8`, and SGD.")
+    st.dataframe(final[["arch", "width", "n_seeds", "lin_gap_mean", "lin_gap_sd", "pattern_change_mean",
+                        "train_loss_mean", "train_loss_lin_mean", "test_acc_mean", "test_acc_lin_mean",
+                        "k_inf_gap_mean", "weight_movement_mean"]], hide_index=True)
+    with st.expander("All measurements, one row per seed and epoch"):
+        st.dataframe(res.frames["rows"], hide_index=True)
+    render.settings(res.config, "Settings of the comparison")
+    render.cached_note(res)
+
+st.header("Coordinate check: NTK against μP")
+st.markdown(
+    "The check of μP's tooling (Yang et al. 2022): how much the outputs (Δf) and the hidden pre-activations "
+    "(Δh = φ (W_t − W_0)ᵀ) move in the first t = 1 … T steps, against width. Under μP (m^-1 output "
+    "multiplier, SGD learning rate η·m, Adam's η unchanged) both stay flat: features keep learning at every "
+    "width. Under the NTK parametrisation with SGD, Δh shrinks like m^-½ (the lazy regime) while Δf stays "
+    "flat; with Adam, Δh stays flat and Δf grows like m^+½. No weight decay here.")
+cc_arch, cc_optimizer, cc_lr, cc_steps = coord_ui(tuple(s.archs))
+try:
+    ccfg = coord_config(s, cc_arch, cc_optimizer, cc_lr, cc_steps)
+except EngineError as exc:
+    st.error(str(exc))
+    st.stop()
+cplan = configs.plan(ccfg)
+cres = obtain(run_coord_check.kind, run_coord_check, ccfg, "Coordinate check", auto=cplan.auto,
+              button="Run the coordinate check", note=cplan.note) if cplan.allowed else None
+if not cplan.allowed:
+    st.error(cplan.note)
+if cres is not None:
+    data = dynamics.coord_data(cres.frames["summary"])
+    render.chart(dynamics.coord_fig(data), data, "coordinate check",
+                 "RMS change of the outputs (left) and pre-activations (right) after t steps against width, "
+                 "mean over seeds, darker = later step; flat lines keep their size as the net widens.")
+    fit = cres.frames["fit"].pivot_table(index=["param", "quantity", "theory"], columns="step",
+                                         values="slope").reset_index()
+    fit.columns = [f"t = {c}" if isinstance(c, (int, float)) and not isinstance(c, bool) else c for c in fit.columns]
+    st.dataframe(fit, hide_index=True)
+    st.caption("Fitted log-log slopes against width per step, beside the theory's. Widths "
+               f"{', '.join(str(w) for w in ccfg.widths)}; {ccfg.train.optimizer}, η = {ccfg.train.lr:g}, "
+               f"batch {ccfg.train.batch_size}.")
+    render.cached_note(cres)

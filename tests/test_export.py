@@ -1,0 +1,132 @@
+"""engine.export: PNG, SVG and PDF from a headless Chromium, and `python -m engine figure`."""
+
+import json
+import struct
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from engine import cli, export
+from engine.data import DataSpec
+from engine.dynamics import DynamicsConfig, run_dynamics
+from engine.errors import BadInput
+from engine.experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
+from engine.malleability import MalleabilityConfig, run_malleability
+from engine.scaling import ScalingConfig, run_scaling
+from engine.training import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_browser = pytest.mark.skipif(export.browser_path() is None,
+                                   reason="no Chromium or Chrome here (apt-get install chromium); kaleido "
+                                          "cannot download one")
+SYN = DataSpec("synthetic", n=40, n_test=20, synthetic_d=8, synthetic_classes=2)
+TITLE = "Export check: a title for the slide"
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def _svg_text(data: bytes) -> str:
+    root = ET.fromstring(data)  # parses as XML
+    assert root.tag.endswith("svg")
+    return " ".join(t for t in root.itertext())
+
+
+def _figure() -> go.Figure:
+    fig = go.Figure(go.Scatter(x=[16, 64, 256], y=[0.3, 0.15, 0.08], name="2L-ReLU"))
+    return export.titled(fig, TITLE)
+
+
+@needs_browser
+def test_png_svg_and_pdf_bytes():
+    fig = _figure()
+    png = export.image_bytes(fig, "png", width=500, height=300, scale=2)
+    assert _png_size(png) == (1000, 600) and len(png) > 5000
+    svg = export.image_bytes(fig, "svg", width=500, height=300)
+    assert TITLE in _svg_text(svg)
+    pdf = export.image_bytes(fig, "pdf", width=500, height=300)
+    assert pdf.startswith(b"%PDF-") and len(pdf) > 1000
+
+
+def _results(tmp_path):
+    """One small result of every figure kind (synthetic data, seconds each)."""
+    t = TrainSpec(epochs=2, batch_size=20)
+    return {
+        "spectrum": run_spectrum(SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8))),
+        "ntk": run_ntk_sweep(SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,))),
+        "malleability": run_malleability(MalleabilityConfig(data=SYN, train=t, width=32, seeds=(0,),
+                                                            attacks=("fgsm",), eps=(0.05, 0.1))),
+        "scaling": run_scaling(ScalingConfig(train=TrainSpec(epochs=2), n=16, d=6, kappas=(2.0, 4.0), min_width=16,
+                                             max_width=64, seeds=(0,))),
+        "regime": run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
+                                              widths=(16, 64), seeds=(0,))),
+    }
+
+
+@needs_browser
+def test_every_kind_renders_its_main_chart_with_its_title(tmp_path):
+    results = _results(tmp_path)
+    assert set(results) == set(export.KINDS)
+    for kind, res in results.items():
+        fig = export.main_figure(kind, res)
+        title = fig.layout.title.text
+        assert title and fig.data, kind
+        svg = _svg_text(export.image_bytes(fig, "svg"))
+        # plotly may wrap or escape the title; its first words are text nodes of the SVG
+        assert " ".join(title.split()[:3]) in svg, (kind, title)
+
+
+def test_main_figure_options_and_refusals():
+    res = run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
+                                      widths=(16, 64), seeds=(0,)))
+    assert "flipped" in export.main_figure("regime", res, "pattern_change").layout.title.text
+    assert "K∞" in export.main_figure("regime", res, "k_inf_gap").layout.title.text
+    with pytest.raises(BadInput, match="unknown metric"):
+        export.main_figure("regime", res, "kernel_dist_init")
+    with pytest.raises(BadInput, match="unknown figure kind"):
+        export.main_figure("heatmap", res)
+    with pytest.raises(BadInput, match=".png"):
+        export.format_of("slide.jpeg")
+    big = export.talk_style(_figure())
+    assert big.layout.font.size == 18 and big.data[0].line.width == 3
+
+
+def test_a_browser_that_is_not_there_is_one_line(monkeypatch):
+    monkeypatch.setenv("ENGINE_BROWSER", "/nonexistent/chromium")
+    with pytest.raises(export.BrowserMissing, match="/nonexistent/chromium") as info:
+        export.image_bytes(_figure(), "png")
+    assert info.value.exit_code == 3 and "\n" not in str(info.value)
+
+
+def test_figure_help_lists_the_kinds(capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["figure", "--help"])
+    out = capsys.readouterr().out
+    for kind in export.KINDS:
+        assert kind in out
+
+
+@needs_browser
+def test_cli_figure_renders_from_the_cache(tmp_path):
+    args = [sys.executable, "-m", "engine", "figure", "regime", "--dataset", "synthetic", "--n", "40", "--n-test", "20",
+            "--synthetic-classes", "2", "--widths", "16,64", "--epochs", "2", "--seeds", "0", "--optimizer", "sgd",
+            "--cache-dir", str(tmp_path / "cache"), "--json", "--quiet"]
+    outs = []
+    for name in ("regime.png", "regime.pdf"):
+        p = subprocess.run([*args, "--out", str(tmp_path / name)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        outs.append(json.loads(p.stdout))
+    assert not outs[0]["cached"] and outs[1]["cached"]  # the second file is drawn from the cache
+    w, h = _png_size((tmp_path / "regime.png").read_bytes())
+    assert (w, h) == (2 * export.WIDTH_PX, 2 * 400)
+    assert (tmp_path / "regime.pdf").read_bytes().startswith(b"%PDF-")
+    p = subprocess.run([*args, "--out", str(tmp_path / "regime.jpeg")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error:") and ".png" in p.stderr and not p.stdout
