@@ -7,30 +7,50 @@ across pages (``persist_state="session"``) and lives in the URL's query paramete
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
 
-from engine.data import DataSpec
-from engine.settings import meta
-
-from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
-                       WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                       ensure_entry, fetch_ui, upload_ui, uploaded_names)
-
-ensure_entry()  # before anything is drawn; see its docstring
-
 st.set_page_config(page_title="Influence malleability in linearized attention", page_icon="🧲",
                    layout="wide")
+with st.spinner("Loading the engine…"):  # only the first run after a server start waits here (torch)
+    from engine.budget import duration
+    from engine.data import DataSpec
+    from engine.settings import meta
+    from ui import configs
+    from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
+                           WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
+                           ensure_entry, fetch_ui, linked_data, page_nav, upload_ui, uploaded_names, usable)
+
+ensure_entry()  # before the sidebar is drawn; see its docstring
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
+QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice
 
 
-def sidebar_ui() -> Shared:
-    """Draw the shared controls; returns their values."""
+def qkv_note(s: Shared) -> str:
+    """Why qkv needs a small n, with this machine's estimate for the current settings."""
+    sweep = configs.plan(configs.sweep_config(s))
+    width = max(s.widths or (1024,))
+    quick = [k for k in QKV_SMALL_N if k <= s.n and configs.plan(configs.kernel_config(replace(s, n=k), "attn", width)).auto]
+    text = (f"**qkv** trains W_Q, W_K and W_V, so its NTK needs autograd Jacobians, whose time and memory grow "
+            f"fast with n: keep n small. At n = {s.n} the NTK sweep needs about {duration(sweep.seconds)} and "
+            f"{sweep.gib:.2g} GiB here")
+    text += f"; from n = {quick[0]} down, the kernels start at once." if quick and quick[0] < s.n else "."
+    return text if sweep.allowed else f"{text} {sweep.note}"
+
+
+def sidebar_ui() -> tuple[Shared, str | None]:
+    """Draw the shared controls; returns their values and a warning about the link, if any."""
     names = available_names() + uploaded_names()
+    link_note = linked_data(names)
+    if link_note:
+        st.session_state["data.link_note"] = link_note
+    names = available_names() + uploaded_names()  # with a linked upload kept on this server
     st.header("Data and models")
     base = st.selectbox("Data set", names, key="data", **BOUND, format_func=lambda v: Path(v).name,
+                        on_change=lambda: st.session_state.pop("data.link_note", None),
                         help="The first available of mnist, fashion-mnist, cifar10; synthetic needs no files.")
     classes = st.text_input("Classes", "all", key="classes", **BOUND,
                             help=f"`all`, or two classes `a-b` for a binary task, e.g. "
@@ -41,6 +61,7 @@ def sidebar_ui() -> Shared:
                              "this machine's memory and time")
     n_test = c2.number_input("Test points", 1, int(meta(DataSpec, "n_test").hi), 100, step=50, key="n_test",
                              **BOUND, help=meta(DataSpec, "n_test").help)
+    sizes_slot = st.empty()  # says so when an uploaded file holds fewer points
     seed = st.number_input("Seed", 0, int(meta(DataSpec, "seed").hi), 0, key="seed", **BOUND,
                            help="Seeds the data draw; network seeds count up from it.")
     widths = st.multiselect("Widths m", WIDTH_CHOICES, default=[16, 64, 256, 1024], key="widths", **BOUND,
@@ -53,13 +74,21 @@ def sidebar_ui() -> Shared:
                              help="linear is the paper's; stacked:k, truncated:r and softmax:T are options; "
                                   "qkv trains W_Q, W_K, W_V (its NTK needs autograd: small n only). "
                                   "Type another, e.g. stacked:3.")
+    qkv_slot = st.empty()
     device = st.selectbox("Device", DEVICE_CHOICES, key="device", **BOUND,
                           help="auto uses a CUDA GPU when one is visible.")
+    st.toggle("Presentation", key="presentation", **BOUND,
+              help="Larger fonts, thicker lines and a colour-blind-safe palette on every chart, for slides.")
     st.caption(device_note(device))
     s = Shared(base=base, classes=classes or "all", n=int(n), n_test=int(n_test), seed=int(seed),
                widths=tuple(sorted(int(w) for w in widths)), archs=tuple(a for a in ARCH_CHOICES if a in archs),
                attention=(attention or "linear").strip(), device=device)
-    st.caption(f"Task: **{s.dataset}**")
+    s, error, note = usable(s)
+    if note:
+        sizes_slot.info(note, icon=":material/info:")
+    if s.attention.startswith("qkv") and "attn" in s.archs:
+        qkv_slot.caption(qkv_note(s))
+    st.caption(f"Task: **{s.label}**")
     with st.expander("Your own data"):
         upload_ui()
     with st.expander("Data sets here"):
@@ -68,11 +97,8 @@ def sidebar_ui() -> Shared:
             st.markdown(f"{mark} **{info['name']}** — {info['reason']}  \n`{info['where']}`")
             if not info["available"] and info["name"] != "synthetic":
                 fetch_ui(info["name"])
-    return s
+    return s, error
 
-
-with st.sidebar:
-    st.session_state["shared"] = sidebar_ui()
 
 PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
@@ -81,7 +107,16 @@ PAGES = [
     st.Page("pages/influence.py", title="Influence", icon=":material/image_search:", url_path="influence"),
     st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:", url_path="malleability"),
     st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path="scaling"),
+    st.Page("pages/regime.py", title="Kernel regime", icon=":material/timeline:", url_path="regime"),
     st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
             url_path="reproduction"),
 ]
-st.navigation(PAGES, position="sidebar").run()
+page = st.navigation(PAGES, position="hidden")  # listed by page_nav: see ui.common.ensure_entry
+with st.sidebar:
+    page_nav(PAGES)
+    st.session_state["shared"], data_error = sidebar_ui()
+if st.session_state.get("data.link_note"):
+    st.warning(st.session_state["data.link_note"], icon=":material/link_off:")
+if data_error:  # once here, not once per run on the page
+    st.error(data_error)
+page.run()

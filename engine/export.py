@@ -113,12 +113,25 @@ def write_image(fig: go.Figure, path: str | os.PathLike, width: int | None = Non
     return path
 
 
+OKABE_ITO = {  # plotly's default colours -> Okabe & Ito (2008), distinguishable with every colour vision
+    "#1f77b4": "#0072B2", "#d62728": "#D55E00", "#2ca02c": "#009E73", "#9467bd": "#CC79A7",
+    "#ff7f0e": "#E69F00", "#8c564b": "#56B4E9", "#7f7f7f": "#000000", "#17becf": "#F0E442",
+}
+
+
 def talk_style(fig: go.Figure) -> go.Figure:
     """A copy with slide-sized text, thicker lines and larger markers (the Presentation mode)."""
     out = go.Figure(fig)
-    out.update_layout(font=dict(size=18), title_font=dict(size=22), legend=dict(font=dict(size=16)))
+    out.update_layout(font=dict(size=18), title_font=dict(size=22), legend=dict(font=dict(size=16)),
+                      colorway=list(OKABE_ITO.values()))
     out.update_traces(line_width=3, marker_size=9, selector=dict(type="scatter"))
     out.update_annotations(font_size=18)
+    for trace in out.data:  # the dashboard's own colours, swapped for their colour-blind-safe twins
+        for part in ("marker", "line"):
+            obj = getattr(trace, part, None)
+            color = getattr(obj, "color", None) if obj is not None else None
+            if isinstance(color, str) and color.lower() in OKABE_ITO:
+                obj.color = OKABE_ITO[color.lower()]
     return out
 
 

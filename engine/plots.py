@@ -10,6 +10,7 @@ plotly encodes as binary, not as lists.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -46,8 +47,30 @@ METRICS = {  # column -> (chart title, axis title with units)
 }
 
 
-def arch_label(arch: str) -> str:
-    return ARCH_LABELS.get(arch, arch)
+SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def arch_label(arch: str, attention: str | None = None) -> str:
+    """"2L-ReLU", "MLP-Attn", or "MLP-Attn (softmax:0.1)" when the attention variant is given."""
+    label = ARCH_LABELS.get(arch, arch)
+    return f"{label} ({attention})" if arch == "attn" and isinstance(attention, str) and attention else label
+
+
+def pretty_formula(formula: str | None) -> str | None:
+    """The engine's plain formula (``κ(G)^3``, ``(λ_1/λ_10)^3``) with superscript powers: κ(G)³."""
+    if not formula:
+        return None
+    return re.sub(r"\^(-?\d+)", lambda m: m.group(1).translate(SUPERSCRIPTS), formula)
+
+
+def _attention_of(data: pd.DataFrame, attention: str | None = None) -> str | None:
+    """The attention variant a result was made with: the argument, else the data's own column."""
+    if attention:
+        return attention
+    if "attention" in data:
+        found = [a for a in data["attention"] if isinstance(a, str) and a]
+        return found[0] if found else None
+    return None
 
 
 def _by_arch(data: pd.DataFrame):
@@ -132,7 +155,8 @@ def kernel_diff_data(K_m: np.ndarray, K_inf: np.ndarray, max_side: int = MAX_SID
 
 
 def kernel_heatmaps_fig(K_m: np.ndarray, K_inf: np.ndarray, width: int, arch: str,
-                        y: np.ndarray | None = None, max_side: int = MAX_SIDE) -> go.Figure:
+                        y: np.ndarray | None = None, max_side: int = MAX_SIDE,
+                        attention: str | None = None) -> go.Figure:
     """K_m, K∞ and K_m − K∞ side by side (shared scale for the two kernels)."""
     A, b = block_average(K_m, max_side)
     B, _ = block_average(K_inf, max_side)
@@ -151,7 +175,7 @@ def kernel_heatmaps_fig(K_m: np.ndarray, K_inf: np.ndarray, width: int, arch: st
                        colorbar=dict(title="K", x=0.64, xanchor="left", len=0.9, thickness=12)),
         coloraxis2=dict(colorscale="RdBu_r", cmid=0.0, cmin=-dmax, cmax=dmax,
                         colorbar=dict(title="K_m − K∞", x=1.01, xanchor="left", len=0.9, thickness=12)))
-    _style(fig, "", "", title=f"{arch_label(arch)} kernels on training points sorted by label{note}",
+    _style(fig, "", "", title=f"{arch_label(arch, attention)} kernels on training points sorted by label{note}",
            height=420)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="training point j (index)", row=1, col=col)
@@ -186,85 +210,125 @@ def spectrum_fig(data: pd.DataFrame, rank_tol: float | None = None, attention: s
     return _style(fig, "index k (eigenvalues in descending order)", "eigenvalue λ_k (unitless)", logy=True)
 
 
-def width_needed_data(thresholds: dict[str, float | None]) -> pd.DataFrame:
-    names = {"attn_v1": "MLP-Attn, v1: κ⁶/ε²", "attn_v2": "MLP-Attn, v2: κ_d⁶·n·ln n",
-             "relu_v1": "2L-ReLU, v1: κ²/ε²", "relu_v2": "2L-ReLU, v2: κ_d²·n·ln n"}
+def width_needed_data(thresholds: dict[str, float | None], attention: str = "linear") -> pd.DataFrame:
+    """log10 width of each of the paper's bounds; ``attention`` is the variant the page measured.
+
+    The MLP-Attn bounds are the paper's for linear attention (power 6) whatever the variant, so
+    for any other variant their label says so instead of implying a bound for that variant.
+    """
+    of = "" if attention in ("linear", None) else " (the paper's linear-attention bound)"
+    names = {"attn_v1": f"MLP-Attn v1: κ⁶/ε²{of}", "attn_v2": f"MLP-Attn v2: κ_d⁶·n·ln n{of}",
+             "relu_v1": "2L-ReLU v1: κ²/ε²", "relu_v2": "2L-ReLU v2: κ_d²·n·ln n"}
     rows = [{"bound": names.get(k, k), "key": k, "log10_width": v}
             for k, v in thresholds.items() if v is not None and math.isfinite(v)]
     return pd.DataFrame(rows, columns=["bound", "key", "log10_width"])
 
 
 def width_needed_fig(data: pd.DataFrame) -> go.Figure:
-    """log10 of the width each bound asks for, against practical widths and the largest models."""
+    """log10 of the width each bound asks for, against practical widths and the largest models.
+
+    Bound names sit above their bars and values inside the bars' ends, so no label crosses a
+    bar, the shaded band or the dashed line, at any chart width."""
     colors = [ARCH_COLORS["attn"] if k.startswith("attn") else ARCH_COLORS["relu"] for k in data["key"]]
-    fig = go.Figure(go.Bar(x=data["log10_width"], y=data["bound"], orientation="h",
+    fig = go.Figure(go.Bar(x=data["log10_width"], y=data["bound"], orientation="h", width=0.55,
                            marker_color=colors, text=[f"10^{v:.1f}" for v in data["log10_width"]],
-                           textposition="outside", cliponaxis=False,
+                           textposition="inside", insidetextanchor="end", textfont=dict(color="white"),
                            hovertemplate="%{y}<br>log10 m = %{x:.2f}<extra></extra>"))
     fig.add_vrect(x0=PRACTICAL_LOG10[0], x1=PRACTICAL_LOG10[1], fillcolor="green", opacity=0.15,
                   line_width=0, layer="below")
     fig.add_vline(x=LARGEST_LOG10, line_dash="dash", line_color="black", layer="below")
-    for x, text, anchor in ((sum(PRACTICAL_LOG10) / 2, "practical widths<br>1e3–1e5", "center"),
-                            (LARGEST_LOG10, " largest models<br> (~1e12 params)", "left")):
+    for x, text, anchor in ((PRACTICAL_LOG10[1], "practical<br>1e3–1e5 ", "right"),
+                            (LARGEST_LOG10, " largest models<br> ~1e12 params", "left")):
         fig.add_annotation(x=x, y=1.0, xref="x", yref="paper", text=text, showarrow=False, xanchor=anchor,
-                           yanchor="bottom", font=dict(size=11, color="#444"))
-    top = max([LARGEST_LOG10 + 4] + [v + 4 for v in data["log10_width"]])
+                           yanchor="bottom", align=anchor, font=dict(size=11, color="#444"))
+    for i, bound in enumerate(data["bound"]):  # the name just above its bar, not on a crowded y axis
+        fig.add_annotation(x=0, y=i - 0.3, xref="x", yref="y", text=bound, showarrow=False, xanchor="left",
+                           yanchor="bottom", font=dict(size=11, color="#333"), bgcolor="rgba(255,255,255,0.85)",
+                           borderpad=1)
+    top = max([LARGEST_LOG10 + 4] + [v + 2 for v in data["log10_width"]])
     fig.update_xaxes(range=[0, top])
-    fig.update_yaxes(autorange="reversed")  # first bound on top
+    fig.update_yaxes(autorange="reversed", showticklabels=False)  # first bound on top
     _style(fig, "log10 of width m needed (hidden units)", "bound (architecture, paper version)")
     fig.update_layout(margin=dict(t=70), showlegend=False)
     return fig
 
 
 def kappa_growth_data(growth: pd.DataFrame) -> pd.DataFrame:
-    """κ(G), κ(G)³ (the prediction for linear attention) and measured κ of the attention Gram."""
-    cols = ["n", "numerical_rank", "kappa", "kappa_attention", "kappa_attention_theory"]
+    """κ(G), the theory's κ of the attention Gram for the variant measured, and the measured one.
+
+    ``kappa_attention_theory`` follows the variant (κ³ linear, κ^(2k+1) stacked:k, (λ₁/λ_r)³
+    truncated:r; NaN for softmax and qkv, which have no closed form); its formula is carried
+    in ``kappa_attention_formula``.
+    """
+    cols = ["n", "numerical_rank", "kappa", "kappa_attention", "kappa_attention_theory",
+            "kappa_attention_formula", "attention"]
     out = growth[[c for c in cols if c in growth]].copy()
-    out["kappa_cubed"] = growth["kappa"].astype(float) ** 3
+    if "kappa_attention_theory" in out:
+        out["kappa_attention_theory"] = pd.to_numeric(out["kappa_attention_theory"], errors="coerce")
     return out
 
 
 def kappa_growth_fig(data: pd.DataFrame) -> go.Figure:
+    """κ(G), the variant's theory line and the measured attention κ against n, log y."""
+    attention = _attention_of(data) or "linear"
+    formula = pretty_formula(next((f for f in data.get("kappa_attention_formula", []) if isinstance(f, str)), None))
+    has_theory = "kappa_attention_theory" in data and data["kappa_attention_theory"].notna().any()
+    theory = (f"{formula or 'theory'} (theory for {attention} attention)" if has_theory
+              else f"no closed-form theory for {attention} attention")
     fig = go.Figure()
     series = [("kappa", "κ(G)", ARCH_COLORS["relu"], "lines+markers"),
-              ("kappa_cubed", "κ(G)³ (theory for linear attention)", "grey", "lines"),
-              ("kappa_attention", "κ of attention features (measured)", ARCH_COLORS["attn"], "markers")]
+              ("kappa_attention_theory", theory, "grey", "lines"),
+              ("kappa_attention", f"κ of attention features, {attention} (measured)", ARCH_COLORS["attn"], "markers")]
     for col, name, color, mode in series:
-        if col in data:
+        if col in data and (col != "kappa_attention_theory" or has_theory):
             fig.add_trace(go.Scatter(x=data["n"], y=_positive(data[col]), name=name, mode=mode,
                                      line=dict(color=color, dash="dash" if mode == "lines" else "solid"),
                                      marker=dict(size=11 if mode == "markers" else 6,
                                                  symbol="circle-open" if mode == "markers" else "circle",
                                                  line_width=2),
                                      hovertemplate="n = %{x}<br>" + name + " = %{y:.3g}<extra></extra>"))
-    return _style(fig, "training points n", "condition number κ = λ_max / λ_rank (unitless)", logy=True)
+    if not has_theory:  # say it on the chart, not only in the legend
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=theory, line=dict(color="grey", dash="dash"),
+                                 hoverinfo="skip"))
+    _style(fig, "training points n", "condition number κ = λ_max / λ_rank (unitless)", logy=True)
+    _log_ticks(fig, np.concatenate([pd.to_numeric(data[c], errors="coerce").to_numpy(float)
+                                    for c in ("kappa", "kappa_attention", "kappa_attention_theory") if c in data]))
+    return fig
 
 
 # ---------------------------------------------------------------- NTK convergence
 
 def distance_data(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Mean, sd (ddof 1), min and max over seeds of ``metric`` per (arch, width)."""
+    """Mean, sd (ddof 1), min and max over seeds of ``metric`` per (arch, width); keeps the
+    rows' ``attention`` column (the MLP-Attn variant, None for 2L-ReLU) so labels can name it."""
     g = rows.groupby(["arch", "width"])[metric]
     out = g.agg(["mean", "std", "min", "max", "count"]).reset_index()
-    return out.rename(columns={"count": "seeds", "std": "sd"})
+    out = out.rename(columns={"count": "seeds", "std": "sd"})
+    if "attention" in rows:
+        variant = rows.dropna(subset=["attention"]).groupby("arch")["attention"].first()
+        out.insert(1, "attention", out["arch"].map(variant))
+    return out
 
 
-def distance_fig(data: pd.DataFrame, metric: str) -> go.Figure:
-    """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes."""
+def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None) -> go.Figure:
+    """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes.
+    Legends name the attention variant (``attention``, else the data's column)."""
     fig = go.Figure()
+    attention = _attention_of(data, attention)
     for arch, d in _by_arch(data):
         d = d.sort_values("width")
         color = ARCH_COLORS.get(arch, "black")
+        label = arch_label(arch, attention)
         if (d["seeds"] > 1).any():
             fig.add_trace(go.Scatter(
                 x=np.concatenate([d["width"], d["width"][::-1]]),
                 y=_positive(np.concatenate([d["mean"] + d["sd"].fillna(0), (d["mean"] - d["sd"].fillna(0))[::-1]])),
                 fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0), mode="lines",
-                name=f"{arch_label(arch)} mean ± sd", hoverinfo="skip", showlegend=False))
+                name=f"{label} mean ± sd", hoverinfo="skip", showlegend=False))
         fig.add_trace(go.Scatter(
-            x=d["width"], y=_positive(d["mean"]), mode="lines+markers", name=arch_label(arch),
+            x=d["width"], y=_positive(d["mean"]), mode="lines+markers", name=label,
             line=dict(color=color), customdata=np.stack([d["sd"].fillna(0), d["min"], d["max"], d["seeds"]], axis=1),
-            hovertemplate=(f"{arch_label(arch)}<br>m = %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.2g}} (sd)"
+            hovertemplate=(f"{label}<br>m = %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.2g}} (sd)"
                            "<br>min %{customdata[1]:.4g}, max %{customdata[2]:.4g}"
                            "<br>seeds %{customdata[3]}<extra></extra>")))
     title, axis = METRICS.get(metric, (metric, metric))
@@ -278,24 +342,27 @@ def loss_data(losses: pd.DataFrame) -> pd.DataFrame:
     return losses.groupby(["arch", "width", "epoch"])["loss"].mean().reset_index()
 
 
-def _epoch_lines(data: pd.DataFrame, value: str, what: str, mode: str = "lines", logy: bool = False) -> go.Figure:
+def _epoch_lines(data: pd.DataFrame, value: str, what: str, mode: str = "lines", logy: bool = False,
+                 attention: str | None = None) -> go.Figure:
     """One line per (arch, width) of ``value`` against epoch: arch colour, darker = wider.
     With ``logy`` non-positive values become gaps."""
     fig = go.Figure()
     widths = sorted(data["width"].unique())
+    attention = _attention_of(data, attention)
     for arch, da in _by_arch(data):
+        label = arch_label(arch, attention)
         for w, d in da.groupby("width"):
             fig.add_trace(go.Scatter(
-                x=d["epoch"], y=_positive(d[value]) if logy else d[value], mode=mode, name=f"{arch_label(arch)} m={w}",
+                x=d["epoch"], y=_positive(d[value]) if logy else d[value], mode=mode, name=f"{label} m={w}",
                 line=dict(color=ARCH_COLORS.get(arch, "black"), dash="solid" if arch == "relu" else "dash"),
                 opacity=0.35 + 0.65 * (widths.index(w) + 1) / len(widths),
-                hovertemplate=f"{arch_label(arch)} m={w}<br>epoch %{{x}}<br>{what} %{{y:.4g}}<extra></extra>"))
+                hovertemplate=f"{label} m={w}<br>epoch %{{x}}<br>{what} %{{y:.4g}}<extra></extra>"))
     return fig
 
 
-def loss_fig(data: pd.DataFrame) -> go.Figure:
+def loss_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
     """Training loss per epoch, one line per (arch, width), averaged over seeds."""
-    return _style(_epoch_lines(data, "loss", "loss"), "epoch (0 = before training)",
+    return _style(_epoch_lines(data, "loss", "loss", attention=attention), "epoch (0 = before training)",
                   "mean training loss (nats for CE, squared error for MSE)")
 
 
@@ -304,9 +371,9 @@ def trajectory_data(trajectory: pd.DataFrame) -> pd.DataFrame:
     return trajectory.groupby(["arch", "width", "epoch"])["kernel_dist"].mean().reset_index()
 
 
-def trajectory_fig(data: pd.DataFrame) -> go.Figure:
+def trajectory_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
     """‖K_t − K∞‖/‖K∞‖ against epoch, one line per (arch, width), log y."""
-    fig = _epoch_lines(data, "kernel_dist", "distance", mode="lines+markers", logy=True)
+    fig = _epoch_lines(data, "kernel_dist", "distance", mode="lines+markers", logy=True, attention=attention)
     _style(fig, "epoch (0 = initialisation)", "relative kernel distance to K∞ (unitless)", logy=True)
     _log_ticks(fig, data["kernel_dist"])
     return fig
@@ -315,27 +382,33 @@ def trajectory_fig(data: pd.DataFrame) -> go.Figure:
 def paper_trend_data(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
     """Function distance relative to its value at the smallest width, here and in the paper.
 
-    measured: arch, width, mean (from ``distance_data``); paper: arch, width, value.
+    measured: arch, width, mean (from ``distance_data``, optionally attention); paper: arch,
+    width, value. ``attention`` is the MLP-Attn variant of each line: the measured one's (when
+    known) and linear for the paper's.
     """
     rows = []
     for source, df, col in (("measured here", measured, "mean"), ("paper", paper, "value")):
         for arch, d in _by_arch(df):
             d = d.sort_values("width")
             base = float(d[col].iloc[0])
+            variant = None if arch != "attn" else ("linear" if source == "paper" else _attention_of(d))
             for w, v in zip(d["width"], d[col]):
-                rows.append({"source": source, "arch": arch, "width": int(w), "value": float(v),
-                             "relative": float(v) / base if base else np.nan})
-    return pd.DataFrame(rows, columns=["source", "arch", "width", "value", "relative"])
+                rows.append({"source": source, "arch": arch, "attention": variant, "width": int(w),
+                             "value": float(v), "relative": float(v) / base if base else np.nan})
+    return pd.DataFrame(rows, columns=["source", "arch", "attention", "width", "value", "relative"])
 
 
 def paper_trend_fig(data: pd.DataFrame) -> go.Figure:
+    """Relative function distance against width, here (solid) and in the paper (dashed), each
+    MLP-Attn line named by its attention variant (the paper's is linear)."""
     fig = go.Figure()
     for (source, arch), d in data.groupby(["source", "arch"], sort=False):
+        variant = _attention_of(d)
         fig.add_trace(go.Scatter(
-            x=d["width"], y=d["relative"], mode="lines+markers", name=f"{arch_label(arch)}, {source}",
+            x=d["width"], y=d["relative"], mode="lines+markers", name=f"{arch_label(arch, variant)}, {source}",
             line=dict(color=ARCH_COLORS.get(arch, "black"), dash="dash" if source == "paper" else "solid"),
             customdata=d["value"],
-            hovertemplate=(f"{arch_label(arch)}, {source}<br>m = %{{x}}<br>relative %{{y:.3f}}"
+            hovertemplate=(f"{arch_label(arch, variant)}, {source}<br>m = %{{x}}<br>relative %{{y:.3f}}"
                            "<br>absolute %{customdata:.4g}<extra></extra>")))
     fig.add_hline(y=1.0, line_color="grey", line_dash="dot")
     _style(fig, "width m (hidden units, log scale)", "‖f_m − f_NTK‖ / value at smallest width (ratio)",
@@ -433,19 +506,49 @@ def influence_hist_data(aggregate: pd.DataFrame) -> pd.DataFrame:
     return aggregate[["arch", "train_index", "label", "influence"]].copy()
 
 
+def spread(values) -> float:
+    """Robust spread of influence values: the median absolute value (0 for none)."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if v.size else 0.0
+
+
 def influence_hist_fig(data: pd.DataFrame, value: str = "influence",
-                       title: str = "Influence on test predictions") -> go.Figure:
-    """Histograms of influence values, one panel per arch (their scales differ by orders of magnitude)."""
+                       title: str = "Influence on test predictions", attention: str | None = None,
+                       bins: int = 40) -> go.Figure:
+    """Histograms of influence values, all architectures overlaid on one x-axis with the same bins.
+
+    The nets' influences can differ by orders of magnitude; separate axes would make them look
+    alike, so they share one, each legend entry gives the median |influence|, and when those
+    differ more than 10x the ratio is written on the chart.
+    """
     groups = list(_by_arch(data))
-    fig = make_subplots(1, max(1, len(groups)), subplot_titles=[arch_label(a) for a, _ in groups],
-                        horizontal_spacing=0.1)
-    for col, (arch, d) in enumerate(groups, start=1):
-        fig.add_trace(go.Histogram(x=d[value], name=arch_label(arch), nbinsx=60, showlegend=False,
-                                   marker_color=ARCH_COLORS.get(arch, "black"),
-                                   hovertemplate=f"{arch_label(arch)}<br>%{{x}}<br>%{{y}} points<extra></extra>"),
-                      1, col)
-    _style(fig, "influence (output units)", "", title=title)
-    fig.update_yaxes(title_text="training points (count)", row=1, col=1)
+    attention = _attention_of(data, attention)
+    spreads = {a: spread(d[value]) for a, d in groups}
+    v = np.asarray(data[value], dtype=np.float64)
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (-1.0, 1.0)
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    size = (hi - lo) / bins
+    fig = go.Figure()
+    for arch, d in groups:
+        label = arch_label(arch, attention)
+        fig.add_trace(go.Histogram(x=d[value], name=f"{label}: median |I| {spreads[arch]:.2g}",
+                                   xbins=dict(start=lo, end=hi + size / 2, size=size), autobinx=False,
+                                   marker_color=ARCH_COLORS.get(arch, "black"), opacity=0.6,
+                                   hovertemplate=f"{label}<br>%{{x}}<br>%{{y}} points<extra></extra>"))
+    fig.update_layout(barmode="overlay")
+    _style(fig, "influence (output units; one scale for all)", "training points (count)", title=title)
+    positive = {a: s for a, s in spreads.items() if s > 0}
+    if len(positive) >= 2 and max(positive.values()) > 10 * min(positive.values()):
+        big, small = max(positive, key=positive.get), min(positive, key=positive.get)
+        fig.add_annotation(x=0.99, y=0.97, xref="paper", yref="paper", xanchor="right", yanchor="top",
+                           showarrow=False, align="right", bgcolor="rgba(255,255,255,0.85)",
+                           text=f"{arch_label(small, attention)}: influences about "
+                                f"{positive[big] / positive[small]:,.0f}× smaller<br>than "
+                                f"{arch_label(big, attention)}'s (same axis)",
+                           font=dict(size=12, color="#333"))
     return fig
 
 
@@ -461,45 +564,49 @@ def influence_bar_fig(values: np.ndarray, labels: list[str], title: str) -> go.F
 
 def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct",
                   y_title: str = "flip rate (% of top-τ points)", fmt: str = ".1f",
-                  eps_label: str = "ε") -> go.Figure:
+                  eps_label: str = "ε", attention: str | None = None) -> go.Figure:
     """Grouped bars at one ε: attack on x, one bar per arch, height ``{value}_mean`` with
     ``{value}_sd`` error bars (a summary from ``engine.tables``; nothing is averaged here)."""
     d = summary[np.isclose(summary["eps"].astype(float), eps)]
     fig = go.Figure()
     for arch, da in _by_arch(d):
+        label = arch_label(arch, attention)
         mean, sd = da[f"{value}_mean"], da[f"{value}_sd"].fillna(0)
-        fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=mean, name=arch_label(arch),
+        fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=mean, name=label,
                              marker_color=ARCH_COLORS.get(arch, "black"),
                              error_y=dict(type="data", array=sd, visible=True),
                              text=[format(v, fmt) for v in mean], textposition="outside",
                              customdata=np.stack([sd, da["n_seeds"]], axis=1),
-                             hovertemplate=(f"{arch_label(arch)}<br>%{{x}}<br>%{{y:.2f}} ± %{{customdata[0]:.2f}}"
+                             hovertemplate=(f"{label}<br>%{{x}}<br>%{{y:.2f}} ± %{{customdata[0]:.2f}}"
                                             " (sd over %{customdata[1]} seeds)<extra></extra>")))
     fig.update_layout(barmode="group")
     return _style(fig, f"attack ({eps_label} = {eps:g})", y_title)
 
 
 def eps_sweep_fig(summary: pd.DataFrame, value: str = "flip_rate_pct",
-                  y_title: str = "flip rate (% of top-τ points)", eps_label: str = "ε") -> go.Figure:
+                  y_title: str = "flip rate (% of top-τ points)", eps_label: str = "ε",
+                  attention: str | None = None) -> go.Figure:
     """Mean ± sd over seeds against ε: colour by arch, dash by attack."""
     fig = go.Figure()
     for (arch, attack), d in summary.groupby(["arch", "attack"], sort=False):
         d = d.sort_values("eps")
+        label = arch_label(arch, attention)
         fig.add_trace(go.Scatter(
-            x=d["eps"], y=d[f"{value}_mean"], mode="lines+markers", name=f"{arch_label(arch)} {attack.upper()}",
+            x=d["eps"], y=d[f"{value}_mean"], mode="lines+markers", name=f"{label} {attack.upper()}",
             error_y=dict(type="data", array=d[f"{value}_sd"].fillna(0), visible=True),
             line=dict(color=ARCH_COLORS.get(arch, "black"), dash=ATTACK_DASH.get(attack, "solid")),
-            hovertemplate=f"{arch_label(arch)} {attack.upper()}<br>ε = %{{x:g}}<br>%{{y:.3g}}<extra></extra>"))
+            hovertemplate=f"{label} {attack.upper()}<br>ε = %{{x:g}}<br>%{{y:.3g}}<extra></extra>"))
     return _style(fig, eps_label, y_title)
 
 
 def interventions_fig(data: pd.DataFrame, value: str = "test_acc",
-                      y_title: str = "test accuracy (fraction)") -> go.Figure:
+                      y_title: str = "test accuracy (fraction)", attention: str | None = None) -> go.Figure:
     fig = go.Figure()
     for arch, d in _by_arch(data):
-        fig.add_trace(go.Bar(x=d["intervention"], y=d[value], name=arch_label(arch),
+        label = arch_label(arch, attention)
+        fig.add_trace(go.Bar(x=d["intervention"], y=d[value], name=label,
                              marker_color=ARCH_COLORS.get(arch, "black"),
-                             hovertemplate=f"{arch_label(arch)}<br>%{{x}}<br>%{{y:.4g}}<extra></extra>"))
+                             hovertemplate=f"{label}<br>%{{x}}<br>%{{y:.4g}}<extra></extra>"))
     fig.update_layout(barmode="group")
     return _style(fig, "intervention on the training set", y_title)
 
@@ -525,8 +632,8 @@ def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape,
                              colorbar=dict(title="Δ pixel"),
                              hovertemplate="x %{x}, y %{y}<br>Δ %{z:.3f}<extra></extra>"), 1, 3)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, title_text="pixel column")
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed",
-                     title_text="pixel row")
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
+    fig.update_yaxes(title_text="pixel row", row=1, col=1)  # the others would run into the image to their left
     for i, axis in enumerate(("", "2", "3")):
         fig.update_layout(**{f"yaxis{axis}": dict(scaleanchor=f"x{axis}", autorange="reversed")})
     fig.update_layout(template="plotly_white", height=320, title=title or None,
@@ -535,11 +642,11 @@ def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape,
 
 
 def influence_shift_fig(before: np.ndarray, after: np.ndarray, highlight: int | None = None,
-                        arch: str = "attn") -> go.Figure:
+                        arch: str = "attn", attention: str | None = None) -> go.Figure:
     """Aggregate influence of every training point before vs after the perturbation."""
     before, after = np.asarray(before, float), np.asarray(after, float)
     idx = np.arange(before.size)
-    fig = go.Figure(go.Scattergl(x=before, y=after, mode="markers", name=arch_label(arch),
+    fig = go.Figure(go.Scattergl(x=before, y=after, mode="markers", name=arch_label(arch, attention),
                                  marker=dict(size=5, color=ARCH_COLORS.get(arch, "black"), opacity=0.6),
                                  customdata=idx,
                                  hovertemplate="training point %{customdata}<br>before %{x:.4g}"
@@ -629,9 +736,16 @@ def scaling_fig(data: pd.DataFrame, max_width: int) -> go.Figure:
                                      name=f"{model}: above {max_width}",
                                      hovertemplate=f"{model}<br>κ = %{{x:g}}<br>needs more than {max_width}"
                                                    "<extra></extra>"))
-    _style(fig, "κ(G), condition number of the data's Gram (log scale)",
+    _style(fig, "κ(G), condition number of the data's Gram (log scale; a tick at every κ tried)",
            "smallest width within the target (hidden units, log scale)", logx=True, logy=True)
+    kappas = sorted({float(k) for k in data["kappa"]})
+    fig.update_xaxes(tickvals=kappas, ticktext=[f"{k:g}" for k in kappas],
+                     range=[math.log10(kappas[0]) - 0.08, math.log10(kappas[-1]) + 0.08] if kappas else None)
     top = np.nanmax(np.r_[data["width_needed"].astype(float), max_width])
-    fig.update_yaxes(range=[math.log10(max(1.0, np.nanmin(data["width_needed"].astype(float).fillna(top)) / 2)),
-                            math.log10(top * 4)])
+    bottom = max(1.0, np.nanmin(data["width_needed"].astype(float).fillna(top)) / 2)
+    fig.update_yaxes(range=[math.log10(bottom), math.log10(top * 4)])
+    powers = [2.0 ** e for e in range(math.floor(math.log2(bottom)), math.ceil(math.log2(top * 4)) + 1)]
+    step = max(1, math.ceil(len(powers) / 8))  # at most about 8 labels: widths are powers of two
+    ticks = powers[::step]
+    fig.update_yaxes(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     return fig

@@ -177,8 +177,8 @@ def flip_verdict(summary: pd.DataFrame, n_classes: int, attack: str | None = Non
         out[f"{arch}_train_acc"] = float(d.at[arch, "train_acc_mean"])
     a, r = out["attn_flip"], out["relu_flip"]
     out.update(ratio=_ratio(a, r), n_seeds=int(d["n_seeds"].min()),
-               numbers=(f"flip MLP-Attn {pm(a, out['attn_flip_sd'], 3, 100, '%')}, 2L-ReLU "
-                        f"{pm(r, out['relu_flip_sd'], 3, 100, '%')}; train acc. MLP-Attn "
+               numbers=(f"flip MLP-Attn {pm(a, out['attn_flip_sd'], 2, 100, '%')}, 2L-ReLU "
+                        f"{pm(r, out['relu_flip_sd'], 2, 100, '%')}; train acc. MLP-Attn "
                         f"{out['attn_train_acc']:.0%}, 2L-ReLU {out['relu_train_acc']:.0%}"))
     if min(out["relu_train_acc"], out["attn_train_acc"]) <= out["chance"]:
         return {**out, "verdict": "uninformative", "why": f"a net trains only to chance (≤ {out['chance']:.0%})"}

@@ -42,14 +42,20 @@ def mean_sd(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return out
 
 
-def pm(mean: float, sd: float | None, digits: int = 3, scale: float = 1.0, unit: str = "") -> str:
-    """``mean ± sd`` as text (``mean`` alone when sd is missing), e.g. ``41 ± 7 %``."""
+def pm(mean: float, sd: float | None, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """``mean ± sd`` as text with ``digits`` significant digits in the sd and the mean rounded
+    to the same decimal place (``mean`` alone, to ``digits + 1`` digits, without an sd),
+    e.g. ``8 ± 10 %`` or ``0.145 ± 0.006``."""
     if mean is None or (isinstance(mean, float) and np.isnan(mean)):
         return "—"
     m = mean * scale
-    text = f"{m:.{digits}g}"
-    if sd is not None and not (isinstance(sd, float) and np.isnan(sd)):
-        text += f" ± {sd * scale:.{max(1, digits - 1)}g}"
+    has_sd = sd is not None and not (isinstance(sd, float) and np.isnan(sd))
+    if not has_sd or sd == 0:
+        text = f"{m:.{digits + 1}g}" + (" ± 0" if has_sd else "")
+    else:
+        s = abs(sd * scale)
+        decimals = max(0, digits - 1 - int(np.floor(np.log10(s))))
+        text = f"{m:.{decimals}f} ± {s:.{decimals}f}"
     return text + (f" {unit}" if unit else "")
 
 

@@ -10,7 +10,7 @@ from engine import plots
 from engine.malleability import InfluenceConfig, run_influence
 from engine.training import TrainSpec
 from ui import configs, render
-from ui.common import ARCH_LABELS, require, shared
+from ui.common import require, shared
 from ui.runner import obtain
 
 BOUND = configs.BOUND
@@ -76,7 +76,7 @@ with c2:
 labels = [names[int(c)] for c in y]
 for arch in archs:
     data = plots.influence_grid_data(res.arrays[f"{arch}_I"][i], labels, k, arch)
-    st.subheader(ARCH_LABELS[arch])
+    st.subheader(plots.arch_label(arch, cfg.attention))
     if data.empty:
         st.info("No training point has a nonzero influence on this test image.")
         continue
@@ -89,14 +89,15 @@ c1, c2 = st.columns(2)
 with c1:
     data = pd.concat([pd.DataFrame({"arch": a, "train_index": np.arange(len(labels)), "label": labels,
                                     "influence": res.arrays[f"{a}_I"][i]}) for a in archs], ignore_index=True)
-    render.chart(plots.influence_hist_fig(data, title=f"Influence on test image #{i}"), data,
+    render.chart(plots.influence_hist_fig(data, title=f"Influence on test image #{i}", attention=cfg.attention), data,
                  f"influence on test {i}",
                  "How many training points have each influence on this test image; a wider spread means a "
                  "few points decide the prediction.")
 with c2:
     if "aggregate" in res.frames:
         data = plots.influence_hist_data(res.frames["aggregate"])
-        render.chart(plots.influence_hist_fig(data, title="Influence averaged over all test points"),
+        render.chart(plots.influence_hist_fig(data, title="Influence averaged over all test points",
+                                             attention=cfg.attention),
                      data, "aggregate influence",
                      "Each training point's influence averaged over the test points; the points at either tail are "
                      "the top-τ by magnitude that the malleability attacks target.")

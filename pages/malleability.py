@@ -25,7 +25,7 @@ def controls_ui() -> dict:
     c1, c2, c3, c4 = st.columns(4)
     attacks = c1.multiselect("Attacks", ATTACKS, default=list(QUICK.attacks), key="mall.attacks", **BOUND,
                              format_func=str.upper, help="FGSM: one gradient step; PGD: projected steps; "
-                                                         "MIM: PGD with momentum.")
+                                                         "MIM: PGD with momentum.", wrap=True)
     norm = c2.radio("Attack norm", configs.choices_of(AttackSpec, "norm"), horizontal=True, key="mall.norm",
                     **BOUND, help=configs.help_of(AttackSpec, "norm"))
     space = c3.radio("Attack space", configs.choices_of(MalleabilityConfig, "space"), horizontal=True,
@@ -34,14 +34,14 @@ def controls_ui() -> dict:
                       key="mall.target", **BOUND, help=configs.help_of(MalleabilityConfig, "target"))
     c1, c2, c3, c4 = st.columns(4)
     eps = c1.multiselect(f"ε ({norm} radius, {space} units)", EPS_CHOICES, default=list(QUICK.eps),
-                         key="mall.eps", **BOUND, help=configs.help_of(MalleabilityConfig, "eps"))
+                         key="mall.eps", **BOUND, help=configs.help_of(MalleabilityConfig, "eps"), wrap=True)
     steps = configs.number(c2, "Attack steps (PGD, MIM)", AttackSpec, "steps", "mall.steps",
                            value=QUICK.attack.steps, hi=200)
     epochs = configs.number(c3, "Training epochs", TrainSpec, "epochs", "mall.epochs",
                             value=QUICK.train.epochs, step=10, hi=1000)
     n_seeds = c4.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="mall.seeds", **BOUND,
                               help="Flip rates are shown as mean ± sd over these seeds.")
-    c1, c2, c3, c4, c5 = st.columns(5)
+    c1, c2, c3, c4, c5 = st.columns([1, 1, 0.9, 1.7, 1])  # room for the checkbox labels
     optimizer = c5.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="mall.optimizer",
                              **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
     width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="mall.width", **BOUND)
@@ -103,12 +103,12 @@ shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]
 with c1:
-    render.chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label), data, "flip rates",
+    render.chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",
                  "Share of the top-τ training points whose influence changes sign under each attack, mean ± sd "
                  "over seeds; higher bars mean influence is easier to manipulate, and 50 % is a coin toss.")
 with c2:
     render.chart(plots.flip_bars_fig(summary, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f",
-                                     eps_label=eps_label),
+                                     eps_label=eps_label, attention=cfg.attention),
                  data, "spearman rho",
                  "Rank correlation of all training points' influence before and after the attack; 1 means "
                  "the ranking is intact, lower means the attack reshuffled it.")
@@ -118,11 +118,13 @@ st.caption("Mean relative size of the applied perturbation ‖δ‖₂/‖x‖�
 if len(eps_list) > 1:
     c1, c2 = st.columns(2)
     with c1:
-        render.chart(plots.eps_sweep_fig(summary, eps_label=eps_label), summary, "flip rate against eps",
+        render.chart(plots.eps_sweep_fig(summary, eps_label=eps_label, attention=cfg.attention), summary,
+                     "flip rate against eps",
                      "Flip rate as the perturbation budget grows, mean ± sd over seeds; at large ε both nets "
                      "approach random sign flips (50 %).")
     with c2:
-        render.chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label), summary,
+        render.chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label,
+                                         attention=cfg.attention), summary,
                      "spearman against eps", "Rank correlation against ε; a steeper fall means more malleable.")
 
 inter = res.frames.get("interventions")
@@ -132,11 +134,12 @@ if inter is not None and not inter.empty:
     st.header("Interventions")
     c1, c2 = st.columns(2)
     with c1:
-        render.chart(plots.interventions_fig(inter), inter, "interventions accuracy",
+        render.chart(plots.interventions_fig(inter, attention=cfg.attention), inter, "interventions accuracy",
                      "Test accuracy after each change to the training set, per architecture.")
     with c2:
         if "influence_change" in inter:
-            render.chart(plots.interventions_fig(inter, "influence_change", "change of influence (relative)"),
+            render.chart(plots.interventions_fig(inter, "influence_change", "change of influence (relative)",
+                                             attention=cfg.attention),
                          inter, "interventions influence change",
                          "How much the influences moved under each intervention; larger means the explanation "
                          "of the model changed more.")
@@ -163,13 +166,13 @@ m[2].metric("sign flipped", "yes" if tables.sign_flipped(before[j], after[j]) el
 clean = res.arrays[example_key(arch, attack, eps, "X_clean")][pos]
 pert = res.arrays[example_key(arch, attack, eps, "X_pert")][pos]
 data = pd.DataFrame({"pixel": np.arange(clean.size), "clean": clean, "perturbed": pert})
-render.chart(plots.before_after_fig(clean, pert, shape, f"{ARCH_LABELS[arch]}: training image #{j}, "
+render.chart(plots.before_after_fig(clean, pert, shape, f"{plots.arch_label(arch, cfg.attention)}: training image #{j}, "
                                                          f"{str(attack).upper()} at ε = {float(eps):g}"),
              data, f"{arch} image {j} before and after",
              f"Left the clean training input, middle its perturbed version, right the change per coordinate "
              f"({cfg.attack.norm} ball of radius ε in {cfg.space} space; seed {res.meta.get('shown_seed')}).")
 data = pd.DataFrame({"train_index": np.arange(before.size), "before": before, "after": after})
-render.chart(plots.influence_shift_fig(before, after, j, arch), data, f"{arch} influence before and after",
+render.chart(plots.influence_shift_fig(before, after, j, arch, cfg.attention), data, f"{arch} influence before and after",
              "Every training point's aggregate influence before (x) and after (y) the attack; points off the "
              "dotted diagonal moved, and points in the upper-left or lower-right quadrants flipped sign.")
 render.settings(res.config)

@@ -95,12 +95,12 @@ if res is not None:
         st.dataframe(rows, hide_index=True)
     if epochs > 0:
         data = plots.loss_data(res.frames["losses"])
-        render.chart(plots.loss_fig(data), data, "training loss",
+        render.chart(plots.loss_fig(data, cfg.attention), data, "training loss",
                      "Mean training loss per epoch for each width (darker = wider), averaged over seeds; "
                      "flat lines mean the nets barely train in these epochs.")
         if not res.frames["trajectory"].empty:
             data = plots.trajectory_data(res.frames["trajectory"])
-            render.chart(plots.trajectory_fig(data), data, "kernel distance during training",
+            render.chart(plots.trajectory_fig(data, cfg.attention), data, "kernel distance during training",
                          "The kernel's Frobenius distance to K∞ at five points of training; a line that stays "
                          "flat is the lazy (kernel) regime, a rising one means training moves the kernel.")
     else:
@@ -123,7 +123,8 @@ if kres is not None:
     K = kres.arrays["K_trained"] if epochs > 0 else kres.arrays["K_init"]
     K_inf = kres.arrays["K_inf"]
     when = "after training" if epochs > 0 else "at initialisation"
-    render.chart(plots.kernel_heatmaps_fig(K, K_inf, width, arch), plots.kernel_diff_data(K, K_inf),
+    render.chart(plots.kernel_heatmaps_fig(K, K_inf, width, arch, attention=kcfg.attention),
+                 plots.kernel_diff_data(K, K_inf),
                  "kernel heatmaps",
                  f"Left: the empirical NTK {when}; middle: K∞; right: their difference (red where K_m is "
                  "larger, blue where smaller); hover for values.", index=True)

@@ -37,21 +37,24 @@ if spec is not None:
     sm = spec.meta["summary"]
     thr = sm["width_threshold_log10"]
     v = thr["attn_v2"] if thr["attn_v2"] is not None else thr["attn_v1"]
+    att, formula = sm["attention"], plots.pretty_formula(sm.get("kappa_attention_formula"))
+    theory = f" = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory") else ""
     rows += [
         {"quantity": "κ(G), condition number of the data's Gram", "here": f"{sm['kappa']:.3g}",
          "paper": "≈ 1.2e3 (MNIST), 8.7e3 (CIFAR-10)"},
-        {"quantity": "κ of the attention features' Gram", "here": f"{sm['kappa_attention']:.3g}",
-         "paper": f"= κ(G)³ = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory")
-         else "= κ(G)³ (linear attention)"},
-        {"quantity": "log10 width MLP-Attn needs for the NTK regime", "here": f"{v:.1f}",
-         "paper": "≫ 24 (MNIST), ≫ 29 (CIFAR-10)"},
+        {"quantity": f"κ of the attention features' Gram ({att} attention)", "here": f"{sm['kappa_attention']:.3g}",
+         "paper": f"= κ(G)³{theory}" if att == "linear"
+                  else f"κ(G)³ for linear attention; for {att}: {formula or 'no closed form'}{theory}"},
+        {"quantity": "log10 width MLP-Attn needs for the NTK regime"
+                     + ("" if att == "linear" else " (the paper's bound for linear attention)"),
+         "here": f"{v:.1f}", "paper": "≫ 24 (MNIST), ≫ 29 (CIFAR-10)"},
     ]
 if sweep is not None:
     d = plots.distance_data(sweep.frames["rows"], "function_dist")
     for arch in ("relu", "attn"):
         da = d[d["arch"] == arch]
         if not da.empty and key in paper.NTK_DISTANCE:
-            rows.append({"quantity": f"‖f_m − f_NTK‖, {plots.arch_label(arch)}, m = "
+            rows.append({"quantity": f"‖f_m − f_NTK‖, {plots.arch_label(arch, sweep_cfg.attention)}, m = "
                                      + " / ".join(str(w) for w in da["width"]),
                          "here": " / ".join(f"{x:.3g}" for x in da["mean"]),
                          "paper": " / ".join(f"{x:g}" for x in paper.NTK_DISTANCE[key][arch].values())
@@ -63,10 +66,11 @@ if mall is not None:
     if {"relu", "attn"} <= set(got.index.get_level_values("arch")):
         here = " vs ".join(" / ".join(tables.pm(got.loc[(a, k), "flip_rate_pct_mean"], got.loc[(a, k), "flip_rate_pct_sd"], 2)
                                       for k in mall_cfg.attacks) + " %" for a in ("relu", "attn"))
-rows.append({"quantity": "flip rate FGSM / PGD / MIM at ε = 0.3, 2L-ReLU vs MLP-Attn", "here": here,
+rows.append({"quantity": f"flip rate FGSM / PGD / MIM at ε = 0.3, 2L-ReLU vs {plots.arch_label('attn', mall_cfg.attention)}",
+             "here": here,
              "paper": " / ".join(f"{v:g}" for v in flips["relu"].values()) + " % vs "
                       + " / ".join(f"{v:g}" for v in flips["attn"].values()) + " %"})
-st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+st.table(pd.DataFrame(rows), hide_index=True)  # a static table: long cells wrap instead of being cut
 st.caption(f"Measured on {s.describe()}; networks trained {sweep_cfg.train.epochs} epochs (the paper: 500), "
            f"mean ± sd over {len(mall_cfg.seeds)} seeds; flip rates with {mall_cfg.attack.steps} attack steps "
            f"({mall_cfg.attack.norm}, {mall_cfg.space} pixels, influence on the {mall_cfg.target} class). Absolute "
@@ -91,17 +95,15 @@ cols = st.columns(3)
 for i, (page, label, icon) in enumerate(links):
     cols[i % 3].page_link(page, label=label, icon=icon)
 
-left, right = st.columns(2)
-with left:
-    st.header("Data sets")
-    infos = pd.DataFrame(dataset_infos(data_dir()))[["name", "available", "reason", "where"]]
-    st.dataframe(infos, hide_index=True, width="stretch",
-                 column_config={"reason": st.column_config.TextColumn(width="large")})
-    st.caption(f"Data folder: `{data_dir()}` (set ENGINE_DATA_DIR to change it).")
-with right:
-    st.header("Cache")
-    cs = cache_summary()
-    st.markdown(f"Results are cached in `{cs['folder']}` ({cs['megabytes']:.1f} MB). Set ENGINE_CACHE_DIR "
-                "to move it; delete the folder to start afresh. A result is keyed by its full settings, "
-                "a fingerprint of the data files it read and a fingerprint of the engine's code, so a "
-                "changed file or a new engine version never returns a stale number.")
+st.header("Data sets")  # full width: the reasons and folders are long
+infos = pd.DataFrame(dataset_infos(data_dir()))[["name", "available", "reason", "where"]]
+infos["available"] = infos["available"].map({True: "yes", False: "no"})
+infos["where"] = "`" + infos["where"].astype(str) + "`"
+st.table(infos, hide_index=True)
+st.caption(f"Data folder: `{data_dir()}` (set ENGINE_DATA_DIR to change it).")
+st.header("Cache")
+cs = cache_summary()
+st.markdown(f"Results are cached in `{cs['folder']}` ({cs['megabytes']:.1f} MB). Set ENGINE_CACHE_DIR "
+            "to move it; delete the folder to start afresh. A result is keyed by its full settings, "
+            "a fingerprint of the data files it read and a fingerprint of the engine's code, so a "
+            "changed file or a new engine version never returns a stale number.")

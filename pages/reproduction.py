@@ -128,9 +128,11 @@ if summary is not None:
     kappa_rows = [
         {"quantity": "κ(G)", "paper": f"{paper.KAPPA_G.get(paper.base_key(ref), paper.KAPPA_G['mnist']):.2g}",
          "measured": f"{summary['kappa']:.3g} (n = {summary['n']})"},
-        {"quantity": "κ of the attention features' Gram", "paper": "κ(G)³",
+        {"quantity": "κ of the attention features' Gram", "paper": "κ(G)³ (linear attention)",
          "measured": f"{summary['kappa_attention']:.3g} "
-                     f"(κ(G)³ = {summary['kappa_attention_theory'] or float('nan'):.3g})"},
+                     f"({summary.get('kappa_attention_formula') or 'no closed form for ' + summary['attention']}"
+                     f" = {summary['kappa_attention_theory'] or float('nan'):.3g}"
+                     f"{', saturated in float64' if summary.get('kappa_attention_saturated') else ''})"},
         {"quantity": "log10 width for the NTK regime, MLP-Attn (v2)",
          "paper": f"≫ {paper.WIDTH_LOG10_V2.get(paper.base_key(ref), 24):.0f}",
          "measured": "κ_d singular" if thr["attn_v2"] is None else f"{thr['attn_v2']:.1f}"},

@@ -43,11 +43,11 @@ if res is None:
 
 summ = res.meta["summary"]
 k3 = summ.get("kappa_attention_theory")
-formula = summ.get("kappa_attention_formula") or "no closed form"
-m = st.columns(5)
+formula = plots.pretty_formula(summ.get("kappa_attention_formula"))
+m = render.metric_slots(5)
 m[0].metric("κ(G)", f"{summ['kappa']:.3g}", help="λ_max / λ_rank over the numerical rank")
-m[1].metric(f"{formula} (theory, {summ['attention']})", "—" if k3 is None else f"{k3:.3g}")
-m[2].metric("κ of attention Gram (measured)", f"{summ['kappa_attention']:.3g}")
+m[1].metric(f"{formula or 'no closed form'} (theory, {summ['attention']})", "—" if k3 is None else f"{k3:.3g}")
+m[2].metric(f"κ of attention Gram ({summ['attention']}, measured)", f"{summ['kappa_attention']:.3g}")
 m[3].metric("numerical rank of G", f"{summ['numerical_rank']} / {summ['n']}",
             help=f"tolerance {summ['rank_tol']:.3g} (absolute); d = {summ['d']}")
 m[4].metric("κ_d (used by v2)",
@@ -63,12 +63,14 @@ left, right = st.columns(2)
 with left:
     st.subheader("Eigenvalues")
     data = plots.spectrum_data(res.arrays["eig_G"], res.arrays["eig_attention"])
-    render.chart(plots.spectrum_fig(data, summ["rank_tol"], s.attention), data, "eigenvalue spectrum",
+    render.chart(plots.spectrum_fig(data, summ["rank_tol"], summ["attention"]), data, "eigenvalue spectrum",
                  "Each line lists a Gram matrix's eigenvalues from largest to smallest on a log scale; "
-                 "the attention line falls about three times as steeply because its eigenvalues are cubed.")
+                 + (f"with {summ['attention']} attention the condition number becomes {formula}, so the attention "
+                    "line falls more steeply." if formula else
+                    f"{summ['attention']} attention has no closed form in G's eigenvalues: compare the two lines."))
 with right:
     st.subheader("Width needed for the kernel regime")
-    data = plots.width_needed_data(summ["width_threshold_log10"])
+    data = plots.width_needed_data(summ["width_threshold_log10"], summ["attention"])
     render.chart(plots.width_needed_fig(data), data, "width needed",
                  "Bars give log10 of the width each bound asks for; anything right of the green band "
                  "(1e3–1e5 units) is untrainable, and right of the dashed line beyond the largest models.")
@@ -77,7 +79,9 @@ st.subheader("How κ grows with n")
 growth = res.frames["growth"]
 data = plots.kappa_growth_data(growth)
 render.chart(plots.kappa_growth_fig(data), data, "kappa against n",
-             "κ(G) of the first n training points (log scale); the dashed line is its cube and the open circles "
-             "the measured attention κ, which should sit on it until float64 can no longer resolve it (~1e15).")
+             f"κ(G) of the first n training points (log scale) and the measured κ of the {summ['attention']} attention "
+             "features (open circles); " + (f"the dashed line is the theory's {formula}, which they should follow "
+                                            "until float64 can no longer resolve them (~1e15)." if formula else
+                                            "this variant has no closed-form theory, so no line is drawn."))
 render.settings(res.config)
 render.cached_note(res)

@@ -1,38 +1,68 @@
-"""The dashboard in a real Chromium: every page renders its Plotly charts without an exception.
+"""The dashboard in a real Chromium: start-up, every page at two screen sizes, a cancelled run.
 
-Starts ``streamlit run app.py`` on a free local port with a fresh cache folder, opens each
-page at its defaults, waits until its background runs are done and its charts are drawn,
-and saves a screenshot per page to ``artifacts/screenshots/`` (git-ignored). Skips where
-/usr/bin/chromium or the playwright package is missing; never downloads a browser.
+Starts ``streamlit run app.py`` the way ``make run`` does (same config file) on a free local
+port with a fresh cache folder and checks, in order:
+
+* the first seconds after a fresh start never show Streamlit's raw page list (``app,
+  influence, ntk, …``) and end with the titled page list and the page;
+* every page listed in app.py renders at 1280 × 800 and 1920 × 1080 without an exception or
+  an error box, with its charts, and with no cut-off button, metric or widget label and no
+  multiselect chip out of sight;
+* on the NTK page, settings heavy enough to wait for a click run, cancel, run again and finish;
+* a deep link as a fresh server's first request is routed through app.py.
+
+Screenshots go to the test's tmp folder (printed; ``BROWSER_SHOTS=dir`` copies them there
+too). Skips where /usr/bin/chromium or the playwright package is missing; never downloads a
+browser. Small synthetic settings keep the whole module to a few minutes on two cores.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
-from tests.conftest import SHARED_DATA
-
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "artifacts" / "screenshots"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-# A deep link first: a fresh server must still route it through app.py (see ui.common.ensure_entry).
-PAGES = {"ntk": "ntk", "overview": "", "spectrum": "spectrum", "influence": "influence",
-         "malleability": "malleability", "scaling": "scaling", "reproduction": "reproduction"}
-PAGE_TIMEOUT_MS = 120_000
+SIZES = ((1280, 800), (1920, 1080))
+RAW_NAMES = {"app"} | {p.stem for p in (ROOT / "pages").glob("*.py")}  # what v1 mode would list
+# Small synthetic settings: every page's runs start by themselves and take seconds.
+SMALL = [("data", "synthetic"), ("n", "40"), ("n_test", "10"), ("widths", "16"), ("widths", "64"),
+         ("ntk.seeds", "1"), ("ntk.epochs", "10"), ("influence.epochs", "10"), ("mall.epochs", "5"),
+         ("mall.seeds", "1"), ("mall.steps", "3"), ("repro.epochs", "5"), ("repro.mall_epochs", "5"),
+         ("repro.steps", "3"), ("scaling.kappas", "2.0"), ("scaling.kappas", "8.0"), ("scaling.epochs", "10"),
+         ("scaling.max_width", "1024"), ("scaling.seeds", "2")]
+# Heavy enough that the NTK sweep waits for a click (estimate above QUICK_SECONDS), light
+# enough to finish in about half a minute; the kernel heatmaps stay small (ntk.width).
+HEAVY = [("data", "synthetic"), ("n", "200"), ("n_test", "10"), ("widths", "16"), ("widths", "16384"),
+         ("ntk.seeds", "1"), ("ntk.epochs", "100"), ("ntk.width", "16")]
+RUN_TIMEOUT_S = 240
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is absent")
+
+
+def app_pages() -> dict[str, str]:
+    """Title → URL path of every page app.py routes (read from its st.Page calls)."""
+    pages = {}
+    for call in re.findall(r"st\.Page\((.*?)\)", (ROOT / "app.py").read_text(), flags=re.S):
+        title = re.search(r'title="([^"]+)"', call).group(1)
+        url = re.search(r'url_path="([^"]*)"', call)
+        pages[title] = url.group(1) if url else ""
+    return pages
 
 
 def _free_port() -> int:
@@ -41,13 +71,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextmanager
+def streamlit_server(tmp: Path):
+    """``streamlit run app.py`` with its own cache; yields the base URL once it is healthy."""
     port = _free_port()
-    env = dict(os.environ, ENGINE_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
-    if (SHARED_DATA / "MNIST" / "raw").exists():
-        env["ENGINE_DATA_DIR"] = str(SHARED_DATA)
-    log = tmp_path_factory.mktemp("log") / "streamlit.log"
+    env = dict(os.environ, ENGINE_CACHE_DIR=str(tmp / "cache"), ENGINE_DATA_DIR=str(tmp / "no-data"))
+    log = tmp / "streamlit.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
@@ -65,7 +94,7 @@ def server(tmp_path_factory):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"streamlit did not start:\n{log.read_text()[-2000:]}")
-            time.sleep(0.5)
+            time.sleep(0.3)
         yield url
     finally:
         proc.terminate()
@@ -76,6 +105,21 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("screenshots")
+    print(f"\nscreenshots in {folder}")
+    yield folder
+    if os.environ.get("BROWSER_SHOTS"):
+        shutil.copytree(folder, os.environ["BROWSER_SHOTS"], dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with streamlit_server(tmp_path_factory.mktemp("server")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
@@ -83,41 +127,167 @@ def browser():
         b.close()
 
 
-def _settle(page) -> None:
-    """Wait for at least one drawn Plotly chart and no running job's progress bar."""
-    page.wait_for_selector('[data-testid="stPlotlyChart"] .js-plotly-plot', timeout=PAGE_TIMEOUT_MS)
-    deadline = time.monotonic() + PAGE_TIMEOUT_MS / 1000
-    while page.locator('[data-testid="stProgress"]').count() and time.monotonic() < deadline:
-        page.wait_for_timeout(500)
-    page.wait_for_selector('[data-testid="stPlotlyChart"] .js-plotly-plot', timeout=PAGE_TIMEOUT_MS)
-    page.wait_for_timeout(1500)  # let the last charts finish drawing
+# ---------------------------------------------------------------- helpers
+
+def _busy(page) -> bool:
+    """A run in progress: a progress bar, or a Cancel button (a run stopping)."""
+    return bool(page.locator('[data-testid="stProgress"]').count()
+                or page.get_by_role("button", name="Cancel").count())
 
 
-def test_every_page_renders(server, browser):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page = browser.new_page(viewport={"width": 1440, "height": 2600})
-    for name, path in PAGES.items():
-        page.goto(f"{server}/{path}")
+def _settle(page, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Wait until the page is drawn (sidebar inputs) and no run is in progress for 1.5 s."""
+    page.wait_for_selector('[data-testid="stSidebar"] [data-testid="stNumberInput"]', timeout=60_000)
+    deadline = time.monotonic() + timeout_s
+    quiet = 0.0
+    while quiet < 1.5:
+        assert time.monotonic() < deadline, "a run did not finish in time"
+        page.wait_for_timeout(300)
+        quiet = 0.0 if _busy(page) else quiet + 0.3
+    page.wait_for_timeout(800)  # the last charts finish drawing
+
+
+def _page_link_texts(page) -> list[str]:
+    """Labels of the sidebar's page links (without their icons' ligature names)."""
+    links = page.locator('[data-testid="stSidebar"] [data-testid="stPageLink"] [data-testid="stMarkdownContainer"]')
+    return [t.strip() for t in links.all_inner_texts()]
+
+
+def _raw_list_shown(page) -> set[str]:
+    """Names of Streamlit's raw `pages/` list visible in the sidebar, if any (file stems, as
+    written: "overview", "ntk"; the real list says "Overview", "NTK convergence")."""
+    texts = page.locator('[data-testid="stSidebarNav"]').all_inner_texts() + _page_link_texts(page)
+    words = {w.strip() for t in texts for w in t.split("\n") if w.strip()}
+    return words & RAW_NAMES
+
+
+CUT_OFF_JS = """() => {
+  const cut = [];
+  const main = document.querySelector('[data-testid="stMain"]');
+  const texts = main.querySelectorAll('[data-testid="stMetricLabel"] p, [data-testid="stMetricLabel"] div,'
+    + ' button p, [data-testid="stWidgetLabel"] p, [data-testid="stCheckbox"] p, [data-testid="stPageLink"] p');
+  for (const el of texts) {
+    if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 1) cut.push('text: ' + el.innerText);
+  }
+  for (const box of main.querySelectorAll('[data-testid="stMultiSelectTagsContainer"]')) {
+    const r = box.getBoundingClientRect();
+    for (const chip of box.querySelectorAll('[data-tag]')) {
+      const c = chip.getBoundingClientRect();
+      if (c.right > r.right + 1 || c.bottom > r.bottom + 1) cut.push('chip: ' + chip.innerText);
+    }
+  }
+  return cut;
+}"""
+
+
+def _screenshot(page, path: Path, size: tuple[int, int]) -> None:
+    """The viewport as a user sees it, and the whole page (the viewport stretched to it)."""
+    page.mouse.move(1, size[1] - 1)  # no hover toolbar over a chart's title
+    page.screenshot(path=str(path.with_suffix(".png")))
+    height = page.evaluate("() => document.querySelector('[data-testid=stMain]').scrollHeight")
+    page.set_viewport_size({"width": size[0], "height": min(max(height, size[1]), 8000)})
+    page.wait_for_timeout(600)
+    page.screenshot(path=str(path.with_name(path.name + "_full.png")))
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+
+
+def _no_errors(page, what: str) -> None:
+    assert page.locator('[data-testid="stException"]').count() == 0, f"{what} shows an exception"
+    errors = page.locator('[data-testid="stAlertContentError"]').all_inner_texts()
+    assert not errors, f"{what} shows an error: {errors}"
+
+
+# ---------------------------------------------------------------- tests
+
+def test_a_fresh_server_never_shows_the_raw_page_list(server, browser, shots):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{server}/?{urlencode(SMALL)}")  # the first request this server sees
+    t0, titles = time.monotonic(), list(app_pages())
+    frame = 0
+    while _page_link_texts(page) != titles:
+        assert not _raw_list_shown(page), f"raw page list at {time.monotonic() - t0:.1f} s: {_raw_list_shown(page)}"
+        if frame < 12:
+            page.screenshot(path=str(shots / f"startup_{frame:02d}.png"))
+            frame += 1
+        assert time.monotonic() - t0 < 60, "the page list did not appear within 60 s"
+        page.wait_for_timeout(250)
+    assert not _raw_list_shown(page)
+    page.screenshot(path=str(shots / "startup_done.png"))
+    _settle(page)
+    assert not _raw_list_shown(page)
+    assert page.locator('[data-testid="stSidebarNav"]').count() == 0  # Streamlit's own list stays hidden
+    _no_errors(page, "overview after start-up")
+    page.close()
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_every_page_renders_without_cut_off_labels(server, browser, shots, size):
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    for title, path in app_pages().items():
+        page.goto(f"{server}/{path}?{urlencode(SMALL)}")
         _settle(page)
-        assert page.locator('[data-testid="stException"]').count() == 0, f"{name} shows an exception"
-        assert page.locator('[data-testid="stAlertContentError"]').count() == 0, f"{name} shows an error"
-        assert page.locator('[data-testid="stPlotlyChart"]').count() >= 1
+        if not page.locator('[data-testid="stPlotlyChart"]').count():  # settings that wait for a click
+            primary = page.locator('[data-testid="stMain"] [data-testid="stBaseButton-primary"]')
+            if primary.count():
+                primary.first.click()
+                _settle(page)
+        name = re.sub(r"\W+", "-", title.lower())
+        _screenshot(page, shots / f"{name}_{size[0]}x{size[1]}", size)
+        _no_errors(page, title)
+        assert page.locator('[data-testid="stPlotlyChart"] .js-plotly-plot').count() >= 1, f"{title} shows no chart"
         assert page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"]').count() >= 3
-        page.screenshot(path=str(SHOTS / f"{name}.png"))
+        assert _page_link_texts(page) == list(app_pages())
+        cut = page.evaluate(CUT_OFF_JS)  # covers the CSV buttons, metric labels and chips
+        assert not cut, f"{title} at {size[0]}x{size[1]}: {cut}"
     page.close()
 
 
-def test_shared_link_restores_the_view_and_widgets_write_the_url(server, browser):
-    page = browser.new_page(viewport={"width": 1440, "height": 1200})
-    page.goto(f"{server}/spectrum?n=120&spectrum.eps=0.05")
+def test_a_heavy_run_can_be_cancelled_and_run_again(server, browser, shots):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(f"{server}/ntk?{urlencode(HEAVY)}")
+    _settle(page)  # the small kernel run below the sweep starts by itself; let it finish
+    run = page.get_by_role("button", name="Run the sweep")
+    assert run.count() == 1, "heavy settings should wait for a click"
+    assert not _busy(page)
+    run.click()
+    cancel = page.get_by_role("button", name="Cancel")
+    cancel.wait_for(timeout=30_000)
+    assert page.locator('[data-testid="stProgress"]').count() >= 1
+    page.screenshot(path=str(shots / "ntk_running.png"))
+    cancel.click()
+    page.get_by_text("cancelled").first.wait_for(timeout=60_000)
+    page.screenshot(path=str(shots / "ntk_cancelled.png"))
+    page.get_by_role("button", name="Run again").click()
+    page.locator('[data-testid="stProgress"]').first.wait_for(timeout=30_000)
+    page.locator('[data-testid="stPlotlyChart"] .js-plotly-plot').first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
     _settle(page)
-    n_input = page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"] input').first
-    assert n_input.input_value() == "120"
-    assert "120 / 120" in page.locator('[data-testid="stMetric"]').all_inner_texts()[3]
-    n_input.fill("90")
-    n_input.press("Enter")
-    page.wait_for_function("() => window.location.search.includes('n=90')", timeout=30_000)
-    _settle(page)
-    assert "90 / 90" in page.locator('[data-testid="stMetric"]').all_inner_texts()[3]
-    assert page.locator('[data-testid="stException"]').count() == 0
+    page.screenshot(path=str(shots / "ntk_finished.png"))
+    _no_errors(page, "ntk after run, cancel, run again")
+    assert page.get_by_text("cancelled").count() == 0
+    assert page.locator('[data-testid="stPlotlyChart"]').count() >= 4
     page.close()
+
+
+def test_a_deep_link_as_the_first_request_is_routed_through_app_py(browser, shots, tmp_path):
+    with streamlit_server(tmp_path) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{url}/spectrum?{urlencode(SMALL)}")
+        t0 = time.monotonic()
+        while _page_link_texts(page) != list(app_pages()):
+            assert not _raw_list_shown(page), f"raw page list at {time.monotonic() - t0:.1f} s"
+            assert time.monotonic() - t0 < 60
+            page.wait_for_timeout(250)
+        _settle(page)
+        page.screenshot(path=str(shots / "deep_link_spectrum.png"))
+        _no_errors(page, "spectrum as the first request")
+        assert "spectrum" in page.url
+        assert page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"]').count() >= 3
+        n_input = page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"] input').first
+        assert n_input.input_value() == "40"  # the link's settings survive the re-route
+        assert "40 / 40" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
+        n_input.fill("30")  # and a changed widget writes the URL, so the view can be shared
+        n_input.press("Enter")
+        page.wait_for_function("() => window.location.search.includes('n=30')", timeout=30_000)
+        _settle(page)
+        assert "30 / 30" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
+        page.close()

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from engine import plots
+from engine import plots, tables
 
 
 def _block_means_loop(K: np.ndarray, b: int) -> np.ndarray:
@@ -69,8 +69,11 @@ def test_every_chart_has_axis_titles():
     eig = np.geomspace(10, 1e-3, 30)
     growth = pd.DataFrame({"n": [10, 20, 30], "numerical_rank": [10, 20, 30], "kappa": [5.0, 10.0, 20.0],
                            "kappa_attention": [125.0, 1e3, 8e3], "kappa_attention_theory": [125.0, 1e3, 8e3]})
-    mall = pd.DataFrame([{"arch": a, "attack": k, "eps": e, "flip_rate": 0.1, "spearman": 0.9}
-                         for a in ("relu", "attn") for k in ("fgsm", "pgd") for e in (0.05, 0.3)])
+    mall_rows = pd.DataFrame([{"arch": a, "attack": k, "eps": e, "seed": s, "flip_rate": 0.1 + 0.01 * s,
+                               "spearman": 0.9} for a in ("relu", "attn") for k in ("fgsm", "pgd")
+                              for e in (0.05, 0.3) for s in (0, 1)])
+    mall = tables.percent(tables.summarize(mall_rows, ["arch", "attack", "eps"], ["flip_rate", "spearman"]),
+                          ["flip_rate"])
     inter = pd.DataFrame([{"arch": a, "intervention": i, "test_acc": 0.8, "influence_change": 0.1}
                           for a in ("relu", "attn") for i in ("none", "curated")])
     agg = pd.DataFrame({"arch": ["relu"] * 5 + ["attn"] * 5, "train_index": list(range(5)) * 2,
@@ -90,8 +93,8 @@ def test_every_chart_has_axis_titles():
         plots.paper_trend_fig(plots.paper_trend_data(measured, paper)),
         plots.influence_hist_fig(plots.influence_hist_data(agg)),
         plots.influence_bar_fig(np.array([0.1, -0.2]), ["#1", "#2"], "x"),
-        plots.flip_bars_fig(plots.flip_data(mall), 0.3),
-        plots.eps_sweep_fig(plots.flip_data(mall)),
+        plots.flip_bars_fig(mall, 0.3),
+        plots.eps_sweep_fig(mall),
         plots.interventions_fig(inter),
         plots.influence_shift_fig(np.array([0.1, -0.2, 0.3]), np.array([-0.1, -0.1, 0.2]), 1),
         plots.compare_bars_fig(compare, "attack", "flip rate (%)"),
@@ -180,3 +183,77 @@ def test_trajectory_data_averages_seeds():
     assert list(data.kernel_dist) == pytest.approx([0.3, 0.4])
     fig = plots.trajectory_fig(data)
     assert fig.layout.yaxis.type == "log" and fig.layout.xaxis.title.text
+
+
+def test_scaling_chart_has_a_tick_at_every_kappa_tried():
+    kappas = [2.0, 4.0, 8.0, 16.0]
+    widths = pd.DataFrame({"arch": ["relu"] * 4, "attention": [None] * 4, "kappa": kappas,
+                           "width_needed": [16.0, 32.0, 64.0, 128.0], "censored": [False] * 4})
+    fit = pd.DataFrame({"arch": ["relu"], "attention": [None], "points": [4], "exponent": [1.0],
+                        "intercept": [math.log(8.0)], "theory_exponent": [2.0]})
+    fig = plots.scaling_fig(plots.scaling_data(widths, fit), max_width=1024)
+    assert list(fig.layout.xaxis.tickvals) == kappas
+    assert list(fig.layout.xaxis.ticktext) == ["2", "4", "8", "16"]
+
+
+def test_influence_histograms_share_one_scale_and_say_when_they_differ():
+    rng = np.random.default_rng(0)
+    data = pd.DataFrame({"arch": ["relu"] * 200 + ["attn"] * 200, "train_index": list(range(200)) * 2,
+                         "label": [0] * 400,
+                         "influence": np.r_[rng.standard_normal(200), 0.01 * rng.standard_normal(200)]})
+    fig = plots.influence_hist_fig(data, attention="softmax:0.1")
+    h = [t for t in fig.data if isinstance(t, go.Histogram)]
+    assert len(h) == 2 and h[0].xbins.size == h[1].xbins.size and h[0].xbins.start == h[1].xbins.start
+    assert fig.layout.barmode == "overlay" and "xaxis2" not in fig.to_dict()["layout"]  # one x-axis
+    assert h[1].name.startswith("MLP-Attn (softmax:0.1): median |I| ")
+    notes = [a.text for a in fig.layout.annotations]
+    assert len(notes) == 1 and "MLP-Attn (softmax:0.1): influences about" in notes[0] and "× smaller" in notes[0]
+    alike = data.assign(influence=np.r_[rng.standard_normal(200), rng.standard_normal(200)])
+    assert not any("smaller" in a.text for a in plots.influence_hist_fig(alike).layout.annotations)
+
+
+@pytest.mark.parametrize("attention,formula,theory", [("linear", "κ(G)^3", lambda k: k ** 3),
+                                                      ("stacked:2", "κ(G)^5", lambda k: k ** 5),
+                                                      ("softmax:0.1", None, lambda k: None)])
+def test_kappa_growth_theory_line_follows_the_attention_variant(attention, formula, theory):
+    kappa = np.array([5.0, 10.0, 20.0])
+    growth = pd.DataFrame({"n": [10, 20, 30], "numerical_rank": [10, 20, 30], "kappa": kappa,
+                           "kappa_attention": kappa ** 2, "attention": attention,
+                           "kappa_attention_theory": [theory(k) for k in kappa],
+                           "kappa_attention_formula": formula})
+    data = plots.kappa_growth_data(growth)
+    fig = plots.kappa_growth_fig(data)
+    names = [t.name for t in fig.data]
+    assert any(f"κ of attention features, {attention}" in n for n in names)
+    if formula is None:  # no line drawn, and the legend says why
+        (placeholder,) = [t for t in fig.data if t.name == f"no closed-form theory for {attention} attention"]
+        assert list(placeholder.x) == [None]
+    else:
+        (line,) = [t for t in fig.data if "theory for" in t.name]
+        assert line.name == f"{plots.pretty_formula(formula)} (theory for {attention} attention)"
+        np.testing.assert_allclose(np.asarray(line.y, float), [theory(k) for k in kappa])
+
+
+def test_width_bounds_say_they_are_the_linear_attention_bound_for_other_variants():
+    thr = {"attn_v1": 27.0, "attn_v2": 28.0, "relu_v1": 10.0, "relu_v2": 11.0}
+    assert not plots.width_needed_data(thr)["bound"].str.contains("linear-attention").any()
+    other = plots.width_needed_data(thr, "stacked:2")
+    assert other[other.key.str.startswith("attn")]["bound"].str.contains("linear-attention bound").all()
+    fig = plots.width_needed_fig(other)
+    assert fig.data[0].textposition == "inside"     # values inside the bars: nothing to overlap
+    assert not fig.layout.yaxis.showticklabels        # names above the bars, not crowding the axis
+
+
+def test_labels_name_the_attention_variant():
+    rows, losses = _rows()
+    rows["attention"] = np.where(rows["arch"] == "attn", "truncated:10", None)
+    data = plots.distance_data(rows, "kernel_dist_init")
+    assert set(data.loc[data.arch == "attn", "attention"]) == {"truncated:10"}
+    names = {t.name for t in plots.distance_fig(data, "kernel_dist_init").data}
+    assert "MLP-Attn (truncated:10)" in names and "2L-ReLU" in names
+    assert any("MLP-Attn (stacked:2)" in t.name for t in plots.loss_fig(plots.loss_data(losses), "stacked:2").data)
+    paper = pd.DataFrame({"arch": ["attn", "attn"], "width": [16, 256], "value": [1.0, 2.0]})
+    trend = plots.paper_trend_fig(plots.paper_trend_data(plots.distance_data(rows, "function_dist"), paper))
+    names = {t.name for t in trend.data}
+    assert "MLP-Attn (truncated:10), measured here" in names and "MLP-Attn (linear), paper" in names
+    assert plots.pretty_formula("(λ_1/λ_10)^3") == "(λ_1/λ_10)³"

@@ -8,13 +8,14 @@ and the job manager are held once per server process with ``st.cache_resource``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from dataclasses import dataclass, replace
 
 import streamlit as st
 
 from engine.cache import DEFAULT_CACHE_DIR, Cache
-from engine.data import DataSpec, available_datasets, resolve_data_dir
+from engine.data import DataSpec, available_datasets, check_npz_sizes, parse_dataset, resolve_data_dir
 from engine.device import resolve_device
 from engine.errors import EngineError
 from engine.jobs import JobManager
@@ -52,8 +53,24 @@ class Shared:
         spec = DataSpec(dataset=self.dataset, n=int(self.n), n_test=int(self.n_test), seed=int(self.seed))
         return replace(spec, **changes) if changes else spec
 
+    @property
+    def uploaded(self) -> bool:
+        """Whether the data set is a user's .npz file (a path), not a named data set."""
+        return self.base.lower().endswith(".npz")
+
+    @property
+    def label(self) -> str:
+        """The data set as the sidebar lists it: ``mnist:3-8``, or an upload's stored file name
+        (``mine-0123456789abcdef.npz``, no folder)."""
+        return Path(self.base).name if self.uploaded else self.dataset
+
     def describe(self) -> str:
-        return f"{self.dataset}, n = {self.n}, {self.n_test} test points, seed {self.seed}"
+        return f"{self.label}, n = {self.n}, {self.n_test} test points, seed {self.seed}"
+
+
+def display_name(path: str) -> str:
+    """An uploaded file's name as the user gave it: ``…/mine-0123456789abcdef.npz`` → ``mine.npz``."""
+    return re.sub(r"-[0-9a-f]{16}(\.npz)$", r"\1", Path(str(path)).name)
 
 
 def ensure_entry() -> None:
@@ -64,12 +81,24 @@ def ensure_entry() -> None:
     then runs that first request as a v1 multipage app. A first request for ``/ntk`` would
     run ``pages/ntk.py`` on its own, without the sidebar, and the flag would never be cleared.
     ``st.navigation`` clears it, so whoever sees it still set clears it and reruns.
+
+    That first v1 run also sends its raw page list (``app, influence, ntk, …``) to the browser
+    before any of our code runs; ``client.showSidebarNavigation = false`` in
+    .streamlit/config.toml hides it, and ``page_nav`` draws the real list instead.
     """
     from streamlit.runtime.pages_manager import PagesManager
 
     if PagesManager.uses_pages_directory:
         PagesManager.uses_pages_directory = False
         st.rerun()
+
+
+def page_nav(pages: list) -> None:
+    """The page list at the top of the sidebar: one link per ``st.Page``, the current one
+    highlighted (Streamlit's own list is hidden by the config; see ``ensure_entry``)."""
+    with st.container(key="page_nav", gap="xxsmall"):
+        for page in pages:
+            st.page_link(page, width="stretch")
 
 
 def shared() -> Shared:
@@ -119,25 +148,139 @@ def uploaded_names() -> list[str]:
     return list(st.session_state.get("uploads", []))
 
 
+UPLOAD_EXPECTED = "expected an .npz file with arrays X (one row per sample) and y (integer labels), as numpy.savez writes"
+
+
+def upload_problem(name: str, exc: Exception | None = None) -> str:
+    """One line for an upload that cannot be used: the file's name, why, and what is expected.
+
+    Engine messages name the stored copy (a path inside the cache folder) and give advice for
+    programmers; neither helps someone who dropped a file on the page, so both are replaced."""
+    if exc is None:
+        return f"“{name}” is not an .npz file; {UPLOAD_EXPECTED}."
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    why = re.sub(r"[^\s'\"]*?[\w-]+-[0-9a-f]{16}\.npz", name, why)  # the stored copy → the user's name
+    why = re.sub(r"[;,]?\s*save X and y with numpy\.savez\s*$", "", why)
+    why = why.removeprefix(name).lstrip(" :")
+    if "not a zip file" in why:
+        return f"“{name}” is not a valid .npz file (it is not a zip archive); {UPLOAD_EXPECTED}."
+    return f"“{name}” cannot be used: {why}; {UPLOAD_EXPECTED}."
+
+
+def upload_dir() -> Path:
+    """Where uploads are kept on this server (by content hash, next to the engine's cache)."""
+    return get_cache().directory / "uploads"
+
+
 def upload_ui() -> None:
     """A file uploader for the user's own .npz; stores it next to the cache and lists it."""
     from engine.data import store_npz
 
-    file = st.file_uploader("Your own data (.npz)", type=["npz"], key="upload",
-                            help="Arrays X (n × d, n × h × w or n × c × h × w) and integer y; optionally "
-                                 "X_test and y_test. Read with allow_pickle=False; at most 200 MB.")
+    # no type filter: a wrong file gets the message below (what is expected), not the browser's refusal
+    file = st.file_uploader("Your own data (.npz)", key="upload",
+                            help="An .npz file with arrays X (n × d, n × h × w or n × c × h × w) and integer "
+                                 "labels y, optionally X_test and y_test, e.g. `numpy.savez('mine.npz', X=X, y=y)`; "
+                                 "at most 200 MB.")
     if file is None:
         return
+    if not file.name.lower().endswith(".npz"):
+        st.error(upload_problem(file.name))
+        return
     try:
-        path = str(store_npz(file.getvalue(), file.name, get_cache().directory / "uploads"))
+        path = str(store_npz(file.getvalue(), file.name, upload_dir()))
     except EngineError as exc:
-        st.error(str(exc))
+        st.error(upload_problem(file.name, exc))
         return
     uploads = st.session_state.setdefault("uploads", [])
     if path not in uploads:
         uploads.append(path)
         st.rerun()  # the data set list above was drawn without it
     st.caption(f"Added to the data sets as `{Path(path).name}`.")
+
+
+def linked_data(names: list[str]) -> str | None:
+    """Check a link's ``data`` query parameter before the data selectbox reads it.
+
+    The selectbox silently drops a value it does not offer, so a link to someone's upload
+    would open the default data set as if nothing were wrong. An upload kept on this server
+    (same content-hash name in ``upload_dir()``) is added to this session's data sets;
+    anything else returns a one-line warning for the page. ``names``: the data sets offered.
+    """
+    wanted = st.query_params.get("data")
+    if not wanted or wanted in {Path(n).name for n in names}:
+        return None
+    if wanted.lower().endswith(".npz"):
+        path = upload_dir() / Path(wanted).name
+        if Path(wanted).name == wanted and path.is_file():
+            st.session_state.setdefault("uploads", []).append(str(path))
+            return None
+        return (f"This link opens uploaded data, “{display_name(wanted)}”, that is not on this server, so the "
+                f"page shows {names[0]} instead; upload the file under “Your own data” in the sidebar to see "
+                "the linked view.")
+    return f"This link asks for the data set “{wanted}”, which is not available here, so the page shows {names[0]} instead."
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def npz_rows(path: str) -> tuple[int, int | None]:
+    """Rows of X and of X_test (None without one) in an .npz, read from the array headers only."""
+    shapes = check_npz_sizes(path, display_name(path))
+    X, T = shapes.get("X"), shapes.get("X_test")
+    return (int(X[0][0]) if X and X[0] else 0), (int(T[0][0]) if T and T[0] else None)
+
+
+def fit_sizes(n: int, n_test: int, rows: int, test_rows: int | None) -> tuple[int, int]:
+    """``n`` and ``n_test`` lowered to what an .npz holds (the limits of engine.data.npz).
+
+    With X_test, n ≤ rows of X and n_test ≤ rows of X_test. Without, n_test rows of X are held
+    out (at most rows − 2) and n ≤ rows − n_test; a shortfall is shared in proportion to the
+    request, so 200 + 100 asked of 80 rows gives 53 + 27.
+    """
+    if test_rows is not None:
+        return min(n, rows), min(n_test, test_rows)
+    if n + n_test <= rows:
+        return n, n_test
+    n_test = max(1, min(n_test, rows - 2, round(rows * n_test / (n + n_test))))
+    return max(2, min(n, rows - n_test)), n_test
+
+
+def class_problem(s: Shared) -> str | None:
+    """Why the Classes setting cannot be used with this data set (one line), or None."""
+    if s.classes.strip().lower() in ("", "all"):
+        return None
+    if s.uploaded:
+        return "classes can be picked for mnist, fashion-mnist, cifar10 and synthetic; an uploaded file uses all of its classes"
+    try:
+        parse_dataset(s.dataset)
+    except EngineError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def usable(s: Shared) -> tuple[Shared, str | None, str | None]:
+    """The sidebar's settings as the pages can run them, with what was changed and why.
+
+    Returns (settings, error, note). A Classes value that cannot be used becomes ``all`` and
+    ``error`` says so once for the whole page, instead of one error box per run on it; an
+    uploaded file's n and n_test are lowered to what it holds (``fit_sizes``) and ``note``
+    says so.
+    """
+    error = note = None
+    problem = class_problem(s)
+    if problem:
+        error = f"Classes “{s.classes.strip()}”: {problem}. The pages below use all classes until this is changed."
+        s = replace(s, classes="all")
+    if s.uploaded:
+        try:
+            rows, test_rows = npz_rows(s.base)
+        except EngineError:
+            return s, error, note  # the runs say what is wrong with the file
+        n, n_test = fit_sizes(s.n, s.n_test, rows, test_rows)
+        if (n, n_test) != (s.n, s.n_test):
+            held = f"{test_rows} test rows" if test_rows is not None else "no X_test, so test points are held out of X"
+            note = (f"{display_name(s.base)} has {rows} rows ({held}): runs use n = {n} and {n_test} test points "
+                    f"instead of {s.n} and {s.n_test}.")
+            s = replace(s, n=n, n_test=n_test)
+    return s, error, note
 
 
 def default_dataset() -> str:

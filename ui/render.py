@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from engine import export
+
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 STATUS_BADGES = {"agrees": ":green-badge[agrees]", "partly": ":orange-badge[partly]",
                  "disagrees": ":red-badge[disagrees]", "not measured": ":gray-badge[not measured]"}
@@ -20,14 +22,39 @@ def _slug(text: str) -> str:
 
 
 def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False) -> None:
-    """An interactive Plotly chart, one sentence on how to read it, and its data as CSV."""
+    """An interactive Plotly chart, one sentence on how to read it, and its data as CSV.
+
+    The sentence and the button share a row that sizes the button to its label first and
+    gives the sentence the rest (fixed column ratios squeezed the button to "C…" in
+    half-width columns)."""
     slug = _slug(name)
+    if st.session_state.get("presentation"):
+        fig = export.talk_style(fig)
     st.plotly_chart(fig, key=f"chart.{slug}", config=PLOTLY_CONFIG)
-    left, right = st.columns([5, 1], vertical_alignment="center")
-    left.caption(how_to_read)
-    right.download_button("CSV", data.to_csv(index=index).encode(), file_name=f"{slug}.csv",
-                          mime="text/csv", key=f"csv.{slug}", on_click="ignore", icon=":material/download:",
-                          help=f"Download the data of “{name}” as CSV")
+    row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=False)
+    row.caption(how_to_read, width="stretch")
+    row.download_button("CSV", data.to_csv(index=index).encode(), file_name=f"{slug}.csv",
+                        mime="text/csv", key=f"csv.{slug}", on_click="ignore", icon=":material/download:",
+                        help=f"Download the data of “{name}” as CSV", width="content")
+    if export.browser_path() is not None:  # static images for slides, rendered only when clicked
+        for fmt in ("png", "svg"):
+            row.download_button(fmt.upper(), _image(fig, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],
+                                key=f"{fmt}.{slug}", on_click="ignore", width="content",
+                                help=f"Download “{name}” as {fmt.upper()} (for slides)")
+
+
+IMAGE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
+
+
+def _image(fig, fmt: str):
+    return lambda: export.image_bytes(fig, fmt)  # kaleido starts Chromium only when the button is clicked
+
+
+def metric_slots(k: int) -> list:
+    """``k`` places for ``st.metric`` in one row that wraps instead of cutting long labels
+    (equal columns truncate a label such as "κ of attention Gram (measured)" at 1280 px)."""
+    row = st.container(horizontal=True, gap="medium")
+    return [row.container(width="content") for _ in range(k)]
 
 
 def npy_button(label: str, array: np.ndarray, file_name: str) -> None:

@@ -1,0 +1,265 @@
+"""ui.common and ui.render through Streamlit's AppTest: settings to specs, the n clamp, one error
+per page, charts with their CSV, upload messages and links to uploads.
+
+Small scripts run with ``AppTest.from_function`` (each function is its own script, so it
+imports what it uses); the app-level checks run app.py on synthetic data with a fresh cache.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from engine.data import DataSpec, store_npz
+from engine.errors import EngineError
+from ui.common import Shared, display_name, fit_sizes, upload_problem
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+SMALL = {"data": "synthetic", "n": "40", "n_test": "10", "widths": ["16"]}
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    """A fresh cache, no image data (synthetic is the default), and app runs in the server's
+    steady state (see tests/test_app.py: AppTest re-decides the v1 `pages/` mode every run)."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    init = PagesManager.__init__
+
+    def steady_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", steady_init)
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ENGINE_DATA_DIR", str(tmp_path / "no-data"))
+    return tmp_path
+
+
+def _npz(rows: int, test_rows: int | None = None) -> bytes:
+    rng = np.random.default_rng(0)
+    arrays = {"X": rng.random((rows, 5, 5)), "y": np.arange(rows) % 3}
+    if test_rows is not None:
+        arrays.update(X_test=rng.random((test_rows, 5, 5)), y_test=np.arange(test_rows) % 3)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def settle(at: AppTest, timeout: float = 120.0) -> AppTest:
+    deadline = time.monotonic() + timeout
+    at.run()
+    while at.get("progress") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        at.run()
+    return at
+
+
+# ---------------------------------------------------------------- Shared → DataSpec
+
+def test_shared_settings_become_the_engines_data_spec():
+    s = Shared(base="mnist", classes=" 3-8 ", n=50, n_test=20, seed=4)
+    assert s.data() == DataSpec(dataset="mnist:3-8", n=50, n_test=20, seed=4)
+    assert s.data(n_test=1).n_test == 1 and s.data(n_test=1).dataset == "mnist:3-8"
+    assert Shared(base="synthetic", classes="ALL").data().dataset == "synthetic"
+    up = Shared(base="/srv/cache/uploads/mine-0123456789abcdef.npz", n=30)
+    assert up.uploaded and up.label == "mine-0123456789abcdef.npz" and up.data().dataset == up.base
+    assert "mine-0123456789abcdef.npz, n = 30" in up.describe() and "/srv" not in up.describe()
+
+
+def test_shared_values_reach_a_script_as_a_data_spec():
+    def script():
+        import streamlit as st
+
+        from ui.common import Shared
+
+        st.session_state["shared"] = Shared(base="synthetic", classes="0-1", n=30, n_test=5, seed=2)
+        from ui.common import shared
+
+        spec = shared().data()
+        st.markdown(f"{spec.dataset}|{spec.n}|{spec.n_test}|{spec.seed}")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception
+    assert at.markdown[0].value == "synthetic:0-1|30|5|2"
+
+
+# ---------------------------------------------------------------- the n clamp
+
+@pytest.mark.parametrize("n,n_test,rows,test_rows,expected", [
+    (40, 10, 80, None, (40, 10)),      # fits: unchanged
+    (200, 100, 80, None, (53, 27)),    # shared in proportion to the request
+    (200, 1, 80, None, (79, 1)),
+    (200, 100, 3, None, (2, 1)),       # the smallest file store_npz accepts
+    (200, 100, 80, 30, (80, 30)),      # with X_test each split is its own limit
+    (50, 10, 80, 30, (50, 10)),
+])
+def test_fit_sizes_follows_the_npz_loaders_limits(n, n_test, rows, test_rows, expected, tmp_path):
+    assert fit_sizes(n, n_test, rows, test_rows) == expected
+    from engine.data import load_sample
+
+    path = store_npz(_npz(rows, test_rows), "mine.npz", tmp_path)
+    got_n, got_t = expected
+    sample = load_sample(DataSpec(dataset=str(path), n=got_n, n_test=got_t))  # the engine accepts them
+    assert sample.X.shape[0] == got_n and sample.X_test.shape[0] == got_t
+
+
+def test_too_large_n_on_an_upload_is_lowered_and_said_once(env):
+    path = str(store_npz(_npz(80), "mine.npz", env / "cache" / "uploads"))
+
+    def script(path):
+        import streamlit as st
+
+        from ui.common import Shared, usable
+
+        s, error, note = usable(Shared(base=path, n=200, n_test=100))
+        st.markdown(f"{s.n}|{s.n_test}|{error}")
+        st.info(note)
+
+    at = AppTest.from_function(script, args=(path,)).run()
+    assert not at.exception
+    assert at.markdown[0].value == "53|27|None"
+    (note,) = at.info
+    assert "mine.npz has 80 rows" in note.value and "n = 53 and 27 test points" in note.value
+    assert "instead of 200 and 100" in note.value and "/" not in note.value
+
+
+def test_the_app_runs_an_upload_with_the_default_n(env):
+    path = str(store_npz(_npz(80), "mine.npz", env / "cache" / "uploads"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["uploads"] = [path]
+    at.query_params.update({"data": Path(path).name, "widths": ["16"]})  # n = 200, test points 100
+    at = settle(at)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="data").value == path
+    assert any("runs use n = 53 and 27 test points" in i.value for i in at.sidebar.info)
+    assert any("n = 53, 27 test points" in c.value for c in at.caption)  # the page's own description
+
+
+# ---------------------------------------------------------------- one error per page
+
+def test_a_bad_class_pair_falls_back_to_all_with_one_error():
+    def script():
+        import streamlit as st
+
+        from ui.common import Shared, usable
+
+        for classes in ("1-1", "0-1", "3-x"):
+            s, error, note = usable(Shared(base="synthetic", classes=classes))
+            st.markdown(f"{classes}|{s.classes}|{s.dataset}")
+            if error:
+                st.error(error)
+
+    at = AppTest.from_function(script).run()
+    assert [m.value for m in at.markdown] == ["1-1|all|synthetic", "0-1|0-1|synthetic:0-1", "3-x|all|synthetic"]
+    assert len(at.error) == 2
+    assert all("\n" not in e.value and "use all classes" in e.value for e in at.error)
+    assert "synthetic classes" in at.error[0].value
+
+
+@pytest.mark.parametrize("page", ["pages/overview.py", "pages/ntk.py"])
+def test_a_bad_class_pair_shows_one_error_on_a_page_with_several_runs(env, page):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({**SMALL, "classes": "1-1", "ntk.epochs": "0", "ntk.seeds": "1"})
+    at.run()
+    if page != "pages/overview.py":
+        at.switch_page(page)
+    at = settle(at)
+    assert not at.exception
+    assert len(at.error) == 1, [e.value for e in at.error]
+    assert at.error[0].value.startswith("Classes “1-1”: synthetic classes")
+
+
+# ---------------------------------------------------------------- uploads and links
+
+def test_upload_messages_name_the_file_and_what_is_expected(tmp_path):
+    assert upload_problem("data.csv") == ("“data.csv” is not an .npz file; expected an .npz file with arrays X "
+                                          "(one row per sample) and y (integer labels), as numpy.savez writes.")
+    buf = io.BytesIO()
+    np.savez(buf, A=np.zeros((5, 2)))
+    for blob, why in ((b"not a zip", "is not a valid .npz file"), (buf.getvalue(), "needs arrays X and y")):
+        with pytest.raises(EngineError) as info:
+            store_npz(blob, "mine.npz", tmp_path)
+        message = upload_problem("mine.npz", info.value)
+        assert message.startswith("“mine.npz”") and why in message, message
+        assert "expected an .npz file with arrays X" in message
+        assert str(tmp_path) not in message and "allow_pickle" not in message and "\n" not in message
+    assert display_name(str(tmp_path / "mine-0123456789abcdef.npz")) == "mine.npz"
+
+
+def test_a_link_to_an_upload_missing_here_says_so(env):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({**SMALL, "data": "theirs-0123456789abcdef.npz"})
+    at = settle(at)
+    assert not at.exception
+    (warning,) = [w for w in at.warning if "not on this server" in w.value]
+    shown = at.selectbox(key="data").value  # the first data set offered here
+    assert "“theirs.npz”" in warning.value and f"shows {shown} instead" in warning.value
+    assert shown == at.selectbox(key="data").options[0]
+    settle(at)
+    assert any("not on this server" in w.value for w in at.warning)  # stays while the view is the fallback
+    others = [o for o in at.selectbox(key="data").options if o != shown]
+    if others:
+        at.selectbox(key="data").set_value(others[0])
+        settle(at)
+        assert not any("not on this server" in w.value for w in at.warning)  # until another data set is picked
+
+
+def test_a_link_to_an_upload_kept_on_this_server_opens_it(env):
+    path = str(store_npz(_npz(60), "mine.npz", env / "cache" / "uploads"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({**SMALL, "data": Path(path).name})
+    at = settle(at)
+    assert not at.exception and not at.warning
+    assert at.selectbox(key="data").value == path
+
+
+def test_qkv_says_before_running_that_it_needs_a_small_n(env):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({**SMALL, "n": "200", "attention": "qkv"})
+    at = settle(at)
+    assert not at.exception
+    note = " ".join(c.value for c in at.sidebar.caption)
+    assert "**qkv** trains W_Q, W_K and W_V" in note and "keep n small" in note and "At n = 200" in note
+    at.selectbox(key="attention").set_value("linear")
+    at = settle(at)
+    assert "qkv" not in " ".join(c.value for c in at.sidebar.caption)
+
+
+# ---------------------------------------------------------------- render
+
+def test_chart_draws_the_figure_its_reading_note_and_a_csv_button():
+    def script():
+        import pandas as pd
+        import plotly.graph_objects as go
+
+        from ui import render
+
+        data = pd.DataFrame({"width": [16, 64], "distance": [0.5, 0.25]})
+        fig = go.Figure(go.Scatter(x=data["width"], y=data["distance"]))
+        render.chart(fig, data, "Kernel distance", "Lower is closer to the limit.")
+        render.chart(fig, data, "Second chart", "Another sentence.")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == 2
+    buttons = at.get("download_button")
+    assert [b.proto.label for b in buttons] == ["CSV", "CSV"]
+    assert [c.value for c in at.caption] == ["Lower is closer to the limit.", "Another sentence."]
+
+
+def test_metric_slots_hold_one_metric_each():
+    def script():
+        from ui import render
+
+        for slot, (label, value) in zip(render.metric_slots(3), [("κ(G)", 1), ("κ(G)³ (theory, linear)", 2),
+                                                                 ("κ of attention Gram (linear, measured)", 3)]):
+            slot.metric(label, value)
+
+    at = AppTest.from_function(script).run()
+    assert [m.label for m in at.metric] == ["κ(G)", "κ(G)³ (theory, linear)", "κ of attention Gram (linear, measured)"]
