@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from .errors import BadInput
 
-FLOPS = 1.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
-FLOPS64 = 3.0e9         # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
-STEP_OVERHEAD_S = 3e-3  # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
-FIXED_S = 0.5           # loading a cached draw, building the result
+FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
+FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
+STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
+FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
 DEFAULT_SECONDS = 6 * 3600.0  # the engine's own limit; the CLI can raise it

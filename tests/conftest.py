@@ -62,3 +62,23 @@ def cache(tmp_path):
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
+    """Run AppTest scripts in a server's steady state with their own cache and data folders.
+
+    A server decides once per process whether to run `pages/` as a v1 multipage app, and
+    st.navigation turns that off on the first run (ui.common.ensure_entry covers that run).
+    AppTest re-decides before every run; start each run in the server's steady state, or
+    every run would begin with ensure_entry's rerun, which drops button clicks."""
+    from streamlit.runtime.pages_manager import PagesManager
+
+    init = PagesManager.__init__
+
+    def steady_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", steady_init)
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("ENGINE_DATA_DIR", str(data_dir))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, steady_app_state
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk.py", "pages/influence.py",
@@ -25,21 +25,7 @@ SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"],
 
 @pytest.fixture()
 def env(tmp_path, monkeypatch):
-    # A server decides once per process whether to run `pages/` as a v1 multipage app, and
-    # st.navigation turns that off on the first run (ui.common.ensure_entry covers that run).
-    # AppTest re-decides before every run; start each run in the server's steady state, or
-    # every run would begin with ensure_entry's rerun, which drops button clicks.
-    from streamlit.runtime.pages_manager import PagesManager
-
-    init = PagesManager.__init__
-
-    def steady_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        PagesManager.uses_pages_directory = False
-
-    monkeypatch.setattr(PagesManager, "__init__", steady_init)
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENGINE_DATA_DIR", str(SHARED_DATA if HAS_MNIST else tmp_path / "no-data"))
+    steady_app_state(monkeypatch, tmp_path / "cache", SHARED_DATA if HAS_MNIST else tmp_path / "no-data")
     return tmp_path
 
 

@@ -130,3 +130,18 @@ def test_cli_figure_renders_from_the_cache(tmp_path):
     p = subprocess.run([*args, "--out", str(tmp_path / "regime.jpeg")], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error:") and ".png" in p.stderr and not p.stdout
+
+
+def test_talk_style_enlarges_text_and_swaps_in_colour_blind_safe_colours():
+    import plotly.graph_objects as go
+
+    from engine.export import OKABE_ITO, talk_style
+    from engine.plots import ARCH_COLORS
+
+    fig = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], line=dict(color=ARCH_COLORS["relu"])),
+                     go.Bar(x=[1], y=[1], marker_color=ARCH_COLORS["attn"])])
+    out = talk_style(fig)
+    assert out.data[0].line.color == OKABE_ITO[ARCH_COLORS["relu"]] and out.data[0].line.width == 3
+    assert out.data[1].marker.color == OKABE_ITO[ARCH_COLORS["attn"]]
+    assert out.layout.font.size == 18
+    assert fig.data[0].line.color == ARCH_COLORS["relu"]  # the page's own figure is untouched

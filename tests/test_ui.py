@@ -17,6 +17,8 @@ from streamlit.testing.v1 import AppTest
 
 from engine.data import DataSpec, store_npz
 from engine.errors import EngineError
+from engine import export
+from tests.conftest import steady_app_state
 from ui.common import Shared, display_name, fit_sizes, upload_problem
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -27,17 +29,7 @@ SMALL = {"data": "synthetic", "n": "40", "n_test": "10", "widths": ["16"]}
 def env(tmp_path, monkeypatch):
     """A fresh cache, no image data (synthetic is the default), and app runs in the server's
     steady state (see tests/test_app.py: AppTest re-decides the v1 `pages/` mode every run)."""
-    from streamlit.runtime.pages_manager import PagesManager
-
-    init = PagesManager.__init__
-
-    def steady_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        PagesManager.uses_pages_directory = False
-
-    monkeypatch.setattr(PagesManager, "__init__", steady_init)
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ENGINE_DATA_DIR", str(tmp_path / "no-data"))
+    steady_app_state(monkeypatch, tmp_path / "cache", tmp_path / "no-data")
     return tmp_path
 
 
@@ -249,7 +241,8 @@ def test_chart_draws_the_figure_its_reading_note_and_a_csv_button():
     assert not at.exception
     assert len(at.get("plotly_chart")) == 2
     buttons = at.get("download_button")
-    assert [b.proto.label for b in buttons] == ["CSV", "CSV"]
+    images = ["PNG", "SVG"] if export.browser_path() else []  # static images need a Chromium
+    assert [b.proto.label for b in buttons] == ["CSV", *images, "CSV", *images]
     assert [c.value for c in at.caption] == ["Lower is closer to the limit.", "Another sentence."]
 
 
