@@ -108,6 +108,7 @@ PAGES = [
     st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:", url_path="malleability"),
     st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path="scaling"),
     st.Page("pages/regime.py", title="Kernel regime", icon=":material/timeline:", url_path="regime"),
+    st.Page("pages/grid.py", title="Grid", icon=":material/grid_view:", url_path="grid"),
     st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
             url_path="reproduction"),
 ]

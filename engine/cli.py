@@ -144,6 +144,8 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--no-page", action="store_true", help="skip the dashboard render benchmark")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
+    _add_grid(sub)  # the grid command: see its block at the end of this file
+    _add_figure(sub, preset)  # the figure command: see the dynamics and figures block
     return parser
 
 
@@ -231,11 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_preset_of(argv))
     a = parser.parse_args(argv)
+    if a.command == "grid":  # its own output and exit codes (4: some cells failed)
+        return cmd_grid(a)
     try:
         if a.command == "datasets":
             out = cmd_datasets(a)
         elif a.command == "bench":
             out = cmd_bench(a, _StderrProgress(a.quiet))
+        elif a.command == "figure":
+            out = cmd_figure(a, _StderrProgress(a.quiet))
         else:
             out = run_command(a.command, a, _StderrProgress(a.quiet))
     except EngineError as exc:
@@ -249,3 +255,138 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_human(out)
     return 0
+
+
+# ---------------------------------------------------------------- grid (engine.grid)
+
+def _add_grid(sub) -> None:
+    """``grid SPEC.toml``: every cell of a grid spec into the cache, on local processes or Ray."""
+    p = sub.add_parser("grid", help="run every cell of a grid spec (TOML) into the cache, locally or on Ray",
+                       description="Run every cell of a grid spec (grids/*.toml) and write each result into "
+                                   "the cache; cells already there are not recomputed. Exit codes: 0 all "
+                                   "cells ok, 4 some failed (listed; the others are kept), 2 bad spec.")
+    p.add_argument("spec", help="grid spec file, e.g. grids/quick.toml")
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: a pool of worker processes here (default); ray: one task per cell on a cluster")
+    p.add_argument("--address", help="ray: the cluster, auto or HOST:PORT of its head (default: start a "
+                                     "local Ray instance)")
+    p.add_argument("--workers", type=int, help="local: worker processes (default: cores / threads); "
+                                               "ray: most cells in flight (default: all)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per cell, the same on both "
+                                                          "backends so that CPU results agree bit for bit (default: 1)")
+    p.add_argument("--retries", type=int, default=3, help="times a cell whose worker died runs again (default: 3)")
+    p.add_argument("--max-seconds", type=float, default=math.inf,
+                   help="refuse cells estimated above this many seconds (default: no limit; --dry-run shows them)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the cells with the estimated time and memory of each and in total; compute nothing")
+    _add_common(p)
+
+
+def cmd_grid(a) -> int:
+    import contextlib
+    import os
+
+    from . import grid as G
+
+    workers = a.workers or max(1, (os.cpu_count() or 1) // max(1, a.threads))
+    try:
+        spec = G.load_spec(a.spec)
+        cache = None if a.no_cache else Cache(a.cache_dir)
+        if a.dry_run:
+            table = G.plan(spec, cache, a.data_dir)
+            out = {**G.totals(table, workers), "plan": _records(table)}
+            if a.json:
+                print(json.dumps(_jsonable(out)))
+                return 0
+            shown = table.assign(estimate=table["estimate_s"].map(B.duration),
+                                 memory=table["memory_gib"].map(lambda g: f"{g * 1024:.0f} MiB"),
+                                 note=table["note"].map(lambda t: t if len(t) <= 48 else t[:47] + "…"))
+            print(shown[["cell", "kind", "settings", "status", "estimate", "memory", "note"]].to_string(index=False))
+            print(f"\ntotal: {out['cells']} cells, {out['cached']} cached, {out['cannot_run']} cannot run here "
+                  f"(see note); about {B.duration(out['estimate_seconds'])} of work in all, "
+                  f"{B.duration(out['estimate_seconds_left'])} left to run here, about "
+                  f"{B.duration(out['wall_seconds_left'])} on {workers} workers; peak about {out['peak_gib']:.2f} GiB "
+                  "(estimates for the reference 2-core CPU; a GPU is faster)")
+            return 0
+        with contextlib.redirect_stdout(sys.stderr):  # stdout holds the result only; Ray prints notes there
+            outcomes = G.run_grid(spec, cache, a.data_dir, a.backend, a.address, a.workers, a.device,
+                                  a.threads, a.retries, a.max_seconds, None if a.quiet else G.stderr_line)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; finished cells are in the cache, rerun to resume", file=sys.stderr)
+        return 130
+    out = G.summary(outcomes)
+    for r in out["results"]:
+        if r["status"] == "failed":
+            print(f"failed: cell {r['cell']} {spec.cells[r['cell']].label}: {r['error']}", file=sys.stderr)
+    if a.json:
+        print(json.dumps(_jsonable(out)))
+    else:
+        for r in out["results"]:
+            print(f"{r['cell']:>4}  {r['status']:8s}  {spec.cells[r['cell']].label}")
+        print(f"{out['cells']} cells: {out['computed']} computed, {out['cached']} cached, {out['failed']} failed")
+    return 4 if out["failed"] else 0
+
+
+# ---------------------------------------------------------------- dynamics and figures (engine.dynamics, engine.export)
+# ``dynamics`` is an ordinary experiment command (flags from DynamicsConfig and TrainSpec);
+# ``figure KIND [the experiment's flags] --out FILE.{png,svg,pdf}`` renders a page's main chart.
+
+from . import export as _export  # noqa: E402
+from .dynamics import PRESETS as _DYN_PRESETS  # noqa: E402
+from .dynamics import DynamicsConfig, run_dynamics  # noqa: E402
+
+PRESETS["dynamics"] = {**_DYN_PRESETS["dynamics"], "default": DynamicsConfig()}
+COMMANDS["dynamics"] = Command(DynamicsConfig, run_dynamics, "dynamics",
+                               "real against linearised training (kernel regime or not) across widths, per seed",
+                               ("rows", "summary"))
+
+
+def _add_figure(sub, preset: str | None) -> None:
+    """``figure KIND``: one sub-command per kind, each with its experiment's own flags."""
+    p = sub.add_parser("figure", help="render a page's main chart to PNG, SVG or PDF (headless Chromium)",
+                       description="Render the main chart of a dashboard page to a file for slides, from the "
+                                   "cache or by computing the experiment first. The file's suffix picks the "
+                                   "format: .png, .svg or .pdf. Kinds: " + "; ".join(
+                                       f"{k}: {what}" for k, (_, what) in _export.KINDS.items()))
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
+    for kind, (name, what) in _export.KINDS.items():
+        cmd = COMMANDS[name]
+        q = kinds.add_parser(kind, help=what, description=f"{what}; the flags are those of `{name}`.")
+        _add_common(q)
+        _add_config(q, cmd, preset if preset in PRESETS[cmd.preset] else "default")
+        q.add_argument("--out", required=True, help="output file: .png, .svg or .pdf")
+        q.add_argument("--plot", dest="fig_metric", default=None,
+                       help="ntk: the sweep metric drawn (default kernel_dist_init); regime: lin_gap (default), "
+                            "pattern_change, k_inf_gap or weight_movement")
+        q.add_argument("--width-px", dest="fig_width", type=int, default=_export.WIDTH_PX,
+                       help=f"image width in CSS pixels (default: {_export.WIDTH_PX})")
+        q.add_argument("--height-px", dest="fig_height", type=int, default=None,
+                       help="image height in CSS pixels (default: the chart's own)")
+        q.add_argument("--png-scale", dest="fig_scale", type=float, default=_export.SCALE,
+                       help=f"PNG pixel density (default: {_export.SCALE:g})")
+        q.add_argument("--talk", action="store_true", help="slide-sized text and thicker lines")
+
+
+def cmd_figure(a, progress) -> dict:
+    """Compute (or read from the cache) the kind's experiment, draw its main chart, write the file."""
+    name = _export.KINDS[a.kind][0]
+    cmd = COMMANDS[name]
+    fmt = _export.format_of(a.out)  # a bad suffix fails before any work
+    cfg = config_from_args(cmd, a)
+    limit = None if a.max_gib is None else int(a.max_gib * B.GIB)
+    if a.estimate:
+        from .calibration import estimate
+
+        est = estimate(cfg)
+        return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
+    cache = None if a.no_cache else Cache(a.cache_dir)
+    res = cmd.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
+    fig = _export.main_figure(a.kind, res, a.fig_metric)
+    if a.talk:
+        fig = _export.talk_style(fig)
+    path = _export.write_image(fig, a.out, a.fig_width, a.fig_height, a.fig_scale)
+    return {"figure": str(path), "kind": a.kind, "format": fmt, "bytes": path.stat().st_size,
+            "title": fig.layout.title.text, "cached": res.cached, "config": res.config}
