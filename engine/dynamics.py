@@ -428,7 +428,7 @@ def estimate_coord_check(cfg: CoordCheckConfig) -> Estimate:
     b = min(cfg.train.batch_size, cfg.data.n)
     runs = len(cfg.params) * len(cfg.seeds)
     # each width steps on its own, and every step is measured on the test points (three small passes)
-    per_step = 3 * B.gemm_s(b, m, d) + 2 * B.gemm_s(nt, m, d) + 3 * len(cfg.widths) * B.STEP_OVERHEAD_S \
+    per_step = 3 * B.gemm_s(b, m, d) + 2 * B.gemm_s(nt, m, d) + 2 * len(cfg.widths) * B.STEP_OVERHEAD_S \
         + 3 * nt * m / B.FLOPS
     seconds = B.FIXED_S + B.attention_s(cfg.attention, cfg.data.n + nt, d) + runs * (cfg.steps + 1) * per_step
     return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m)))

@@ -275,12 +275,12 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     tr = cfg.train
     kernel = B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)
-    grad_step = 3 * B.gemm_s(n, m, d) + 2 * B.attention_s(cfg.attention, n, d) + B.STEP_OVERHEAD_S
+    grad_step = 3 * B.gemm_s(n, m, d) + B.attention_s(cfg.attention, n, d) + B.STEP_OVERHEAD_S
     steps = sum(1 if a == "fgsm" else cfg.attack.steps for a in cfg.attacks) * len(cfg.eps)
     fit = B.train_s(n, d, m, tr.epochs, tr.batch_size)
     if cfg.adversarial_training:
         fit += tr.epochs * cfg.attack.steps * grad_step
-    per = fit + kernel * (2 + len(cfg.attacks) * len(cfg.eps)) + steps * grad_step
+    per = fit + kernel * (1 + len(cfg.attacks) * len(cfg.eps)) + steps * grad_step
     if cfg.retrain:
         per += len(cfg.attacks) * len(cfg.eps) * B.train_s(n, d, m, tr.epochs, tr.batch_size)
     if cfg.interventions:
