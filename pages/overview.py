@@ -41,13 +41,13 @@ if spec is not None:
     theory = f" = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory") else ""
     rows += [
         {"quantity": "κ(G), condition number of the data's Gram", "here": f"{sm['kappa']:.3g}",
-         "paper": "≈ 1.2e3 (MNIST), 8.7e3 (CIFAR-10)"},
+         "paper": ", ".join(f"≈ {v:.2g} ({k})" for k, v in paper.KAPPA_G.items())},
         {"quantity": f"κ of the attention features' Gram ({att} attention)", "here": f"{sm['kappa_attention']:.3g}",
          "paper": f"= κ(G)³{theory}" if att == "linear"
                   else f"κ(G)³ for linear attention; for {att}: {formula or 'no closed form'}{theory}"},
         {"quantity": "log10 width MLP-Attn needs for the NTK regime"
                      + ("" if att == "linear" else " (the paper's bound for linear attention)"),
-         "here": f"{v:.1f}", "paper": "≫ 24 (MNIST), ≫ 29 (CIFAR-10)"},
+         "here": f"{v:.1f}", "paper": ", ".join(f"≫ {v:g} ({k})" for k, v in paper.WIDTH_LOG10_V2.items())},
     ]
 if sweep is not None:
     d = plots.distance_data(sweep.frames["rows"], "function_dist")

@@ -162,3 +162,12 @@ def test_spectrum_flags_kappa_beyond_float64_resolution(kappa, saturated):
         assert s["kappa_attention"] == pytest.approx(s["kappa"] ** 3, rel=1e-6)
     else:             # saturated: the measured value is capped near 1/rtol, far below the theory
         assert s["kappa_attention"] <= s["kappa_resolvable"] * 1.01 < s["kappa_attention_theory"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error a CPU-only machine gives")
+def test_cuda_without_a_gpu_fails_the_same_with_a_cached_result(cache):
+    cfg = SpectrumConfig(data=DataSpec("synthetic", n=20, n_test=1, synthetic_d=6))
+    run_spectrum(cfg, cache, device="cpu")
+    assert run_spectrum(cfg, cache, device="cpu").cached
+    with pytest.raises(BadInput, match="no CUDA GPU"):
+        run_spectrum(cfg, cache, device="cuda")
