@@ -47,8 +47,9 @@ SMALL = [("data", "synthetic"), ("n", "40"), ("n_test", "10"), ("widths", "16"),
 # Heavy enough that the NTK sweep waits for a click (estimate above QUICK_SECONDS), light
 # enough to finish in about half a minute; the kernel heatmaps stay small (ntk.width).
 HEAVY = [("data", "synthetic"), ("n", "200"), ("n_test", "10"), ("widths", "16"), ("widths", "16384"),
-         ("ntk.seeds", "1"), ("ntk.epochs", "100"), ("ntk.width", "16")]
+         ("ntk.seeds", "2"), ("ntk.epochs", "400"), ("ntk.width", "16")]  # estimated above 30 s: a click
 RUN_TIMEOUT_S = 240
+TABLE_PAGES = {"Grid"}  # a status table of the grid's cells, no chart
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")]
@@ -234,7 +235,8 @@ def test_every_page_renders_without_cut_off_labels(server, browser, shots, size)
         name = re.sub(r"\W+", "-", title.lower())
         _screenshot(page, shots / f"{name}_{size[0]}x{size[1]}", size)
         _no_errors(page, title)
-        assert page.locator('[data-testid="stPlotlyChart"] .js-plotly-plot').count() >= 1, f"{title} shows no chart"
+        if title not in TABLE_PAGES:
+            assert page.locator('[data-testid="stPlotlyChart"] .js-plotly-plot').count() >= 1, f"{title} shows no chart"
         assert page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"]').count() >= 3
         assert _page_link_texts(page) == list(app_pages())
         cut = page.evaluate(CUT_OFF_JS)  # covers the CSV buttons, metric labels and chips

@@ -40,7 +40,8 @@ def test_plans_follow_the_engine_estimate():
     plan = configs.plan(small)
     assert plan.seconds == pytest.approx(estimate(small).seconds)
     assert plan.auto and plan.allowed
-    big = replace(small, widths=(65536,), train=replace(small.train, epochs=20000, snapshot_epochs=()))
+    big = replace(small, data=replace(small.data, n=5000), widths=(65536,),
+                  train=replace(small.train, epochs=20000, snapshot_epochs=()))
     heavy = configs.plan(big)
     assert heavy.seconds > budget.DASHBOARD_SECONDS and not heavy.allowed and not heavy.auto
     assert "python -m engine" in heavy.note

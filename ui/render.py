@@ -22,16 +22,17 @@ def _slug(text: str) -> str:
 
 
 def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False) -> None:
-    """An interactive Plotly chart, one sentence on how to read it, and its data as CSV.
+    """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
+    PNG and SVG where a Chromium can render them).
 
-    The sentence and the button share a row that sizes the button to its label first and
-    gives the sentence the rest (fixed column ratios squeezed the button to "C…" in
-    half-width columns)."""
+    The sentence and the buttons share a row that sizes each button to its label and gives
+    the sentence the rest; in a narrow column the buttons wrap to a line of their own instead
+    of being squeezed (fixed column ratios cut a button to "C…" in half-width columns)."""
     slug = _slug(name)
     if st.session_state.get("presentation"):
         fig = export.talk_style(fig)
     st.plotly_chart(fig, key=f"chart.{slug}", config=PLOTLY_CONFIG)
-    row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=False)
+    row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=True)
     row.caption(how_to_read, width="stretch")
     row.download_button("CSV", data.to_csv(index=index).encode(), file_name=f"{slug}.csv",
                         mime="text/csv", key=f"csv.{slug}", on_click="ignore", icon=":material/download:",
