@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as `python benchmarks/grid.py` from anywhere
+
+from engine.loopback import free_port, session_pids  # noqa: E402
 SPEC = """
 name = "bench"
 kind = "ntk-sweep"
@@ -52,28 +54,6 @@ def grid(src: Path, *args) -> tuple[dict, float]:
     if p.returncode != 0:
         sys.exit(f"grid {' '.join(map(str, args))} exited {p.returncode}: {p.stderr.strip()[-500:]}")
     return json.loads(p.stdout), wall
-
-
-def free_port() -> int:
-    while True:  # Ray keeps 10002-19999 for its workers
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not 10002 <= port <= 19999:
-            return port
-
-
-def session_pids(sid: int) -> list[int]:
-    pids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = Path(f"/proc/{p}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:
-                pids.append(int(p))
-    return pids
 
 
 def main() -> None:

@@ -105,7 +105,7 @@ def _data_specs(obj, path: str = "") -> Iterator[tuple[str, DataSpec]]:
             yield from _data_specs(v, f"{path}[{i}]")
 
 
-def _provenance(config, data_dir=None, allow_download: bool = True) -> dict:
+def provenance_of(config, data_dir=None, allow_download: bool = True) -> dict:
     """How a result of `config` is made: code fingerprint, engine label, data fingerprints."""
     return {"code": code_fingerprint(), "engine": ENGINE_VERSION,
             "data": {where: data_fingerprint(spec, data_dir, allow_download=allow_download)
@@ -123,7 +123,7 @@ def config_key(kind: str, config, data_dir: str | os.PathLike | None = None,
     """SHA-256 (hex) of (kind, canonical config, code fingerprint, fingerprint of every
     DataSpec's data as read from `data_dir`). Raises what ``data_fingerprint`` raises; a
     look-up never downloads (``DataMissing`` for absent files) unless ``allow_download``."""
-    return _key(kind, config, _provenance(config, data_dir, allow_download))
+    return _key(kind, config, provenance_of(config, data_dir, allow_download))
 
 
 # ---------------------------------------------------------------- results as bytes
@@ -363,7 +363,7 @@ class Cache:
 
     def put(self, result: Result, config, data_dir: str | os.PathLike | None = None) -> None:
         """Store `result` under its key; sets its ``config`` and ``provenance`` first."""
-        provenance = _provenance(config, data_dir)
+        provenance = provenance_of(config, data_dir)
         result.config, result.provenance = canonical(config), provenance
         self._write(_key(result.kind, config, provenance), result)
 
@@ -418,9 +418,9 @@ def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | 
     and return it. The result's ``config`` and ``provenance`` say how it was made."""
     if cache is None:
         result = compute()
-        result.config, result.provenance = canonical(config), _provenance(config, data_dir)
+        result.config, result.provenance = canonical(config), provenance_of(config, data_dir)
         return result
-    provenance = _provenance(config, data_dir)
+    provenance = provenance_of(config, data_dir)
     key = _key(kind, config, provenance)
     hit = cache._read(key, kind, on_corrupt)
     if hit is not None:

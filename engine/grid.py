@@ -54,7 +54,7 @@ import numpy as np
 import pandas as pd
 
 from .budget import GIB, Budget, duration
-from .cache import (ENGINE_DIR, Cache, Result, _provenance, canonical, code_fingerprint, config_key,
+from .cache import (ENGINE_DIR, Cache, Result, canonical, provenance_of, code_fingerprint, config_key,
                     tree_fingerprint)
 from .calibration import estimate
 from .cli import COMMANDS, PRESETS
@@ -560,7 +560,7 @@ class Tracker:
 def _store(cell: Cell, blob: bytes, cache: Cache | None, data_dir, code: str) -> Result:
     """Decode a worker's result, check it was made by this engine on this data, store it."""
     result = Result.from_bytes(blob)
-    mine = _provenance(cell.config, data_dir, allow_download=False)
+    mine = provenance_of(cell.config, data_dir, allow_download=False)
     theirs = result.provenance or {}
     if theirs.get("code") != code:
         raise BadInput(f"the worker ran other engine code ({str(theirs.get('code'))[:12]} against "

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine import grid as G
+from engine.loopback import free_port, session_pids
 from engine.cli import main
 from engine.errors import BadInput
 
@@ -217,31 +217,8 @@ def test_the_page_runs_a_grid_in_the_background(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- a real Ray head on loopback
 
-def _free_port() -> int:
-    while True:  # Ray keeps 10002-19999 for its workers
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not 10002 <= port <= 19999:
-            return port
-
-
-def _session_pids(sid: int) -> list[int]:
-    """Processes of one session: the head started in its own session, and all it started."""
-    pids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = Path(f"/proc/{p}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:
-                pids.append(int(p))
-    return pids
-
-
 def _kill_session(sid: int) -> None:
-    for pid in _session_pids(sid):
+    for pid in session_pids(sid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -254,14 +231,14 @@ def ray_head():
     pytest.importorskip("ray", reason="ray is not installed (requirements.txt pins ray==2.60.0)")
     ray_bin = Path(sys.executable).with_name("ray")
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **RAY_ENV}
     log = open(Path(temp) / "head.log", "w+")
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}",
-         "--object-store-memory=200000000", f"--dashboard-agent-listen-port={_free_port()}",
-         f"--metrics-export-port={_free_port()}"],
+         "--object-store-memory=200000000", f"--dashboard-agent-listen-port={free_port()}",
+         f"--metrics-export-port={free_port()}"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
@@ -320,7 +297,7 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_doubled(ray_head, src
         cwd=src, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed, seen, deadline = None, {}, time.monotonic() + 120
     while killed is None and driver.poll() is None and time.monotonic() < deadline:
-        for pid in _session_pids(ray_head["sid"]):
+        for pid in session_pids(ray_head["sid"]):
             try:
                 title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
             except OSError:
