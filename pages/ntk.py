@@ -68,7 +68,7 @@ if res is not None:
     with c1:
         data = plots.distance_data(rows, f"{metric}_init")
         render.chart(plots.distance_fig(data, f"{metric}_init"), data, f"{metric} at init",
-                     f"{KERNEL_METRICS[metric].capitalize()} between the empirical NTK at initialisation and "
+                     f"{KERNEL_METRICS[metric][0].upper() + KERNEL_METRICS[metric][1:]} between the empirical NTK at initialisation and "
                      "K∞ on the training points, mean ± sd over seeds; a falling line means the width is "
                      "approaching the kernel limit.")
     with c2:
