@@ -10,7 +10,7 @@ from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, shared
-from ui.runner import obtain, peek
+from ui.runner import obtain_planned, peek
 
 s = shared()
 st.title("Influence malleability in linearized attention")
@@ -20,16 +20,14 @@ st.caption("This dashboard recomputes the paper's quantities from scratch with t
 
 st.header("Headline numbers: here and in the paper")
 spec_cfg = configs.spectrum_config(s)
-spec = obtain(run_spectrum.kind, run_spectrum, spec_cfg, f"Spectrum at n = {s.n}", auto=configs.plan(spec_cfg).auto)
+spec = obtain_planned(run_spectrum, spec_cfg, f"Spectrum at n = {s.n}")
 sweep_cfg = configs.sweep_config(s, n_seeds=3, widths=configs.PAPER_WIDTHS)
-sweep = peek(run_ntk_sweep.kind, sweep_cfg) or obtain(
-    run_ntk_sweep.kind, run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
-    auto=configs.plan(sweep_cfg).auto, button="Measure", note=configs.plan(sweep_cfg).note)
+sweep = peek(run_ntk_sweep.kind, sweep_cfg) or obtain_planned(
+    run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths", button="Measure")
 
 mall_cfg = configs.malleability_config(s, eps=(paper.FLIP_EPS,))
-mall = peek(run_malleability.kind, mall_cfg) or obtain(
-    run_malleability.kind, run_malleability, mall_cfg, "Flip rates at ε = 0.3",
-    auto=configs.plan(mall_cfg).auto, button="Measure", note=configs.plan(mall_cfg).note)
+mall = peek(run_malleability.kind, mall_cfg) or obtain_planned(
+    run_malleability, mall_cfg, "Flip rates at ε = 0.3", button="Measure")
 
 key = paper.paper_key(s.dataset) or "mnist"
 rows = []

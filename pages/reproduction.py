@@ -15,7 +15,7 @@ from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
 from ui.common import get_cache, get_manager, require, shared
-from ui.runner import POLL_S, obtain, peek
+from ui.runner import POLL_S, obtain, obtain_planned, peek
 
 BOUND = configs.BOUND
 RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
@@ -121,7 +121,7 @@ ref = key or "mnist"
 
 st.header("Condition numbers and the width needed")
 spec_cfg = configs.spectrum_config(s)
-spec = obtain(run_spectrum.kind, run_spectrum, spec_cfg, f"Spectrum at n = {s.n}", auto=configs.plan(spec_cfg).auto)
+spec = obtain_planned(run_spectrum, spec_cfg, f"Spectrum at n = {s.n}")
 summary = spec.meta["summary"] if spec is not None else None
 if summary is not None:
     thr = summary["width_threshold_log10"]

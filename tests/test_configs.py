@@ -52,3 +52,24 @@ def test_a_run_that_cannot_fit_in_memory_is_not_allowed():
     plan = configs.plan(cfg)
     assert plan.gib * budget.GIB > budget.Budget().limit_bytes() and not plan.allowed
     assert "GiB" in plan.note
+
+
+def test_obtain_planned_refuses_settings_over_the_dashboards_limits():
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        from dataclasses import replace
+
+        from engine.experiments import run_ntk_sweep
+        from ui import configs
+        from ui.common import Shared
+        from ui.runner import obtain_planned
+
+        s = Shared(base="synthetic", n=5000, n_test=20, widths=(65536,))
+        cfg = configs.sweep_config(s, epochs=0, n_seeds=1)
+        cfg = replace(cfg, train=replace(cfg.train, epochs=20000, snapshot_epochs=()))
+        obtain_planned(run_ntk_sweep, cfg, "too big")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception and not at.button  # no Run button for a run the dashboard must not start
+    assert len(at.error) == 1 and "python -m engine" in at.error[0].value
