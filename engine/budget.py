@@ -53,7 +53,7 @@ def duration(seconds: float) -> str:
 
 
 def available_bytes() -> int:
-    """Memory this process may use: MemAvailable from /proc/meminfo, else physical memory."""
+    """Host memory this process may use: MemAvailable from /proc/meminfo, else physical memory."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -67,23 +67,37 @@ def available_bytes() -> int:
         return 8 * GIB
 
 
+def free_bytes(device=None) -> int:
+    """Memory a new allocation may take on ``device`` (a torch.device, a name, or None for
+    the host): on CUDA the GPU's free memory plus what torch's allocator holds unused,
+    else ``available_bytes``."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        dev = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    return available_bytes()
+
+
 @dataclass(frozen=True)
 class Budget:
     seconds: float = DEFAULT_SECONDS
-    bytes: int | None = None  # None: 80 % of the memory available when the run starts
+    bytes: int | None = None  # None: 80 % of the memory free on the run's device when it starts
 
-    def limit_bytes(self) -> int:
-        return int(0.8 * available_bytes()) if self.bytes is None else int(self.bytes)
+    def limit_bytes(self, device=None) -> int:
+        return int(0.8 * free_bytes(device)) if self.bytes is None else int(self.bytes)
 
 
 DEFAULT_BUDGET = Budget()
 UNLIMITED = Budget(seconds=math.inf, bytes=2**62)
 
 
-def check(est: Estimate, budget: Budget | None, what: str, hint: str = "") -> None:
-    """Refuse work over budget with one line: what it needs, the limit, and what to change."""
+def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", device=None) -> None:
+    """Refuse work over budget with one line: what it needs, the limit, and what to change.
+    ``device``: where the run's arrays live (its free memory is the default limit)."""
     budget = DEFAULT_BUDGET if budget is None else budget
-    limit = budget.limit_bytes()
+    limit = budget.limit_bytes(device)
     if est.bytes > limit:
         raise BadInput(f"{what} needs about {est.bytes / GIB:.1f} GiB, more than the {limit / GIB:.1f} GiB "
                        f"that fit here; {hint or 'use a smaller n or width'}")
@@ -157,5 +171,44 @@ def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: 
     return epochs * 3 * gemm_s(n, m_total, d) + steps * STEP_OVERHEAD_S + epochs * gemm_s(n, m_total, n_out)
 
 
-def kernel_bytes(n1: float, n2: float) -> int:
-    return int(8 * n1 * n2)
+def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:
+    return int(itemsize * n1 * n2)
+
+
+# ---------------------------------------------------------------- one kernel step's memory
+
+STEP_SHARE = 0.95  # share of the free memory one kernel step may allocate
+
+
+def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "") -> None:
+    """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.
+
+    need: the step's peak bytes. bytes_at(k): its bytes with k points in place of ``n``, to say
+    what fits; ``alternative``: another way out (e.g. float32 storage and its size). One line.
+    """
+    free = int(STEP_SHARE * free_bytes(device))
+    if need <= free:
+        return
+    import torch
+
+    where = torch.device(device).type if device is not None else "cpu"
+    ways = []
+    if bytes_at is not None and n:
+        k = largest(bytes_at, free, n)
+        ways.append(f"it fits up to n = {k}" if k else "no n fits")
+    if alternative:
+        ways.append(alternative)
+    raise BadInput(f"{what} needs {need / GIB:.1f} GiB on {where} but {free / GIB:.1f} GiB is free"
+                   + (f"; {', or '.join(ways)}" if ways else ""))
+
+
+def largest(bytes_at, limit: int, n: int) -> int:
+    """The largest k <= n with bytes_at(k) <= limit (0 if none); bytes_at must grow with k."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bytes_at(mid) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

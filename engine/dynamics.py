@@ -324,7 +324,7 @@ def run_dynamics(cfg: DynamicsConfig, cache: Cache | None = None, data_dir=None,
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_dynamics(cfg), budget, "this comparison with the linearised nets")
+        B.check(estimate_dynamics(cfg), budget, "this comparison with the linearised nets", device=dev)
         p = prepare(cfg.data, data_dir, dev, progress, cancel)
         X, y, Xt, yt, c = p.X, p.y, p.Xt, p.yt, p.c
         n, n_out = X.shape[0], p.n_out
@@ -447,7 +447,7 @@ def run_coord_check(cfg: CoordCheckConfig, cache: Cache | None = None, data_dir=
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_coord_check(cfg), budget, "this coordinate check")
+        B.check(estimate_coord_check(cfg), budget, "this coordinate check", device=dev)
         p = prepare(cfg.data, data_dir, dev, progress, cancel)
         X, y, Xt, c = p.X, p.y, p.Xt, p.c
         loss_name = resolve_loss(cfg.train, c)

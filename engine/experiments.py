@@ -27,7 +27,7 @@ from .device import resolve_device
 from .errors import BadInput
 from .models import ARCHS, MAX_WIDTH, Attention, Net, attention_features, features, parse_attention
 from .ntk import (empirical_ntk, infinite_ntk, kernel_regression, prediction_gap, relative_distance,
-                  whitened_distance)
+                  storage_setting, whitened_distance)
 from .runs import Progress, check_finite, prepare, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
@@ -97,6 +97,7 @@ class KernelConfig:
     attention: str = _attention_setting()
     seed: int = setting(0, "network seed", lo=0, hi=2**31 - 1)
     init_std: float = _init_setting()
+    storage: str = storage_setting()
 
     def __post_init__(self):
         normalised(self)
@@ -186,7 +187,7 @@ def run_spectrum(cfg: SpectrumConfig, cache: Cache | None = None, data_dir=None,
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_spectrum(cfg), budget, "this spectrum")
+        B.check(estimate_spectrum(cfg), budget, "this spectrum", device=dev)
         tick(progress, cancel, 0.0, "loading data")
         sample = load_sample(cfg.data, data_dir)
         X = sample.X.to(dev, torch.float64)
@@ -269,7 +270,7 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_sweep(cfg), budget, "this width sweep")
+        B.check(estimate_sweep(cfg), budget, "this width sweep", device=dev)
         p = prepare(cfg.data, data_dir, dev, progress, cancel)
         sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
         rows, losses, trajectory, ref = [], [], [], {}
@@ -293,19 +294,19 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
                 K = empirical_ntk(net, X)
                 check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
                 K_t = empirical_ntk(net, Xt, X)
-                return K, {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
-                           f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
-                           f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
+                return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
+                        f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
+                        f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
 
-            init = [kernel_metrics(net, "init") for net in nets]
+            init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
             sub = None if progress is None else (
                 lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
             results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
             tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
             seconds = (time.perf_counter() - t0) / len(cfg.widths)
-            for width, net, (K0, m0), tr in zip(cfg.widths, nets, init, results):
+            for width, net, m0, tr in zip(cfg.widths, nets, init, results):
                 tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
-                _, mt = kernel_metrics(net, "trained")
+                mt = kernel_metrics(net, "trained")
                 with torch.no_grad():
                     f_test = net(Xt).double()
                 fdist = float(torch.linalg.norm(f_test - f_ntk))
@@ -351,20 +352,21 @@ def estimate_kernels(cfg: KernelConfig) -> Estimate:
                + B.train_s(n, d, w, cfg.train.epochs, cfg.train.batch_size))
     if cfg.attention == "qkv" and cfg.arch == "attn":
         seconds *= 20
-    return Estimate(seconds, int(8 * 5 * n * n + 16 * w * d))
+    size = 4 if cfg.storage == "float32" else 8
+    return Estimate(seconds, int(size * 5 * n * n + 16 * w * d))
 
 
 def run_kernels(cfg: KernelConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
                 progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
     """K_m at init, K_m after training and K∞ on the training set, for one net.
 
-    Arrays ``K_init``, ``K_trained``, ``K_inf`` (n, n) float64 and ``y`` (n,), the
+    Arrays ``K_init``, ``K_trained``, ``K_inf`` (n, n) in ``cfg.storage`` and ``y`` (n,), the
     training points sorted by label so that class blocks show in heatmaps.
     """
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_kernels(cfg), budget, "these kernels")
+        B.check(estimate_kernels(cfg), budget, "these kernels", device=dev)
         tick(progress, cancel, 0.0, "loading data")
         sample = load_sample(cfg.data, data_dir)
         order = torch.argsort(sample.y, stable=True)
@@ -372,11 +374,11 @@ def run_kernels(cfg: KernelConfig, cache: Cache | None = None, data_dir=None, de
         net = Net(cfg.arch, X, cfg.width, n_outputs(sample.n_classes), cfg.seed, cfg.init_std,
                   cfg.attention, cfg.data.normalize).to(dev)
         with torch.no_grad():
-            K_inf = infinite_ntk(net.features(X))
-        K0 = empirical_ntk(net, X)
+            K_inf = infinite_ntk(net.features(X), storage=cfg.storage)
+        K0 = empirical_ntk(net, X, storage=cfg.storage)
         train(net, X, y, sample.n_classes, cfg.train, cfg.seed,
               None if progress is None else (lambda f, s: progress(0.05 + 0.9 * f, s)), cancel)
-        Kt = empirical_ntk(net, X)
+        Kt = empirical_ntk(net, X, storage=cfg.storage)
         arrays = {"K_init": K0.cpu().numpy(), "K_trained": Kt.cpu().numpy(),
                   "K_inf": K_inf.cpu().numpy(), "y": y.cpu().numpy()}
         return Result(run_kernels.kind, {}, {}, arrays, {"class_names": list(sample.class_names)})

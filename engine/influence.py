@@ -13,7 +13,8 @@ that point i is responsible for; positive means that removing i lowers the outpu
 λ is relative to the mean diagonal of K (``λ_abs = ridge · mean diag K``), as in
 ``engine.ntk.kernel_regression``, so that it does not depend on the kernel's scale.
 diag M, α and k(x, X) M all come from one in-place Cholesky factor L of K + λI (triangular
-solves; M itself is never formed).
+solves; M itself is never formed). K may be stored in float32 (``engine.ntk.STORAGE``); L and
+every solve are float64, and the step refuses, before it allocates, what cannot fit.
 
 Which output is scored (``INFLUENCE_TARGETS``, documented default ``DEFAULT_TARGET`` =
 ``"true"``) for c > 1 outputs; with c = 1 every target is the single output's influence:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from . import budget as B
 from .errors import BadInput
 from .ntk import empirical_ntk
 
@@ -39,13 +41,23 @@ DEFAULT_TARGET = "true"  # what configs and pages should use; "sum" ignores one-
 _INVERSE_BLOCK = 512  # columns of L⁻¹ held at a time while its column norms are taken
 
 
-def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float):
+def _factor_bytes(n: int, n_test: int, c: int) -> int:
+    """Peak bytes of ``_factor`` beside its inputs: L, the test solves and one block of L⁻¹."""
+    return 8 * (n * n + 3 * n_test * n + min(n, _INVERSE_BLOCK) * n + 2 * n * c + 2 * n)
+
+
+def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float, per_test_row: int = 0):
     """kM = K_test M (n_test, n), α = M Y (n, c) and diag M (n,), M = (K + λI)⁻¹, float64,
-    from one Cholesky factor L (M itself is never formed)."""
+    from one Cholesky factor L (M itself is never formed). ``per_test_row``: further bytes
+    per (test point, training point) the caller will allocate, checked with the rest."""
     if not ridge > 0:
         raise BadInput(f"ridge λ must be > 0, got {ridge!r}")
     n = K.shape[0]
     Y = Y.double().reshape(n, -1)
+    nt, c = K_test.shape[0], Y.shape[1]
+    B.require(_factor_bytes(n, nt, c) + per_test_row * nt * n, K.device, f"the leave-one-out factorisation of a "
+              f"{n} x {n} kernel (float64) for {nt} test points",
+              lambda k: _factor_bytes(k, nt, c) + per_test_row * nt * k, n)
     lam = ridge * float(K.diagonal().double().mean())
     # K is symmetric, so its transpose view has LAPACK's column-major layout: the
     # factorisation runs in place in this one n x n copy, and sub-blocks of L stay BLAS-ready.
@@ -86,7 +98,8 @@ def loo_influence(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge:
     Y: (n, c) or (n,) regression targets. Holds n_test · n · c floats; ``influence_matrix``
     scores one output per test point without that tensor.
     """
-    kM, alpha, diag = _factor(K, K_test, Y, ridge)
+    c = Y.reshape(K.shape[0], -1).shape[1]
+    kM, alpha, diag = _factor(K, K_test, Y, ridge, per_test_row=8 * c)
     return kM[:, :, None] * (alpha / diag[:, None])[None, :, :]
 
 
@@ -142,18 +155,18 @@ def influence_matrix(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, rid
 
 def net_influence(net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, ridge: float = 1e-3,
                   X_ref: torch.Tensor | None = None, target: str = "sum",
-                  y_test: torch.Tensor | None = None) -> torch.Tensor:
+                  y_test: torch.Tensor | None = None, storage: str = "float64") -> torch.Tensor:
     """Influence (n_test, n) under the empirical NTK of ``net`` (an ``engine.models.Net``).
 
     X (n, d) raw training inputs, Y (n, c) targets, X_test (n_test, d). ``X_ref`` is the
     training set that defines MLP-Attn's attention (pass the perturbed set after an attack
     so that C is recomputed); default: the net's own. ``target`` and ``y_test`` (n_test,)
-    as in ``influence_matrix``.
+    as in ``influence_matrix``; ``storage`` the kernels' precision (``engine.ntk.STORAGE``).
     """
     if target not in _TARGET_FNS:  # before the kernels are computed
         raise BadInput(f"unknown influence target {target!r}; allowed: {', '.join(INFLUENCE_TARGETS)}")
-    K = empirical_ntk(net, X, X_ref=X_ref)
-    K_test = empirical_ntk(net, X_test, X, X_ref=X_ref)
+    K = empirical_ntk(net, X, X_ref=X_ref, storage=storage)
+    K_test = empirical_ntk(net, X_test, X, X_ref=X_ref, storage=storage)
     return influence_matrix(K, K_test, Y, ridge, target=target, y_test=y_test)
 
 

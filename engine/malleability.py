@@ -43,7 +43,7 @@ from .errors import BadInput
 from .experiments import ATTENTION_HELP
 from .influence import INFLUENCE_TARGETS, aggregate, net_influence, top_indices
 from .models import ARCHS, MAX_WIDTH, Net, normalize_rows, parse_attention
-from .ntk import infinite_ntk, kernel_regression
+from .ntk import infinite_ntk, kernel_regression, storage_setting
 from .runs import Prepared, Progress, prepare, sub_progress, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
@@ -73,6 +73,7 @@ class InfluenceConfig:
                           "class minus the best other class; sum = the label-free sum over outputs "
                           "(binary tasks have one output: all agree)", flag="--influence",
                           choices=INFLUENCE_TARGETS)
+    storage: str = storage_setting()
 
     def __post_init__(self):
         normalised(self)
@@ -158,7 +159,7 @@ def _in_space(cfg, p: Prepared) -> tuple[torch.Tensor, torch.Tensor, tuple[float
 
 
 def _influence(cfg, net, X, Y, Xt, yt, X_ref=None) -> torch.Tensor:
-    return net_influence(net, X, Y, Xt, cfg.ridge, X_ref=X_ref, target=cfg.target, y_test=yt)
+    return net_influence(net, X, Y, Xt, cfg.ridge, X_ref=X_ref, target=cfg.target, y_test=yt, storage=cfg.storage)
 
 
 def _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev) -> float:
@@ -166,11 +167,19 @@ def _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev) -> float:
     probe = _fresh_net(cfg, arch, X, c, dev, 0)
     with torch.no_grad():
         phi, phi_t = probe.features(X), probe.features(Xt)
-        f = kernel_regression(infinite_ntk(phi), infinite_ntk(phi_t, phi), Y, cfg.ridge)
+        f = kernel_regression(infinite_ntk(phi, storage=cfg.storage), infinite_ntk(phi_t, phi, storage=cfg.storage),
+                              Y, cfg.ridge)
     return float((predict_labels(f) == yt).double().mean())
 
 
 # ---------------------------------------------------------------- influence
+
+def _influence_bytes(cfg: InfluenceConfig) -> int:
+    """K and K_test in their storage, the float64 factor and solves beside them."""
+    n, nt = cfg.data.n, cfg.data.n_test
+    size = 4 if cfg.storage == "float32" else 8
+    return size * (n * n + nt * n) + 8 * (n * n + 3 * nt * n + 512 * n)
+
 
 def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
@@ -178,7 +187,7 @@ def estimate_influence(cfg: InfluenceConfig) -> Estimate:
            + B.ntk_s(nt, n, d, m) + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
     slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(8 * (4 * n * n + 3 * nt * n) + 16 * m * d))
+                    int(_influence_bytes(cfg) + 16 * m * d))
 
 
 def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
@@ -194,7 +203,7 @@ def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=Non
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_influence(cfg), budget, "this influence run")
+        B.check(estimate_influence(cfg), budget, "this influence run", device=dev)
         p = prepare(cfg.data, data_dir, dev, progress, cancel)
         sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
         arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
@@ -287,7 +296,7 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
         per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
     slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(8 * (5 * n * n + 3 * nt * n) + 16 * m * d + 8 * n * m))
+                    int(_influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
 
 
 def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
@@ -307,7 +316,7 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
     dev = resolve_device(device)
 
     def compute() -> Result:
-        B.check(estimate_malleability(cfg), budget, "this malleability run")
+        B.check(estimate_malleability(cfg), budget, "this malleability run", device=dev)
         p = prepare(cfg.data, data_dir, dev, progress, cancel)
         sample, y, Y, yt, c = p.sample, p.y, p.Y, p.yt, p.c
         X, Xt, box = _in_space(cfg, p)

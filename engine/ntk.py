@@ -13,6 +13,16 @@ S is 0/1, so ``S1 S2ᵀ`` is an integer count, computed exactly with low-precisi
 the feature Gram is formed in the features' own precision and the product in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
 ``torch.func`` and is the reference the closed form is tested against. Nets with trainable attention (``qkv``) have no closed
 form: their kernel covers every parameter and always comes from autograd.
+
+Storage (``STORAGE``): every block is accumulated in float64 and then written in the
+kernel's storage precision. ``"float32"`` halves the memory of K; each entry is the float64
+entry rounded once (relative error ≤ 2⁻²⁴ ≈ 6e-8, bit for bit ``K64.float()``). Everything
+downstream (distances, Cholesky, influence, eigenvalues) reads K into float64, because
+κ(K + λI) reaches 1/ridge · n, beyond what a float32 solve resolves.
+
+Before it allocates, every kernel step checks its peak bytes against the device's free
+memory and refuses, in one line, what cannot fit: the GiB needed, the n that fits, and
+float32 storage where that would fit.
 """
 
 from __future__ import annotations
@@ -23,10 +33,52 @@ import math
 
 import torch
 
+from . import budget as B
 from .errors import BadInput
+from .settings import setting
 
 _EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this
 _INT8_MIN_INNER = 8  # torch._int_mm on CPU returns garbage for an inner dimension of 1 (seen: torch 2.14)
+
+
+STORAGE = ("float64", "float32")
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def storage_setting():
+    """The ``storage`` field of configs whose runs hold kernels (one help text for all)."""
+    return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "
+                   "fit otherwise (half the memory; each entry rounded once after float64 accumulation, solves "
+                   "stay float64; influence then moves by up to κ(K+λI)·6e-8: on 8000 MNIST digits 8e-6 for "
+                   "2L-ReLU, 4e-4 and 0.7 % of signs for MLP-Attn)", choices=STORAGE)
+
+
+def storage_dtype(storage: str | torch.dtype) -> torch.dtype:
+    if isinstance(storage, torch.dtype) and storage in _DTYPES.values():
+        return storage
+    if storage not in _DTYPES:
+        raise BadInput(f"unknown kernel storage {storage!r}; allowed: {', '.join(STORAGE)}")
+    return _DTYPES[storage]
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device, bytes_at) -> None:
+    """Refuse a kernel step over the free memory; ``bytes_at(k, itemsize)`` is its peak with k
+    points in place of n1 (and of n2 for a square kernel)."""
+    size = _itemsize(dtype)
+    need = bytes_at(n1, size)
+    alternative = ""
+    if dtype == torch.float64 and bytes_at(n1, 4) <= B.STEP_SHARE * B.free_bytes(device):
+        alternative = f"float32 storage needs {bytes_at(n1, 4) / B.GIB:.1f} GiB (--storage float32)"
+    B.require(need, device, f"the {n1} x {n2} {what} ({dtype_name(dtype)})", lambda k: bytes_at(k, size), n1,
+              alternative)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 class NTKMethod(str, enum.Enum):
@@ -67,31 +119,44 @@ def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -
     return torch.cat([(phi[i:i + chunk] @ W.T > 0).to(dtype) for i in range(0, phi.shape[0], chunk)])
 
 
-def _closed(head, phi1, phi2, chunk):
+def _closed_bytes(n1, n2, m, chunk, same, count_size, itemsize):
+    """Peak bytes of ``_closed``: K, the sign matrices and one row block's temporaries."""
+    rows = min(chunk, n1)
+    signs = (n1 if same else n1 + n2) * m * count_size
+    block = rows * n2 * (4 + 8 + 8 + 8) + rows * m * 4  # Gram, its float64 copy, counts, product; pre-activations
+    return itemsize * n1 * n2 + signs + block
+
+
+def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     W = head.W.detach()
     m = W.shape[0]
     if m >= _EXACT_COUNT_LIMIT:
         raise BadInput(f"width {m} too large for exact activation counts (limit {_EXACT_COUNT_LIMIT - 1})")
     cdt = torch.bfloat16 if phi1.device.type == "cuda" else cpu_count_dtype()
     same = phi2 is None
+    n1, n2 = phi1.shape[0], (phi1 if same else phi2).shape[0]
+    csize = _itemsize(cdt)
+    _require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, phi1.device,
+                    lambda k, size: _closed_bytes(k, k if same else n2, m, chunk, same, csize, size))
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
     S2 = _signs(phi2, Wc, cdt, chunk)
     S1 = S2 if same else _signs(phi1, Wc, cdt, chunk)
-    n1, n2 = phi1.shape[0], phi2.shape[0]
-    K = torch.empty(n1, n2, dtype=torch.float64, device=phi1.device)
+    K = torch.empty(n1, n2, dtype=dtype, device=phi1.device)
     # Row chunks bound the memory of the (chunk, n2) blocks; for X2 = X1 only the blocks on
     # and right of the diagonal are computed and the rest mirrored. The feature Gram is
-    # formed in the features' own precision (float32 features carry no more digits).
+    # formed in the features' own precision (float32 features carry no more digits); each
+    # block is finished in float64 and rounded once into K's storage.
     for i in range(0, n1, chunk):
         i2 = min(i + chunk, n1)
         j0 = i if same else 0
-        counts = exact_counts(S1[i:i2], S2[j0:])
-        K[i:i2, j0:] = (phi1[i:i2] @ phi2[j0:].T).double() * counts / m
+        G = (phi1[i:i2] @ phi2[j0:].T).double().mul_(exact_counts(S1[i:i2], S2[j0:])).div_(m)
         if same:
-            block = K[i:i2, i:i2]
-            K[i:i2, i:i2] = (block + block.T) / 2  # rounding makes GEMM blocks a hair asymmetric
+            w = i2 - i
+            G[:, :w] = (G[:, :w] + G[:, :w].T) / 2  # rounding makes GEMM blocks a hair asymmetric
+        K[i:i2, j0:] = G
+        if same:
             K[i2:, i:i2] = K[i:i2, i2:].T
     return K
 
@@ -129,8 +194,8 @@ def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
     return torch.einsum("icp,jcp->ij", J1, J2).double() / c
 
 
-def _autograd(head, phi1, phi2, chunk):
-    return _jacobian_ntk(head, phi1, phi2)
+def _autograd(head, phi1, phi2, chunk, dtype=torch.float64):
+    return _jacobian_ntk(head, phi1, phi2).to(dtype)
 
 
 _NTK_FNS = {NTKMethod.CLOSED: _closed, NTKMethod.AUTOGRAD: _autograd}
@@ -138,7 +203,7 @@ _NTK_FNS = {NTKMethod.CLOSED: _closed, NTKMethod.AUTOGRAD: _autograd}
 
 def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
                   method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048,
-                  X_ref: torch.Tensor | None = None) -> torch.Tensor:
+                  X_ref: torch.Tensor | None = None, storage: str = "float64") -> torch.Tensor:
     """Empirical NTK of ``net`` (an ``engine.models.Net``) between raw inputs.
 
     X1: (n1, d), X2: (n2, d) or None for X2 = X1 (then S and the symmetric half are shared).
@@ -146,22 +211,24 @@ def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
     Returns float64 (n1, n2), averaged over outputs, with respect to W — or, for trainable
     attention (``qkv``, ``net.fixed_features`` False), to every parameter, always by autograd.
     ``NTKMethod.AUTOGRAD`` differentiates the whole net from its raw inputs.
+    ``storage``: one of ``STORAGE`` (the dtype of the returned K; see the module notes).
     """
     method = NTKMethod(method)
+    dtype = storage_dtype(storage)
     if chunk < 1:
         raise BadInput(f"chunk must be >= 1, got {chunk}")
     if method is NTKMethod.AUTOGRAD or not net.fixed_features:
         ref = net.X_ref if X_ref is None else X_ref
-        return _jacobian_ntk(net, X1.to(ref.dtype), None if X2 is None else X2.to(ref.dtype), (ref,))
+        return _jacobian_ntk(net, X1.to(ref.dtype), None if X2 is None else X2.to(ref.dtype), (ref,)).to(dtype)
     with torch.no_grad():
         phi1 = net.features(X1, X_ref)
         phi2 = None if X2 is None else net.features(X2, X_ref)
-    return _run(method, net.mlp, phi1, phi2, chunk)
+    return _run(method, net.mlp, phi1, phi2, chunk, dtype)
 
 
-def _run(method, head, phi1, phi2, chunk):
+def _run(method, head, phi1, phi2, chunk, dtype=torch.float64):
     try:
-        return _NTK_FNS[method](head, phi1, phi2, chunk)
+        return _NTK_FNS[method](head, phi1, phi2, chunk, dtype)
     except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
         if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) \
                 and "can't allocate memory" not in str(exc):
@@ -170,60 +237,75 @@ def _run(method, head, phi1, phi2, chunk):
         n2 = n1 if phi2 is None else phi2.shape[0]
         raise BadInput(f"out of memory for a {n1} x {n2} kernel at width {head.W.shape[0]} on "
                        f"{phi1.device.type} with chunk {chunk}: use a smaller n (the kernel alone needs "
-                       f"{n1 * n2 * 8 / 2**30:.1f} GiB) or a smaller chunk, e.g. {max(1, chunk // 4)}") from exc
+                       f"{n1 * n2 * _itemsize(dtype) / 2**30:.1f} GiB) or a smaller chunk, e.g. {max(1, chunk // 4)}") from exc
 
 
 def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None = None,
-                           method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048) -> torch.Tensor:
+                           method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048,
+                           storage: str = "float64") -> torch.Tensor:
     """As ``empirical_ntk`` but for a ``TwoLayerReLU`` head on given features Φ (n, d)."""
-    return _run(NTKMethod(method), head, phi1, phi2, chunk)
+    return _run(NTKMethod(method), head, phi1, phi2, chunk, storage_dtype(storage))
 
 
 _KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # elements per row block: cache-sized on CPU, large on GPU
 
 
-def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+def _kinf_bytes(n1, n2, d, rows, same, itemsize):
+    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs, two row blocks."""
+    return itemsize * n1 * n2 + 8 * (n1 if same else n1 + n2) * (d + 1) + 2 * 8 * min(rows, n1) * n2
+
+
+def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None,
+                 storage: str = "float64") -> torch.Tensor:
     """Infinite-width NTK of the head w.r.t. W, w ~ N(0, σ²I) (independent of σ):
 
         K∞(x, x') = xᵀx' · (π − θ) / (2π),   θ = arccos(xᵀx' / (|x| |x'|)).
 
     X1: (n1, d) features (already normalised if the net normalises), X2 likewise or None.
-    Returns float64 (n1, n2). Zero rows give zero kernel entries. For X2 = None the result is
+    Returns (n1, n2) in ``storage`` (float64 by default; float32 rounds each float64 entry
+    once). Zero rows give zero kernel entries. For X2 = None the result is
     exactly symmetric and its diagonal is exactly ``|x|² / 2`` (θ = 0 there; arccos is
     ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per block
     (default: about 2²¹ entries on CPU, 2²⁶ on CUDA); besides the output only two blocks
     are held, never a temporary the size of K. Not differentiable: inputs are detached.
     """
+    dtype = storage_dtype(storage)
+    same = X2 is None
+    n1, n2, d = X1.shape[0], (X1 if same else X2).shape[0], X1.shape[1]
+    budget = _KINF_BLOCK["cuda" if X1.device.type == "cuda" else "cpu"]
+    rows = max(1, min(n1, budget // max(n2, 1) if chunk is None else chunk))
+    _require_kernel("infinite-width NTK", n1, n2, dtype, X1.device,
+                    lambda k, size: _kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
-    B = A if X2 is None else X2.detach().double()
-    n1, n2 = A.shape[0], B.shape[0]
-    K = torch.empty(n1, n2, dtype=torch.float64, device=A.device)
+    B_ = A if same else X2.detach().double()
+    K = torch.empty(n1, n2, dtype=dtype, device=A.device)
     if n1 == 0 or n2 == 0:
         return K
-    budget = _KINF_BLOCK["cuda" if A.device.type == "cuda" else "cpu"]
-    rows = max(1, min(n1, budget // n2 if chunk is None else chunk))
     rA = _inverse_norms(A)
-    rB = rA if X2 is None else _inverse_norms(B)
+    rB = rA if same else _inverse_norms(B_)
     G_buf = torch.empty(rows * n2, dtype=torch.float64, device=A.device)
     C_buf = torch.empty_like(G_buf)
     for i in range(0, n1, rows):
         i2 = min(i + rows, n1)
         # Symmetric case: only the blocks on and right of the diagonal are computed (half
         # the GEMM and half the arccos) and mirrored below it.
-        j0 = i if X2 is None else 0
+        j0 = i if same else 0
         G = G_buf[:(i2 - i) * (n2 - j0)].view(i2 - i, n2 - j0)  # contiguous, so mm writes in place
         C = C_buf[:G.numel()].view_as(G)
-        torch.mm(A[i:i2], B[j0:].T, out=G)                         # xᵀx'
+        torch.mm(A[i:i2], B_[j0:].T, out=G)                        # xᵀx'
         torch.mul(G, rA[i:i2, None], out=C)
         C.mul_(rB[j0:]).clamp_(-1.0, 1.0).arccos_()                # θ
         C.mul_(-1 / (2 * math.pi)).add_(0.5)                       # (π − θ) / (2π)
         G.mul_(C)
+        if same:
+            w = i2 - i
+            C[:, :w] = G[:, :w].T
+            G[:, :w] += C[:, :w]
+            G[:, :w] /= 2  # the diagonal block's GEMM is a hair asymmetric
         K[i:i2, j0:] = G
-        if X2 is None:
-            block = K[i:i2, i:i2]
-            block.copy_((block + block.T) / 2)  # the diagonal block's GEMM is a hair asymmetric
-            K[i2:, i:i2] = G[:, i2 - i:].T
-    if X2 is None:
+        if same:
+            K[i2:, i:i2] = K[i:i2, i2:].T
+    if same:
         K.diagonal().copy_((A * A).sum(dim=1) / 2)
     return K
 
@@ -234,23 +316,33 @@ def _inverse_norms(A: torch.Tensor) -> torch.Tensor:
     return torch.where(r > 0, 1 / r.clamp_min(1e-300), torch.zeros_like(r))
 
 
-def relative_distance(K: torch.Tensor, K_ref: torch.Tensor) -> float:
-    """‖K − K_ref‖_F / ‖K_ref‖_F."""
-    return float(torch.linalg.norm(K - K_ref) / torch.linalg.norm(K_ref))
+def relative_distance(K: torch.Tensor, K_ref: torch.Tensor, block: int = 1024) -> float:
+    """‖K − K_ref‖_F / ‖K_ref‖_F, accumulated in float64 by row blocks (any storage)."""
+    num = den = 0.0
+    for i in range(0, K.shape[0], block):
+        R = K_ref[i:i + block].double()
+        num += float((K[i:i + block].double() - R).square().sum())
+        den += float(R.square().sum())
+    return math.sqrt(num / den) if den else math.nan
 
 
 def kernel_regression(K_train: torch.Tensor, K_test_train: torch.Tensor, Y: torch.Tensor,
                       ridge: float) -> torch.Tensor:
     """Kernel ridge predictions ``K(x, X) (K + ridge·I)⁻¹ Y``.
 
-    K_train (n, n), K_test_train (n_test, n), Y (n, c) float. Returns float64 (n_test, c).
-    ``ridge`` is relative to the mean diagonal of K_train so that it is scale free.
+    K_train (n, n), K_test_train (n_test, n) in any storage, Y (n, c) float. Solved in
+    float64; returns float64 (n_test, c). ``ridge`` is relative to the mean diagonal of
+    K_train so that it is scale free.
     """
-    n = K_train.shape[0]
-    lam = ridge * float(K_train.diagonal().mean())
-    L = torch.linalg.cholesky(K_train + lam * torch.eye(n, dtype=K_train.dtype, device=K_train.device))
+    n, nt = K_train.shape[0], K_test_train.shape[0]
+    B.require(8 * (2 * n * n + nt * n), K_train.device, f"kernel ridge regression on a {n} x {n} kernel (float64)",
+              lambda k: 8 * (2 * k * k + nt * k), n)
+    lam = ridge * float(K_train.diagonal().double().mean())
+    A = K_train.to(torch.float64, copy=True)
+    A.diagonal().add_(lam)
+    L = torch.linalg.cholesky(A)
     alpha = torch.cholesky_solve(Y.double().reshape(n, -1), L)
-    return K_test_train @ alpha
+    return K_test_train.double() @ alpha
 
 
 def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-3) -> float:
@@ -266,6 +358,9 @@ def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-
         raise BadInput(f"ridge λ must be > 0, got {ridge!r}")
     if K_m.shape != K_inf.shape or K_m.ndim != 2 or K_m.shape[0] != K_m.shape[1]:
         raise BadInput(f"K_m and K_inf must be the same square shape; got {tuple(K_m.shape)} and {tuple(K_inf.shape)}")
+    n = K_m.shape[0]
+    B.require(8 * 6 * n * n, K_m.device, f"the whitened distance of two {n} x {n} kernels (float64)",
+              lambda k: 8 * 6 * k * k, n)
     K_inf = K_inf.double()
     D = K_m.to(K_inf) - K_inf
     D = (D + D.T) / 2  # exact no-op for symmetric inputs; keeps eigvalsh honest otherwise

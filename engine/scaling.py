@@ -176,7 +176,7 @@ def run_scaling(cfg: ScalingConfig, cache: Cache | None = None, data_dir=None, d
     grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
 
     def compute() -> Result:
-        B.check(estimate_scaling(cfg), budget, "this scaling run", "use fewer κ values, seeds or a smaller max width")
+        B.check(estimate_scaling(cfg), budget, "this scaling run", "use fewer κ values, seeds or a smaller max width", device=dev)
         models = _models(cfg)
         total = len(models) * len(cfg.kappas) * len(grid)
         rows, evals, done = [], [], 0

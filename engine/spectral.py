@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import budget as B
+
 EPS64 = float(np.finfo(np.float64).eps)
 
 
@@ -42,8 +44,14 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     other n − d are exact zeros. The rank tolerance is still that of the n x n Gram
     (default ``n · eps64 · λ_max``), so both routes give the same rank and κ.
     """
-    F64 = torch.as_tensor(F).double()
-    n, d = F64.shape
+    F = torch.as_tensor(F)
+    n, d = F.shape
+
+    def bytes_at(k: int) -> int:  # the float64 rows, the smaller Gram and eigvalsh's workspace
+        return 8 * (k * d + 3 * min(k, d) ** 2 + k)
+
+    B.require(bytes_at(n), F.device, f"the spectrum of a {n} x {d} Gram (float64)", bytes_at, n)
+    F64 = F.double()
     if n > d:
         lam = torch.linalg.eigvalsh(F64.T @ F64).cpu().numpy()
         lam = np.concatenate([lam, np.zeros(n - d)])  # eig_spectrum's default rtol counts all n

@@ -54,6 +54,18 @@ def test_a_run_that_cannot_fit_in_memory_is_not_allowed():
     assert "GiB" in plan.note
 
 
+def test_a_kernel_run_that_fits_only_in_float32_says_so():
+    """n where the float64 kernels need about 1.3x what fits and float32 about 0.65x."""
+    limit = budget.Budget().limit_bytes()
+    cfg = configs.kernel_config(S, "relu", 64, epochs=0)
+    per_n2 = estimate(replace(cfg, data=replace(cfg.data, n=1000))).bytes / 1000**2
+    n = int((1.3 * limit / per_n2) ** 0.5)
+    if n > 60000:
+        pytest.skip(f"this machine fits float64 kernels at the largest n ({limit / budget.GIB:.0f} GiB free)")
+    plan = configs.plan(replace(cfg, data=replace(cfg.data, n=n)))
+    assert not plan.allowed and "--storage float32" in plan.note and "accuracy cost" in plan.note
+
+
 def test_obtain_planned_refuses_settings_over_the_dashboards_limits():
     from streamlit.testing.v1 import AppTest
 

@@ -104,3 +104,19 @@ def test_malleability_on_cuda_matches_cpu():
 
 def test_torch_device_passes_through():
     assert resolve_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+
+
+def test_kernel_steps_on_cuda_refuse_by_the_gpus_free_memory():
+    from engine.errors import BadInput
+    from engine.ntk import infinite_ntk
+
+    X = torch.ones(1, 3, device=CUDA).expand(400_000, 3)
+    with pytest.raises(BadInput, match=r"needs [\d.]+ GiB on cuda but [\d.]+ GiB is free; it fits up to n = \d+"):
+        infinite_ntk(X)
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+def test_float32_storage_on_cuda_is_the_float64_kernel_rounded_once(arch):
+    X = torch.rand(300, 30, device=CUDA)
+    net = Net(arch, X, 512, 2, seed=1).to(CUDA)
+    assert torch.equal(empirical_ntk(net, X, chunk=64, storage="float32"), empirical_ntk(net, X, chunk=64).float())

@@ -72,6 +72,11 @@ def plan(cfg) -> Plan:
     if not fits:
         note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than fits here; "
                 "use a smaller n or width.")
+        if getattr(cfg, "storage", None) == "float64":
+            small = estimate(replace(cfg, storage="float32")).bytes
+            if small <= budget.Budget().limit_bytes():
+                note += (f" With kernels stored in float32 (`python -m engine … --storage float32`) they would "
+                         f"need {small / budget.GIB:.1f} GiB; see the README on its accuracy cost.")
     elif not allowed:
         note = (f"These settings would take about {budget.duration(est.seconds)}, over the dashboard's limit of "
                 f"{budget.duration(budget.DASHBOARD_SECONDS)}; run them with `python -m engine` instead.")
