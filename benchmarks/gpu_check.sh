@@ -16,7 +16,7 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
 
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_ntk.py tests/test_bench.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_ntk.py tests/test_memory.py tests/test_bench.py \
   2>&1 | tee "$OUT/cuda_tests.log" | tail -3
 
 timeout 90 python3 -m engine bench --device cuda --no-page --json > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.log"
@@ -75,6 +75,9 @@ if "kinf" in res:
     res.pop("kinf")
     del diag
 torch.cuda.empty_cache()
+step("kinf_float32", lambda: infinite_ntk(phi, storage="float32"))  # half the memory of the float64 K
+res.pop("kinf_float32", None)
+torch.cuda.empty_cache()
 step("spectrum", lambda: gram_spectrum(phi))  # n > d: the 784 x 784 Gram, n - d exact zeros
 if "spectrum" in res:
     s = res.pop("spectrum")
@@ -89,6 +92,10 @@ if "entk_train" in res and "entk_test" in res:
     torch.cuda.empty_cache()
     step("influence_true", lambda: influence_matrix(K, K_test, Y, ridge, target="true", y_test=y_test))
     res.clear()
+    torch.cuda.empty_cache()
+    step("entk_train_float32", lambda: empirical_ntk_features(head, phi, storage="float32"))
+    if "entk_train_float32" in res:  # bit for bit the float64 kernel rounded once
+        out["entk_train_float32"]["equals_float64_rounded"] = bool(torch.equal(res.pop("entk_train_float32"), K.float()))
 with open(os.path.join(os.environ["OUT"], "full_mnist_scale.json"), "w") as f:
     json.dump(out, f, indent=1)
 PY

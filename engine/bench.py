@@ -22,7 +22,11 @@
   m = 4096 against its three GEMMs run as plain full calls. Keys ``scale_<step>_seconds``,
   ``scale_<step>_floor_seconds``, ``scale_<step>_ratio`` (time / floor), ``scale_<step>_floor``
   (what the floor is) and ``scale_<step>_max_rel_diff`` (the step's result checked against
-  one computed from the floor's output).
+  one computed from the floor's output). ``scale_storage32_<arch>_*``: what float32 kernel
+  storage changes in exact LOO influence (target "true", K∞ of each architecture's features
+  at the same n): ``influence_rel_diff`` (Frobenius, relative to float64),
+  ``sign_disagreement`` (share of influence signs that differ) and ``top10_same`` (the
+  top-10 % by |aggregate influence| is the same set).
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ import torch
 from .data import DataSpec, load_sample
 from .errors import BadInput, DataCorrupt, DataMissing
 from .influence import influence_matrix, loo_influence
-from .models import Net, TwoLayerReLU, normalize_rows
-from .ntk import exact_counts, cpu_count_dtype, empirical_ntk_features, infinite_ntk
+from .influence import aggregate, top_indices
+from .models import Net, TwoLayerReLU, features, normalize_rows
+from .ntk import STORAGE, exact_counts, cpu_count_dtype, empirical_ntk_features, infinite_ntk
 from .spectral import gram_spectrum
 from .training import TrainSpec, train, train_many
 
@@ -175,6 +180,22 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def storage_cost(phi, phi_test, Y, y_test, ridge: float = SCALE_RIDGE) -> dict:
+    """What float32 kernel storage changes in exact LOO influence (target "true") under K∞
+    of these features, against float64 storage: relative difference, sign disagreement and
+    whether the top-10 % by |aggregate influence| stays the same set."""
+    I = {}
+    for storage in STORAGE:
+        K, K_test = infinite_ntk(phi, storage=storage), infinite_ntk(phi_test, phi, storage=storage)
+        I[storage] = influence_matrix(K, K_test, Y, ridge, target="true", y_test=y_test)
+        del K, K_test
+    a, b = I["float64"], I["float32"]
+    top = [set(top_indices(aggregate(v), 0.1).tolist()) for v in (a, b)]
+    return {"influence_rel_diff": float(torch.linalg.norm(b - a) / torch.linalg.norm(a)),
+            "sign_disagreement": float((torch.sign(a) != torch.sign(b)).double().mean()),
+            "top10_same": top[0] == top[1]}
+
+
 def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=None, repeat: int = 2,
               n_test: int = SCALE_N_TEST, m: int = SCALE_M) -> dict:
     """The scale benchmark (see the module notes) at n training points; one JSON-able dict.
@@ -244,6 +265,12 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
     t = _best(lambda: influence_matrix(K, K_test, Y, SCALE_RIDGE, target="true", y_test=y_test), repeat, sync)
     out.update({"scale_influence_true_seconds": t, "scale_influence_true_ratio": t / t_floor})
     del K, K_test
+
+    say(0.65, "float32 kernel storage: what it changes in LOO influence")
+    for arch in ("relu", "attn"):
+        phi, phi_test = features(X, X, arch), features(X_test, X, arch)
+        out.update({f"scale_storage32_{arch}_{k}": v for k, v in storage_cost(phi, phi_test, Y, y_test).items()})
+    del phi, phi_test
 
     say(0.7, f"empirical NTK at m = {m} against its GEMMs")
     phi = X.float()

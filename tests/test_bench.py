@@ -56,6 +56,10 @@ def _check_scale(out, n, m):
     assert _positive(out["scale_influence_true_seconds"])
     assert out["scale_size"]["n"] == n and out["scale_size"]["m"] == m
     assert 1 <= out["scale_spectrum_rank"] <= min(n, out["scale_size"]["d"])
+    for arch in ("relu", "attn"):  # float32 storage: a small, nonzero change (bounded in test_memory)
+        assert 0 < out[f"scale_storage32_{arch}_influence_rel_diff"] < 1e-2
+        assert 0 <= out[f"scale_storage32_{arch}_sign_disagreement"] < 0.05
+        assert isinstance(out[f"scale_storage32_{arch}_top10_same"], bool)
 
 
 def test_run_scale_falls_back_to_random_rows_and_says_so(tmp_path):
