@@ -1,9 +1,12 @@
 # The dashboard with the engine; run with `docker run --gpus all -p 8501:8501 IMAGE`.
 FROM python:3.11-slim-bookworm
 
-# Fashion-MNIST ships as a Debian package; the engine picks its .gz files up.
+# Fashion-MNIST ships as a Debian package; the engine picks its .gz files up. Chromium is
+# what kaleido renders PNG/SVG/PDF figures in (it cannot download a browser at run time);
+# it follows Debian's security updates, so its version is left to the archive.
+# hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends dataset-fashion-mnist=0.0~git20200523.55506a9-1 \
+    && apt-get install -y --no-install-recommends dataset-fashion-mnist=0.0~git20200523.55506a9-1 chromium \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin app

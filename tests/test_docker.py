@@ -49,3 +49,11 @@ def test_healthcheck_is_json_form_on_the_streamlit_endpoint():
 
 def test_fashion_mnist_comes_from_debian():
     assert "dataset-fashion-mnist" in DOCKERFILE and re.search(r"^FROM python:3\.11-slim", DOCKERFILE, re.M)
+
+
+def test_figures_export_in_the_image():
+    """kaleido needs a browser; the image installs Debian's, where engine.export looks first."""
+    from engine.export import DEBIAN_CHROMIUM
+
+    assert DEBIAN_CHROMIUM == "/usr/bin/chromium"
+    assert re.search(r"apt-get install[^\n]* chromium\b", DOCKERFILE)
