@@ -19,7 +19,7 @@ from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, ru
 from .runs import Prepared, prepare, tick
 from .settings import setting, validate
 from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
-from .ntk import (NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, prediction_gap,
+from .ntk import (STORAGE, NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, prediction_gap,
                   relative_distance, whitened_distance)
 from .scaling import ScalingConfig, run_scaling, theory_exponent
 from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10
@@ -37,6 +37,6 @@ __all__ = [
     "loo_influence", "MalleabilityConfig", "Net", "net_influence", "NTKMethod", "parse_attention",
     "relative_distance", "resolve_data_dir", "resolve_device", "Result", "run_influence",
     "run_kernels", "run_malleability", "run_ntk_sweep", "run_scaling", "run_spectrum", "Sample",
-    "ScalingConfig", "Spectrum", "SpectrumConfig", "SweepConfig", "theory_exponent", "top_indices",
+    "ScalingConfig", "Spectrum", "SpectrumConfig", "STORAGE", "SweepConfig", "theory_exponent", "top_indices",
     "train", "TrainSpec", "TwoLayerReLU", "width_thresholds_log10",
 ]

@@ -14,7 +14,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import torch
 

@@ -159,7 +159,7 @@ def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
     metric, default kernel_dist_init, the page's first chart) and ``regime`` (lin_gap,
     pattern_change, k_inf_gap, weight_movement; default lin_gap).
     """
-    from . import dynamics, plots, tables
+    from . import plots, tables
 
     cfg, frames = result.config, result.frames
     if kind == "spectrum":
@@ -193,8 +193,8 @@ def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
         final = frames["final"]
         if final[f"{metric}_mean"].isna().all():
             raise BadInput(f"{metric} was not measured in this run (k_inf_gap needs MSE and SGD)")
-        fig = dynamics.width_fig(dynamics.width_data(final, metric), metric)
-        title = f"{dynamics.LABELS[metric][0]} after {cfg['train']['epochs']} epochs"
+        fig = plots.regime_width_fig(plots.regime_width_data(final, metric), metric)
+        title = f"{plots.REGIME_LABELS[metric][0]} after {cfg['train']['epochs']} epochs"
     else:
         raise BadInput(f"unknown figure kind {kind!r}; allowed: {', '.join(KINDS)}")
     return titled(fig, title + _where(cfg))

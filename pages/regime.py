@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from engine import dynamics
+from engine import dynamics, plots
 from engine.dynamics import PRESETS, CoordCheckConfig, DynamicsConfig, run_coord_check, run_dynamics
 from engine.errors import EngineError
 from engine.training import TrainSpec
@@ -91,24 +91,24 @@ if res is not None:
     summary, final = res.frames["summary"], res.frames["final"]
     c1, c2 = st.columns(2)
     with c1:
-        data = dynamics.epoch_data(summary, "lin_gap")
-        render.chart(dynamics.epoch_fig(data, "lin_gap"), data, "gap to the linearised net",
+        data = plots.regime_epoch_data(summary, "lin_gap")
+        render.chart(plots.regime_epoch_fig(data, "lin_gap"), data, "gap to the linearised net",
                      "‖f_t − f_lin,t‖ / ‖f_lin,t‖ on the test points during training, mean over seeds, one line "
                      "per width (darker = wider); lines that drop with width mean wider nets stay lazier.")
     with c2:
-        data = dynamics.epoch_data(summary, "pattern_change")
-        render.chart(dynamics.epoch_fig(data, "pattern_change"), data, "activation signs flipped",
+        data = plots.regime_epoch_data(summary, "pattern_change")
+        render.chart(plots.regime_epoch_fig(data, "pattern_change"), data, "activation signs flipped",
                      "Share of the training set's activation signs 1[w_r·φ(x_i) > 0] that differ from init; "
                      "the linearised net keeps every sign, so this is where the two part ways.")
     c1, c2 = st.columns(2)
     with c1:
-        data = dynamics.width_data(final, "lin_gap")
-        render.chart(dynamics.width_fig(data, "lin_gap"), data, "final gap against width",
+        data = plots.regime_width_data(final, "lin_gap")
+        render.chart(plots.regime_width_fig(data, "lin_gap"), data, "final gap against width",
                      f"The gap after {epochs} epochs against width, mean ± sd over seeds; the dotted lines fall "
                      "like m^-½ from the smallest width: the lazy regime's rate.")
     with c2:
-        data = dynamics.width_data(final, "pattern_change")
-        render.chart(dynamics.width_fig(data, "pattern_change"), data, "final sign flips against width",
+        data = plots.regime_width_data(final, "pattern_change")
+        render.chart(plots.regime_width_fig(data, "pattern_change"), data, "final sign flips against width",
                      "The share of flipped activation signs after training against width, with the same "
                      "m^-½ reference.")
     slopes = dynamics.width_slopes(final)
@@ -121,9 +121,9 @@ if res is not None:
         "These settings are that case." if lazy else
         "These settings are not (Adam normalises steps, μP keeps features moving): expect flatter curves."))
     if final["k_inf_gap_mean"].notna().any():
-        data = dynamics.epoch_data(summary, "k_inf_gap")
+        data = plots.regime_epoch_data(summary, "k_inf_gap")
         eta, beta, per_epoch = res.meta["flow"]
-        render.chart(dynamics.epoch_fig(data, "k_inf_gap"), data, "gap to the K-infinity gradient flow",
+        render.chart(plots.regime_epoch_fig(data, "k_inf_gap"), data, "gap to the K-infinity gradient flow",
                      f"‖f_t − f_K∞,t‖ / ‖f_K∞,t‖: the trained net against kernel regression with K∞ run for the "
                      f"same time in closed form (η' = 2η/(n·c) = {eta:.3g}, decay ηλ = {beta:.3g}, "
                      f"{per_epoch} steps per epoch).")
@@ -157,8 +157,8 @@ cres = obtain(run_coord_check.kind, run_coord_check, ccfg, "Coordinate check", a
 if not cplan.allowed:
     st.error(cplan.note)
 if cres is not None:
-    data = dynamics.coord_data(cres.frames["summary"])
-    render.chart(dynamics.coord_fig(data), data, "coordinate check",
+    data = plots.coord_data(cres.frames["summary"])
+    render.chart(plots.coord_fig(data), data, "coordinate check",
                  "RMS change of the outputs (left) and pre-activations (right) after t steps against width, "
                  "mean over seeds, darker = later step; flat lines keep their size as the net widens.")
     fit = cres.frames["fit"].pivot_table(index=["param", "quantity", "theory"], columns="step",

@@ -1,0 +1,113 @@
+"""What every chart shares: labels, colours, metric titles, axis and layout helpers."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+MAX_SIDE = 500
+ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
+ARCH_COLORS = {"relu": "#1f77b4", "attn": "#d62728"}
+ATTACK_DASH = {"fgsm": "solid", "pgd": "dash", "mim": "dot"}
+PRACTICAL_LOG10 = (3.0, 5.0)   # widths people train: 1e3 .. 1e5 hidden units
+LARGEST_LOG10 = 12.0           # the largest models: about 1e12 parameters
+HEIGHT = 400
+
+METRICS = {  # column -> (chart title, axis title with units)
+    "kernel_dist_init": ("Kernel distance at initialisation: ‖K_m − K∞‖_F / ‖K∞‖_F",
+                         "relative kernel distance (unitless)"),
+    "kernel_dist_trained": ("Kernel distance after training: ‖K_m − K∞‖_F / ‖K∞‖_F",
+                            "relative kernel distance (unitless)"),
+    "function_dist": ("Function distance: ‖f_m − f_NTK‖_F on the test points",
+                      "function distance (output units)"),
+    "function_dist_rms": ("Function distance per test point (RMS)", "RMS distance (output units)"),
+    "kernel_dist_whitened_init": ("Whitened kernel distance at init: ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂",
+                                  "whitened distance (unitless, κ-sensitive)"),
+    "kernel_dist_whitened_trained": ("Whitened kernel distance after training", "whitened distance (unitless, κ-sensitive)"),
+    "prediction_gap_init": ("Kernel-regression prediction gap at init: ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
+                            "relative prediction gap (unitless)"),
+    "prediction_gap_trained": ("Kernel-regression prediction gap after training", "relative prediction gap (unitless)"),
+    "function_dist_rel": ("Relative function distance ‖f_m − f_NTK‖_F / ‖f_NTK‖_F", "relative distance (unitless)"),
+    "train_acc": ("Train accuracy", "train accuracy (fraction)"),
+    "test_acc_ntk": ("Test accuracy of K∞ ridge regression", "test accuracy (fraction)"),
+    "test_acc": ("Test accuracy", "test accuracy (fraction)"),
+    "weight_movement": ("Weight movement ‖W_t − W_0‖_F / ‖W_0‖_F", "relative movement (unitless)"),
+}
+
+
+SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def arch_label(arch: str, attention: str | None = None) -> str:
+    """"2L-ReLU", "MLP-Attn", or "MLP-Attn (softmax:0.1)" when the attention variant is given."""
+    label = ARCH_LABELS.get(arch, arch)
+    return f"{label} ({attention})" if arch == "attn" and isinstance(attention, str) and attention else label
+
+
+def pretty_formula(formula: str | None) -> str | None:
+    """The engine's plain formula (``κ(G)^3``, ``(λ_1/λ_10)^3``) with superscript powers: κ(G)³."""
+    if not formula:
+        return None
+    return re.sub(r"\^(-?\d+)", lambda m: m.group(1).translate(SUPERSCRIPTS), formula)
+
+
+def _attention_of(data: pd.DataFrame, attention: str | None = None) -> str | None:
+    """The attention variant a result was made with: the argument, else the data's own column."""
+    if attention:
+        return attention
+    if "attention" in data:
+        found = [a for a in data["attention"] if isinstance(a, str) and a]
+        return found[0] if found else None
+    return None
+
+
+def _by_arch(data: pd.DataFrame):
+    """(arch, rows) pairs in the fixed order relu, attn, then any others."""
+    present = list(dict.fromkeys(data["arch"]))
+    order = [a for a in ARCH_LABELS if a in present] + [a for a in present if a not in ARCH_LABELS]
+    for arch in order:
+        yield arch, data[data["arch"] == arch]
+
+
+def _style(fig: go.Figure, x: str, y: str, title: str | None = None, logx: bool = False,
+           logy: bool = False, height: int = HEIGHT) -> go.Figure:
+    fig.update_layout(template="plotly_white", height=height,
+                      title=dict(text=title, y=0.98, yanchor="top", x=0.01) if title else None,
+                      margin=dict(l=60, r=20, t=85 if title else 40, b=50),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
+                      hovermode="closest")
+    fig.update_xaxes(title_text=x, type="log" if logx else None)
+    fig.update_yaxes(title_text=y, type="log" if logy else None, exponentformat="power")
+    return fig
+
+
+def _log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
+    """Readable log-axis ticks: 1-2-5 labels within two decades, powers of ten beyond."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return
+    update = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
+    if hi - lo > 2:
+        update(dtick=1)  # powers of ten only
+        return
+    ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in (1, 2, 5)]
+    ticks = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5]
+    update(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+
+
+def _width_ticks(fig: go.Figure, widths) -> None:
+    """Ticks at the measured widths only (log x)."""
+    w = sorted({int(x) for x in widths})
+    fig.update_xaxes(tickvals=w, ticktext=[str(x) for x in w])
+
+
+def _positive(v) -> np.ndarray:
+    """Values for a log axis: non-positive entries become NaN (gaps) instead of errors."""
+    v = np.asarray(v, dtype=np.float64)
+    return np.where(v > 0, v, np.nan)
