@@ -161,9 +161,6 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     return K
 
 
-_JACOBIAN_BUDGET = 4 * 2**30  # bytes of per-sample Jacobians the autograd method may hold
-
-
 def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
     """Σ_c J_c(A1) J_c(A2)ᵀ / c from per-sample Jacobians of ``module(x, *args)`` w.r.t.
     all its parameters (torch.func: vmap over samples of jacrev)."""
@@ -175,10 +172,15 @@ def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
     n_rows = A1.shape[0] + (0 if A2 is None else A2.shape[0])
     with torch.no_grad():
         c = module(A1[:1], *args).shape[1]
-    need = n_rows * c * P * A1.element_size()
-    if need > _JACOBIAN_BUDGET:
-        raise BadInput(f"the autograd NTK would hold {need / 2**30:.1f} GiB of Jacobians ({n_rows} samples x "
-                       f"{c} outputs x {P} parameters); use fewer points (n) or a smaller width")
+    size = A1.element_size()
+    n2 = A1.shape[0] if A2 is None else A2.shape[0]
+
+    def bytes_at(k):  # Jacobians of k + n2 rows (k for a square kernel) and the float64 kernel
+        rows = k if A2 is None else k + n2
+        return rows * c * P * size + 8 * k * (k if A2 is None else n2)
+
+    B.require(bytes_at(A1.shape[0]), A1.device, f"the autograd NTK's Jacobians ({n_rows} samples x {c} outputs x "
+              f"{P} parameters)", bytes_at, A1.shape[0], "a smaller width")
 
     def f(p, x):
         return functional_call(module, (p, buffers), (x[None], *args))[0]  # (c,)

@@ -11,7 +11,7 @@ from engine.malleability import InfluenceConfig, run_influence
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import require, shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 WIDTHS = (64, 256, 1024, 4096)
@@ -50,10 +50,7 @@ st.markdown(
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 width, epochs, ridge, target = controls_ui()
 cfg = configs.influence_config(s, width, epochs, ridge, target)
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_influence.kind, run_influence, cfg, f"Influence at m = {width}", auto=plan.auto,
-             button="Compute influences", note=plan.note)
+res = obtain_planned(run_influence, cfg, f"Influence at m = {width}", button="Compute influences")
 if res is None:
     st.stop()
 

@@ -12,7 +12,7 @@ from engine.malleability import MalleabilityConfig, example_key, run_malleabilit
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 ATTACKS = configs.choices_of(MalleabilityConfig, "attacks")
@@ -75,10 +75,7 @@ require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 cfg = configs.malleability_config(s, **opts)
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_malleability.kind, run_malleability, cfg, "Malleability", auto=plan.auto,
-             button="Run the attacks", note=plan.note)
+res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()
 

@@ -9,7 +9,7 @@ from engine.experiments import SweepConfig, run_kernels, run_ntk_sweep
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 KERNEL_METRICS = {  # what "distance to K∞" means: the choice changes the verdict, so it is visible
@@ -56,11 +56,8 @@ require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 epochs, n_seeds, ridge, optimizer, metric = controls_ui()
 cfg = configs.sweep_config(s, epochs, n_seeds, ridge, optimizer=optimizer)
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_ntk_sweep.kind, run_ntk_sweep, cfg,
-             f"NTK sweep, {len(cfg.widths) * len(cfg.archs) * n_seeds} nets",
-             auto=plan.auto, button="Run the sweep", note=plan.note)
+res = obtain_planned(run_ntk_sweep, cfg, f"NTK sweep, {len(cfg.widths) * len(cfg.archs) * n_seeds} nets",
+                     button="Run the sweep")
 
 if res is not None:
     rows = res.frames["rows"]
@@ -114,11 +111,8 @@ st.markdown("Training points are sorted by label, so class blocks show along the
             f"than {plots.MAX_SIDE} x {plots.MAX_SIDE} are shown as block means; the full ones download as .npy.")
 arch, width = heatmap_ui(cfg.widths, cfg.archs)
 kcfg = configs.kernel_config(s, arch, width, epochs)
-kplan = configs.plan(kcfg)
-kres = obtain(run_kernels.kind, run_kernels, kcfg, f"Kernels of {ARCH_LABELS[arch]} at m = {width}",
-              auto=kplan.auto, button="Compute the kernels", note=kplan.note) if kplan.allowed else None
-if not kplan.allowed:
-    st.error(kplan.note)
+kres = obtain_planned(run_kernels, kcfg, f"Kernels of {ARCH_LABELS[arch]} at m = {width}",
+                      button="Compute the kernels")
 if kres is not None:
     K = kres.arrays["K_trained"] if epochs > 0 else kres.arrays["K_init"]
     K_inf = kres.arrays["K_inf"]

@@ -12,7 +12,7 @@ from engine.errors import EngineError
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 QUICK = PRESETS["dynamics"]["quick"]
@@ -81,11 +81,9 @@ try:
 except EngineError as exc:  # e.g. qkv attention, which has no fixed features to linearise around
     st.error(str(exc))
     st.stop()
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_dynamics.kind, run_dynamics, cfg,
-             f"Real vs linearised training, {len(cfg.widths) * len(cfg.archs) * n_seeds} pairs of nets",
-             auto=plan.auto, button="Train the nets and their linearisations", note=plan.note)
+res = obtain_planned(run_dynamics, cfg,
+                     f"Real vs linearised training, {len(cfg.widths) * len(cfg.archs) * n_seeds} pairs of nets",
+                     button="Train the nets and their linearisations")
 
 if res is not None:
     summary, final = res.frames["summary"], res.frames["final"]
@@ -151,11 +149,7 @@ try:
 except EngineError as exc:
     st.error(str(exc))
     st.stop()
-cplan = configs.plan(ccfg)
-cres = obtain(run_coord_check.kind, run_coord_check, ccfg, "Coordinate check", auto=cplan.auto,
-              button="Run the coordinate check", note=cplan.note) if cplan.allowed else None
-if not cplan.allowed:
-    st.error(cplan.note)
+cres = obtain_planned(run_coord_check, ccfg, "Coordinate check", button="Run the coordinate check")
 if cres is not None:
     data = plots.coord_data(cres.frames["summary"])
     render.chart(plots.coord_fig(data), data, "coordinate check",

@@ -15,7 +15,7 @@ from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
 from ui.common import get_cache, get_manager, require, shared
-from ui.runner import POLL_S, obtain, obtain_planned, peek
+from ui.runner import POLL_S, obtain_planned, peek
 
 BOUND = configs.BOUND
 RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
@@ -95,7 +95,7 @@ def sensitivity_ui(claim: str, variants: list[protocols.Variant], what: str) -> 
         _live(claim, live)
     if not missing:
         return
-    plans = [configs.plan(cfg) for cfg in missing]
+    plans = [configs.plan(cfg, s.device) for cfg in missing]
     blocked = [p for p in plans if not p.allowed]
     if blocked:
         st.warning(f"{len(missing)} run(s) not started: {blocked[0].note}")
@@ -143,9 +143,8 @@ if summary is not None:
 
 st.header("NTK distance at m = 16 / 1024 / 4096")
 sweep_cfg = configs.sweep_config(s, epochs=epochs, n_seeds=3, widths=configs.PAPER_WIDTHS)
-splan = configs.plan(sweep_cfg)
-sweep = obtain(run_ntk_sweep.kind, run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
-               auto=splan.auto, button="Measure the NTK distance", note=splan.note) if splan.allowed else None
+sweep = obtain_planned(run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths",
+                       button="Measure the NTK distance")
 sweep_rows = sweep.frames["rows"] if sweep is not None else None
 if sweep_rows is not None and ref in paper.NTK_DISTANCE:
     measured = plots.distance_data(sweep_rows, "function_dist")
@@ -163,9 +162,7 @@ st.header(f"Flip rates at ε = {paper.FLIP_EPS} (τ = {paper.TAU})")
 mall_rows = adv_rows = mall_cfg = adv_cfg = None
 mcfg = configs.malleability_config(s, attacks=("fgsm", "pgd", "mim"), eps=(paper.FLIP_EPS,),
                                    epochs=m_epochs, steps=steps)
-mplan = configs.plan(mcfg)
-mall = obtain(run_malleability.kind, run_malleability, mcfg, "Flip rates at ε = 0.3",
-              auto=mplan.auto, button="Measure flip rates", note=mplan.note) if mplan.allowed else None
+mall = obtain_planned(run_malleability, mcfg, "Flip rates at ε = 0.3", button="Measure flip rates")
 if mall is not None:
     mall_rows, mall_cfg = mall.frames["rows"], mall.config
     ptab = paper.flip_rate_table(ref if ref in paper.FLIP_RATE else "mnist")
@@ -181,10 +178,9 @@ if mall is not None:
 st.subheader("Adversarial training")
 acfg = configs.malleability_config(s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
                                    adversarial_training=True)
-aplan = configs.plan(acfg)
-adv = obtain(run_malleability.kind, run_malleability, acfg, "Flip rates after adversarial training", auto=False,
-             button="Measure with adversarial training",
-             note="Adversarial training repeats the attack every epoch. " + aplan.note) if aplan.allowed else None
+adv = obtain_planned(run_malleability, acfg, "Flip rates after adversarial training", wait=True,
+                     button="Measure with adversarial training",
+                     why="Adversarial training repeats the attack every epoch.")
 if adv is not None:
     adv_rows, adv_cfg = adv.frames["rows"], adv.config
 

@@ -9,7 +9,7 @@ from engine.scaling import ScalingConfig, run_scaling
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ATTENTION_CHOICES, shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 QUICK = configs.QUICK["scaling"]
@@ -61,10 +61,7 @@ if not kappas or not s.archs or ("attn" in s.archs and not variants):
 cfg = configs.scaling_config(kappas=sorted(kappas), archs=s.archs, attentions=variants, target=target,
                              measure=measure, metric=metric, epochs=epochs, max_width=max_width, seed=int(s.seed),
                              seeds=tuple(range(int(n_seeds))))
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_scaling.kind, run_scaling, cfg, "Scaling law", auto=plan.auto,
-             button="Measure the scaling law", note=plan.note)
+res = obtain_planned(run_scaling, cfg, "Scaling law", button="Measure the scaling law")
 if res is None:
     st.stop()
 

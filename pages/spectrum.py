@@ -8,7 +8,7 @@ from engine import plots
 from engine.experiments import SpectrumConfig, run_spectrum
 from ui import configs, render
 from ui.common import shared
-from ui.runner import obtain
+from ui.runner import obtain_planned
 
 RTOLS = {"auto: n · machine epsilon": None, "1e-12": 1e-12, "1e-10": 1e-10, "1e-8": 1e-8, "1e-6": 1e-6}
 BOUND = configs.BOUND
@@ -34,10 +34,7 @@ st.markdown(
     f"from `eigvalsh`. Settings: {s.describe()}, attention `{s.attention}`.")
 rtol, eps = controls_ui()
 cfg = configs.spectrum_config(s, rtol=rtol, eps=eps)
-plan = configs.plan(cfg)
-configs.show_plan(plan)
-res = obtain(run_spectrum.kind, run_spectrum, cfg, f"Spectrum at n = {s.n}", auto=plan.auto,
-             button="Compute the spectrum", note=plan.note)
+res = obtain_planned(run_spectrum, cfg, f"Spectrum at n = {s.n}", button="Compute the spectrum")
 if res is None:
     st.stop()
 

@@ -85,3 +85,35 @@ def test_obtain_planned_refuses_settings_over_the_dashboards_limits():
     at = AppTest.from_function(script).run()
     assert not at.exception and not at.button  # no Run button for a run the dashboard must not start
     assert len(at.error) == 1 and "python -m engine" in at.error[0].value
+
+
+def test_plans_count_memory_on_the_device_runs_go_to():
+    """cpu: the host's free memory; cuda: the GPU's (where there is none, the host's, and the
+    run itself refuses cuda in one line)."""
+    import torch
+
+    host = budget.Budget().limit_bytes()
+    assert configs._memory_limit("cpu") == pytest.approx(host, rel=0.1)
+    gpu = budget.Budget().limit_bytes(torch.device("cuda")) if torch.cuda.is_available() else host
+    assert configs._memory_limit("cuda") == pytest.approx(gpu, rel=0.1)
+    assert configs._memory_limit("auto") == pytest.approx(gpu, rel=0.1)
+
+
+def test_obtain_planned_can_wait_for_a_click_and_says_why(tmp_path, monkeypatch):
+    """A quick run that ``wait`` holds back shows its button and the reason before the plan."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+
+    def script():
+        from engine.experiments import run_spectrum
+        from ui import configs
+        from ui.common import Shared
+        from ui.runner import obtain_planned
+
+        cfg = configs.spectrum_config(Shared(base="synthetic", n=50, n_test=1))
+        obtain_planned(run_spectrum, cfg, "held back", button="Go", wait=True, why="Because.")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception and [b.label for b in at.button] == ["Go"]
+    assert any(c.value.startswith("Because. These settings take about") for c in at.caption), at.caption

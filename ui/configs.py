@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import streamlit as st
-
 from engine import budget
 from engine.calibration import estimate
+from engine.device import resolve_device
+from engine.errors import EngineError
 from engine.experiments import PRESETS as EXP_PRESETS
 from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
 from engine.malleability import PRESETS as MALL_PRESETS
@@ -63,10 +63,21 @@ class Plan:
     note: str      # one line for the user
 
 
-def plan(cfg) -> Plan:
-    """Whether a config runs at once, on a click, or not from the browser (engine estimate)."""
+def _memory_limit(device: str) -> int:
+    """80 % of the free memory where runs with this device setting go (GPU memory on CUDA)."""
+    try:
+        where = resolve_device(device)
+    except EngineError:  # cuda asked for without a GPU: the run itself says so in one line
+        where = None
+    return budget.Budget().limit_bytes(where)
+
+
+def plan(cfg, device: str = "cpu") -> Plan:
+    """Whether a config runs at once, on a click, or not from the browser (engine estimate),
+    with memory counted on the device the runs go to (the sidebar's ``device``)."""
     est = estimate(cfg)
-    fits = est.bytes <= budget.Budget().limit_bytes()
+    limit = _memory_limit(device)
+    fits = est.bytes <= limit
     allowed = fits and est.seconds <= budget.DASHBOARD_SECONDS
     auto = allowed and est.seconds <= budget.QUICK_SECONDS
     if not fits:
@@ -74,7 +85,7 @@ def plan(cfg) -> Plan:
                 "use a smaller n or width.")
         if getattr(cfg, "storage", None) == "float64":
             small = estimate(replace(cfg, storage="float32")).bytes
-            if small <= budget.Budget().limit_bytes():
+            if small <= limit:
                 note += (f" With kernels stored in float32 (`python -m engine … --storage float32`) they would "
                          f"need {small / budget.GIB:.1f} GiB; see the README on its accuracy cost.")
     elif not allowed:
@@ -150,10 +161,3 @@ def scaling_config(**options):
         if k in options:
             options[k] = tuple(options[k])
     return replace(q, train=train, **options)
-
-
-def show_plan(p: Plan) -> None:
-    """Say before a run how long it will take, or why it cannot start here."""
-    if not p.allowed:
-        st.error(p.note)
-        st.stop()

@@ -141,14 +141,17 @@ def peek(kind: str, cfg, data_dir=None) -> Result | None:
     return get_cache().get(kind, cfg, on_corrupt=st.warning, data_dir=data_dir)
 
 
-def obtain_planned(fn: Callable[..., Result], cfg, label: str, button: str = "Run") -> Result | None:
-    """``obtain`` with the engine's plan for ``cfg``: it starts by itself when quick, waits for
-    ``button`` when longer, and never starts when over the dashboard's limits (one error says
-    what to change). ``fn.kind`` is the cache kind."""
+def obtain_planned(fn: Callable[..., Result], cfg, label: str, button: str = "Run", wait: bool = False,
+                   why: str = "") -> Result | None:
+    """``obtain`` with the engine's plan for ``cfg`` on the sidebar's device: it starts by itself
+    when quick (unless ``wait``), waits for ``button`` when longer, and never starts when over
+    the dashboard's limits (one error says what to change). ``why`` goes before the plan's
+    note. ``fn.kind`` is the cache kind."""
     from ui.configs import plan as plan_of
 
-    p = plan_of(cfg)
+    p = plan_of(cfg, shared().device)
     if not p.allowed:
         st.error(p.note)
         return None
-    return obtain(fn.kind, fn, cfg, label, auto=p.auto, button=button, note=p.note)
+    return obtain(fn.kind, fn, cfg, label, auto=p.auto and not wait, button=button,
+                  note=f"{why} {p.note}".strip())
