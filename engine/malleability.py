@@ -229,7 +229,7 @@ def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=Non
         tick(progress, cancel, 1.0, "done")
         meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
                 "class_names": list(sample.class_names), "source": sample.source, "target": cfg.target,
-                "shown_seed": cfg.seeds[0]}
+                "storage": cfg.storage, "shown_seed": cfg.seeds[0]}
         return Result(run_influence.kind, {}, {"aggregate": pd.concat(agg_rows, ignore_index=True),
                                                "summary": pd.DataFrame(summary)}, arrays, meta)
 
@@ -347,7 +347,8 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
                              "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
                              "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
                              "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
-                             "ridge": cfg.ridge, "steps": 1 if method == "fgsm" else spec.steps,
+                             "ridge": cfg.ridge, "storage": cfg.storage,
+                             "steps": 1 if method == "fgsm" else spec.steps,
                              "step_size": eps if method == "fgsm" else spec.alpha})
                 first_Xp = Xp if first_Xp is None else first_Xp
                 if seed == cfg.seeds[0]:
@@ -364,7 +365,8 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
         meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
                 "class_names": list(sample.class_names), "n": sample.n, "n_test": int(sample.X_test.shape[0]),
                 "source": sample.source, "shown_seed": cfg.seeds[0], "space": cfg.space,
-                "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training}
+                "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
+                "storage": cfg.storage}
         frame = pd.DataFrame(rows)
         inter_frame = pd.DataFrame(inter)
         frames = {"rows": frame, "summary": summarize(frame, ["arch", "attack", "eps"], ROW_METRICS),

@@ -186,8 +186,9 @@ def test_rows_follow_the_definitions_from_the_stored_arrays(cache):
     assert set(rows.columns) >= {"arch", "seed", "attack", "eps", "norm", "space", "target", "flip_rate",
                                  "pair_flip_rate", "spearman", "test_acc", "train_acc", "test_acc_ntk",
                                  "test_acc_after", "rel_perturbation", "n_top", "perturb", "retrain", "tau",
-                                 "ridge", "adversarial_training"}
+                                 "ridge", "adversarial_training", "storage"}
     assert (rows.norm == "linf").all() and (rows.space == "raw").all() and (rows.target == "true").all()
+    assert (rows.storage == "float64").all() and res.meta["storage"] == "float64"
     for _, row in rows.iterrows():
         key = lambda what: example_key(row.arch, row.attack, row.eps, what)  # noqa: E731
         top = res.arrays[key("top_idx")]
@@ -268,10 +269,11 @@ def test_interventions_match_direct_retraining():
 def test_options_show_up_in_rows():
     cfg = MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST, attack=AttackSpec(steps=2),
                              eps=(0.1,), seeds=(0,), perturb="all", retrain=True, adversarial_training=True,
-                             target="margin")
+                             target="margin", storage="float32")
     res = run_malleability(cfg)
     row = res.frames["rows"].iloc[0]
     assert row.perturb == "all" and row.retrain and row.adversarial_training and row.target == "margin"
+    assert row.storage == "float32" and res.meta["storage"] == "float32"
     assert row.points_moved > round(0.1 * 24) and row.steps == 2
     assert res.meta["adversarial_training"] is True
     plain = run_malleability(MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST,

@@ -231,7 +231,7 @@ def test_runs_take_storage_from_their_config(cache, tmp_path):
     assert estimate_influence(ic32).bytes < estimate_influence(ic).bytes
     a, b = run_influence(ic, cache), run_influence(ic32, cache)
     assert not b.cached and config_key("influence", ic) != config_key("influence", ic32)
-    assert b.config["storage"] == "float32"
+    assert b.config["storage"] == "float32" and b.meta["storage"] == "float32" and a.meta["storage"] == "float64"
     I64, I32 = a.arrays["relu_I"], b.arrays["relu_I"]
     assert np.linalg.norm(I32 - I64) <= 1e-3 * np.linalg.norm(I64)
     assert 0 < np.abs(I32 - I64).max()  # the float32 run really stored float32 kernels

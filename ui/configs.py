@@ -81,8 +81,8 @@ def plan(cfg, device: str = "cpu") -> Plan:
     allowed = fits and est.seconds <= budget.DASHBOARD_SECONDS
     auto = allowed and est.seconds <= budget.QUICK_SECONDS
     if not fits:
-        note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than fits here; "
-                "use a smaller n or width.")
+        note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than the "
+                f"{limit / budget.GIB:.1f} GiB that fit here; use a smaller n or width.")
         if getattr(cfg, "storage", None) == "float64":
             small = estimate(replace(cfg, storage="float32")).bytes
             if small <= limit:
