@@ -53,18 +53,60 @@ def duration(seconds: float) -> str:
 
 
 def available_bytes() -> int:
-    """Host memory this process may use: MemAvailable from /proc/meminfo, else physical memory."""
+    """Host memory this process may use: MemAvailable from /proc/meminfo (else physical
+    memory), and no more than what is left under the cgroup's limit (a container run with
+    ``docker run --memory``, whose /proc/meminfo still shows the whole host)."""
+    host = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    host = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 * GIB
+    if host is None:
+        try:
+            host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            host = 8 * GIB
+    limited = cgroup_free_bytes()
+    return host if limited is None else min(host, limited)
+
+
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2^63
+
+
+def cgroup_free_bytes(root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes left under this cgroup's memory limit, reclaimable page cache (inactive files)
+    counted as free; None where no limit is set or none can be read. cgroup v2:
+    ``memory.max`` − ``memory.current``; v1: ``memory/memory.limit_in_bytes`` −
+    ``memory/memory.usage_in_bytes``."""
+    for limit_file, usage_file, stat_file, cache_key in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):
+        try:
+            with open(os.path.join(root, limit_file)) as f:
+                text = f.read().strip()
+            if text == "max" or int(text) >= _NO_LIMIT:
+                return None
+            with open(os.path.join(root, usage_file)) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        cache = 0
+        try:
+            with open(os.path.join(root, stat_file)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == cache_key:
+                        cache = int(value)
+                        break
+        except (OSError, ValueError):
+            pass
+        return max(0, int(text) - used + cache)
+    return None
 
 
 def free_bytes(device=None) -> int:

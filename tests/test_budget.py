@@ -195,3 +195,32 @@ def test_cli_max_seconds_refuses_with_one_line(capsys, tmp_path):
     out, err = capsys.readouterr()
     assert rc == 2 and not out and err.startswith("error: this width sweep would take") and err.count("\n") == 1
     assert "--max-seconds" in err
+
+
+def _cgroup(root, files: dict) -> str:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+def test_cgroup_limits_bound_the_memory_a_run_may_use(tmp_path):
+    """A container's limit, written as the kernel writes it: v2 and v1 layouts, page cache that
+    can be reclaimed counted as free, and no limit at all."""
+    v2 = _cgroup(tmp_path / "v2", {"memory.max": "8589934592\n", "memory.current": "3221225472\n",
+                                   "memory.stat": "anon 100\ninactive_file 1073741824\nactive_file 5\n"})
+    assert B.cgroup_free_bytes(v2) == 8 * B.GIB - 3 * B.GIB + B.GIB
+    v1 = _cgroup(tmp_path / "v1", {"memory/memory.limit_in_bytes": "4294967296\n",
+                                   "memory/memory.usage_in_bytes": "1073741824\n",
+                                   "memory/memory.stat": "cache 9\ntotal_inactive_file 0\n"})
+    assert B.cgroup_free_bytes(v1) == 3 * B.GIB
+    assert B.cgroup_free_bytes(_cgroup(tmp_path / "max", {"memory.max": "max\n", "memory.current": "1\n"})) is None
+    assert B.cgroup_free_bytes(_cgroup(tmp_path / "v1max", {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+                                                            "memory/memory.usage_in_bytes": "1\n"})) is None
+    assert B.cgroup_free_bytes(str(tmp_path / "none")) is None
+    over = _cgroup(tmp_path / "over", {"memory.max": "100\n", "memory.current": "200\n"})
+    assert B.cgroup_free_bytes(over) == 0
+    # this machine: whatever its cgroup says, never more than /proc/meminfo's MemAvailable
+    limit = B.cgroup_free_bytes()
+    assert limit is None or B.available_bytes() <= 1.05 * limit + 2**26  # read a moment apart
