@@ -117,6 +117,7 @@ def test_kernel_steps_on_cuda_refuse_by_the_gpus_free_memory():
 
 @pytest.mark.parametrize("arch", ["relu", "attn"])
 def test_float32_storage_on_cuda_is_the_float64_kernel_rounded_once(arch):
-    X = torch.rand(300, 30, device=CUDA)
+    X = torch.rand(300, 30)
     net = Net(arch, X, 512, 2, seed=1).to(CUDA)
-    assert torch.equal(empirical_ntk(net, X, chunk=64, storage="float32"), empirical_ntk(net, X, chunk=64).float())
+    Xc = X.to(CUDA)
+    assert torch.equal(empirical_ntk(net, Xc, chunk=64, storage="float32"), empirical_ntk(net, Xc, chunk=64).float())
