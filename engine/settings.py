@@ -221,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: 
         unit = f" [{m.unit}]" if m.unit else ""
         bounds = "" if m.allowed() == "any value" or kind in ("bool", "str") and m.choices is None \
             else f"; {m.allowed()}"
-        text = f"{m.help}{unit} (default: {shown}{bounds})"
+        text = f"{m.help}{unit} (default: {shown}{bounds})".replace("%", "%%")  # argparse formats help with %
         dest = prefix + f.name
         if kind == "bool" and not is_tuple:
             if value:

@@ -145,6 +145,16 @@ def test_cli_presets_are_the_engine_presets(name, preset):
     assert cli.config_from_args(cmd, ns) == cli.PRESETS[cmd.preset][preset]
 
 
+@pytest.mark.parametrize("args", [[], *[[n] for n in COMMANDS], ["dynamics"], ["grid"], ["bench"],
+                                  ["datasets"], ["figure"],
+                                  *[["figure", k] for k in ("spectrum", "ntk", "malleability", "scaling", "regime")]])
+def test_every_help_prints(args, capsys):
+    """argparse formats help text with %: a setting's help that says "0.7 %" must not break it."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*args, "--help"])
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_cli_setting_is_a_flag(name):
     cmd = cli.COMMANDS[name]
