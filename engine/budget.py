@@ -77,27 +77,48 @@ def available_bytes() -> int:
 _NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2^63
 
 
-def cgroup_free_bytes(root: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes left under this cgroup's memory limit, reclaimable page cache (inactive files)
-    counted as free; None where no limit is set or none can be read. cgroup v2:
+def _cgroup_paths(proc_cgroup: str) -> tuple[str, str]:
+    """This process's cgroup v2 path and v1 memory-controller path from /proc/self/cgroup
+    ("/" inside a container with its own cgroup namespace, or where the file is missing)."""
+    v2 = v1 = "/"
+    try:
+        with open(proc_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    v2 = path or "/"
+                elif "memory" in controllers.split(","):
+                    v1 = path or "/"
+    except (OSError, ValueError):
+        pass
+    return v2, v1
+
+
+def cgroup_free_bytes(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """Bytes left under this process's cgroup memory limit, reclaimable page cache (inactive
+    files) counted as free; None where no limit is set or none can be read. cgroup v2:
     ``memory.max`` − ``memory.current``; v1: ``memory/memory.limit_in_bytes`` −
-    ``memory/memory.usage_in_bytes``."""
-    for limit_file, usage_file, stat_file, cache_key in (
-            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
-            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
-             "total_inactive_file")):
+    ``memory/memory.usage_in_bytes``; in the process's own cgroup (``proc_cgroup``), else at
+    the root."""
+    v2, v1 = _cgroup_paths(proc_cgroup)
+    layouts = ((os.path.join(root, v2.lstrip("/")), root, "memory.max", "memory.current", "inactive_file"),
+               (os.path.join(root, "memory", v1.lstrip("/")), os.path.join(root, "memory"),
+                "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    for own, top, limit_name, usage_name, cache_key in layouts:
+        base = own if os.path.exists(os.path.join(own, limit_name)) else top  # a host's view: the root's
+        limit_file, usage_file, stat_file = (os.path.join(base, f) for f in (limit_name, usage_name, "memory.stat"))
         try:
-            with open(os.path.join(root, limit_file)) as f:
+            with open(limit_file) as f:
                 text = f.read().strip()
             if text == "max" or int(text) >= _NO_LIMIT:
-                return None
-            with open(os.path.join(root, usage_file)) as f:
+                continue
+            with open(usage_file) as f:
                 used = int(f.read().strip())
         except (OSError, ValueError):
             continue
         cache = 0
         try:
-            with open(os.path.join(root, stat_file)) as f:
+            with open(stat_file) as f:
                 for line in f:
                     key, _, value = line.partition(" ")
                     if key == cache_key:
@@ -128,7 +149,14 @@ class Budget:
     bytes: int | None = None  # None: 80 % of the memory free on the run's device when it starts
 
     def limit_bytes(self, device=None) -> int:
-        return int(0.8 * free_bytes(device)) if self.bytes is None else int(self.bytes)
+        """The bytes a run may use: ``bytes``, else 80 % of the free host memory, and on CUDA
+        of the GPU's too (a GPU run still keeps its data and results on the host)."""
+        if self.bytes is not None:
+            return int(self.bytes)
+        free = free_bytes(None)
+        if device is not None and free_bytes(device) != free:
+            free = min(free, free_bytes(device))
+        return int(0.8 * free)
 
 
 DEFAULT_BUDGET = Budget()

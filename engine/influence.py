@@ -41,9 +41,10 @@ DEFAULT_TARGET = "true"  # what configs and pages should use; "sum" ignores one-
 _INVERSE_BLOCK = 512  # columns of L⁻¹ held at a time while its column norms are taken
 
 
-def _factor_bytes(n: int, n_test: int, c: int) -> int:
-    """Peak bytes of ``_factor`` beside its inputs: L, the test solves and one block of L⁻¹."""
-    return 8 * (n * n + 3 * n_test * n + min(n, _INVERSE_BLOCK) * n + 2 * n * c + 2 * n)
+def factor_bytes(n: int, n_test: int, c: int) -> int:
+    """Peak bytes of the leave-one-out factorisation beside its inputs: L, the copy of it that
+    ``cholesky_solve`` makes, the test solves and one block of L⁻¹."""
+    return 8 * (2 * n * n + 3 * n_test * n + min(n, _INVERSE_BLOCK) * n + 2 * n * c + 2 * n)
 
 
 def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float, per_test_row: int = 0):
@@ -55,9 +56,9 @@ def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float
     n = K.shape[0]
     Y = Y.double().reshape(n, -1)
     nt, c = K_test.shape[0], Y.shape[1]
-    B.require(_factor_bytes(n, nt, c) + per_test_row * nt * n, K.device, f"the leave-one-out factorisation of a "
+    B.require(factor_bytes(n, nt, c) + per_test_row * nt * n, K.device, f"the leave-one-out factorisation of a "
               f"{n} x {n} kernel (float64) for {nt} test points",
-              lambda k: _factor_bytes(k, nt, c) + per_test_row * nt * k, n)
+              lambda k: factor_bytes(k, nt, c) + per_test_row * nt * k, n)
     lam = ridge * float(K.diagonal().double().mean())
     # K is symmetric, so its transpose view has LAPACK's column-major layout: the
     # factorisation runs in place in this one n x n copy, and sub-blocks of L stay BLAS-ready.

@@ -14,9 +14,11 @@ the feature Gram is formed in the features' own precision and the product in flo
 ``torch.func`` and is the reference the closed form is tested against. Nets with trainable attention (``qkv``) have no closed
 form: their kernel covers every parameter and always comes from autograd.
 
-Storage (``STORAGE``): every block is accumulated in float64 and then written in the
-kernel's storage precision. ``"float32"`` halves the memory of K; each entry is the float64
-entry rounded once (relative error ≤ 2⁻²⁴ ≈ 6e-8, bit for bit ``K64.float()``). Everything
+Storage (``STORAGE``) changes nothing in how an entry is computed (closed form: the feature
+Gram in the features' precision, exact counts, their product in float64; autograd: the
+Jacobian contraction in the Jacobians' precision); it only sets the dtype the finished
+entries are written in. ``"float32"`` halves the memory of K; each entry is the float64 one
+rounded once (relative error ≤ 2⁻²⁴ ≈ 6e-8, bit for bit ``K64.float()``). Everything
 downstream (distances, Cholesky, influence, eigenvalues) reads K into float64, because
 κ(K + λI) reaches 1/ridge · n, beyond what a float32 solve resolves.
 
@@ -48,9 +50,9 @@ _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 def storage_setting():
     """The ``storage`` field of configs whose runs hold kernels (one help text for all)."""
     return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "
-                   "fit otherwise (half the memory; each entry rounded once after float64 accumulation, solves "
-                   "stay float64; influence then moves by up to κ(K+λI)·6e-8: on 8000 MNIST digits 8e-6 for "
-                   "2L-ReLU, 4e-4 and 0.7 % of signs for MLP-Attn)", choices=STORAGE)
+                   "fit otherwise (half the memory; each float64 entry rounded once, solves stay float64; "
+                   "influence then moves by up to κ(K+λI)·6e-8: on 8000 MNIST digits 8e-6 for 2L-ReLU, but "
+                   "4e-4 and 0.7 % of signs for MLP-Attn)", choices=STORAGE)
 
 
 def storage_dtype(storage: str | torch.dtype) -> torch.dtype:
@@ -72,7 +74,7 @@ def _require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device, byt
     need = bytes_at(n1, size)
     alternative = ""
     if dtype == torch.float64 and bytes_at(n1, 4) <= B.STEP_SHARE * B.free_bytes(device):
-        alternative = f"float32 storage needs {bytes_at(n1, 4) / B.GIB:.1f} GiB (--storage float32)"
+        alternative = f"stored in float32 it needs {bytes_at(n1, 4) / B.GIB:.1f} GiB (storage float32)"
     B.require(need, device, f"the {n1} x {n2} {what} ({dtype_name(dtype)})", lambda k: bytes_at(k, size), n1,
               alternative)
 
@@ -119,8 +121,9 @@ def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -
     return torch.cat([(phi[i:i + chunk] @ W.T > 0).to(dtype) for i in range(0, phi.shape[0], chunk)])
 
 
-def _closed_bytes(n1, n2, m, chunk, same, count_size, itemsize):
-    """Peak bytes of ``_closed``: K, the sign matrices and one row block's temporaries."""
+def closed_ntk_bytes(n1: int, n2: int, m: int, chunk: int, same: bool, count_size: int, itemsize: int) -> int:
+    """Peak bytes of the closed-form empirical NTK: K (``itemsize`` per entry), the sign
+    matrices (``count_size`` per entry) and one row block's temporaries."""
     rows = min(chunk, n1)
     signs = (n1 if same else n1 + n2) * m * count_size
     block = rows * n2 * (4 + 8 + 8 + 8) + rows * m * 4  # Gram, its float64 copy, counts, product; pre-activations
@@ -137,7 +140,7 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     n1, n2 = phi1.shape[0], (phi1 if same else phi2).shape[0]
     csize = _itemsize(cdt)
     _require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, phi1.device,
-                    lambda k, size: _closed_bytes(k, k if same else n2, m, chunk, same, csize, size))
+                    lambda k, size: closed_ntk_bytes(k, k if same else n2, m, chunk, same, csize, size))
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
@@ -161,6 +164,14 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     return K
 
 
+def jacobian_bytes(n1: int, n2: int | None, c: int, P: int, itemsize: int) -> int:
+    """Peak bytes of the autograd NTK: the per-sample Jacobians of n1 (+ n2) rows, twice (the
+    chunks and their concatenation), and the kernel as the einsum's float32 result and two
+    float64 copies (20 bytes an entry)."""
+    rows = n1 if n2 is None else n1 + n2
+    return 2 * rows * c * P * itemsize + 20 * n1 * (n1 if n2 is None else n2)
+
+
 def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
     """Σ_c J_c(A1) J_c(A2)ᵀ / c from per-sample Jacobians of ``module(x, *args)`` w.r.t.
     all its parameters (torch.func: vmap over samples of jacrev)."""
@@ -173,11 +184,10 @@ def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
     with torch.no_grad():
         c = module(A1[:1], *args).shape[1]
     size = A1.element_size()
-    n2 = A1.shape[0] if A2 is None else A2.shape[0]
+    n2 = None if A2 is None else A2.shape[0]
 
-    def bytes_at(k):  # Jacobians of k + n2 rows (k for a square kernel) and the float64 kernel
-        rows = k if A2 is None else k + n2
-        return rows * c * P * size + 8 * k * (k if A2 is None else n2)
+    def bytes_at(k):
+        return jacobian_bytes(k, n2, c, P, size)
 
     B.require(bytes_at(A1.shape[0]), A1.device, f"the autograd NTK's Jacobians ({n_rows} samples x {c} outputs x "
               f"{P} parameters)", bytes_at, A1.shape[0], "a smaller width")
@@ -252,9 +262,10 @@ def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None =
 _KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # elements per row block: cache-sized on CPU, large on GPU
 
 
-def _kinf_bytes(n1, n2, d, rows, same, itemsize):
-    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs, two row blocks."""
-    return itemsize * n1 * n2 + 8 * (n1 if same else n1 + n2) * (d + 1) + 2 * 8 * min(rows, n1) * n2
+def kinf_bytes(n1: int, n2: int, d: int, rows: int, same: bool, itemsize: int) -> int:
+    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs, and three row blocks
+    (the two buffers and the copy made when a block is mirrored below the diagonal)."""
+    return itemsize * n1 * n2 + 8 * (n1 if same else n1 + n2) * (d + 1) + 3 * 8 * min(rows, n1) * n2
 
 
 def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None,
@@ -277,7 +288,7 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     budget = _KINF_BLOCK["cuda" if X1.device.type == "cuda" else "cpu"]
     rows = max(1, min(n1, budget // max(n2, 1) if chunk is None else chunk))
     _require_kernel("infinite-width NTK", n1, n2, dtype, X1.device,
-                    lambda k, size: _kinf_bytes(k, k if same else n2, d, rows, same, size))
+                    lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
     B_ = A if same else X2.detach().double()
     K = torch.empty(n1, n2, dtype=dtype, device=A.device)
@@ -337,14 +348,23 @@ def kernel_regression(K_train: torch.Tensor, K_test_train: torch.Tensor, Y: torc
     K_train so that it is scale free.
     """
     n, nt = K_train.shape[0], K_test_train.shape[0]
-    B.require(8 * (2 * n * n + nt * n), K_train.device, f"kernel ridge regression on a {n} x {n} kernel (float64)",
-              lambda k: 8 * (2 * k * k + nt * k), n)
+    c = Y.reshape(n, -1).shape[1]
+    B.require(ridge_bytes(n, nt, c), K_train.device, f"kernel ridge regression on a {n} x {n} kernel (float64)",
+              lambda k: ridge_bytes(k, nt, c), n)
     lam = ridge * float(K_train.diagonal().double().mean())
-    A = K_train.to(torch.float64, copy=True)
-    A.diagonal().add_(lam)
-    L = torch.linalg.cholesky(A)
+    # The transpose view of the symmetric K has LAPACK's column-major layout: one n x n copy,
+    # factored in place (cholesky_solve makes one more of L).
+    L = K_train.mT.to(dtype=torch.float64, copy=True)
+    L.diagonal().add_(lam)
+    torch.linalg.cholesky(L, out=L)
     alpha = torch.cholesky_solve(Y.double().reshape(n, -1), L)
     return K_test_train.double() @ alpha
+
+
+def ridge_bytes(n: int, n_test: int, c: int) -> int:
+    """Peak bytes of ``kernel_regression`` beside its inputs: the factor, the copy of it that
+    ``cholesky_solve`` makes, the test kernel in float64 and the small outputs."""
+    return 8 * (2 * n * n + 3 * n_test * n + 3 * (n + n_test) * c)
 
 
 def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-3) -> float:
@@ -361,8 +381,8 @@ def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-
     if K_m.shape != K_inf.shape or K_m.ndim != 2 or K_m.shape[0] != K_m.shape[1]:
         raise BadInput(f"K_m and K_inf must be the same square shape; got {tuple(K_m.shape)} and {tuple(K_inf.shape)}")
     n = K_m.shape[0]
-    B.require(8 * 6 * n * n, K_m.device, f"the whitened distance of two {n} x {n} kernels (float64)",
-              lambda k: 8 * 6 * k * k, n)
+    B.require(whitened_bytes(n), K_m.device, f"the whitened distance of two {n} x {n} kernels (float64)",
+              whitened_bytes, n)
     K_inf = K_inf.double()
     D = K_m.to(K_inf) - K_inf
     D = (D + D.T) / 2  # exact no-op for symmetric inputs; keeps eigvalsh honest otherwise
@@ -371,6 +391,13 @@ def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-
     Z = torch.linalg.solve_triangular(L, D, upper=False)        # L⁻¹ D
     W = torch.linalg.solve_triangular(L, Z.T, upper=False)      # L⁻¹ (L⁻¹ D)ᵀ = L⁻¹ D L⁻ᵀ
     return float(torch.linalg.eigvalsh((W + W.T) / 2).abs().max())
+
+
+def whitened_bytes(n: int) -> int:
+    """Peak bytes of ``whitened_distance``: up to ten n x n float64 arrays at once (inputs
+    read in float64, the difference and its symmetric part, the factor, two solves, the
+    symmetric part of the result, eigvalsh's copy and workspace)."""
+    return 8 * 10 * n * n
 
 
 def prediction_gap(K_m: torch.Tensor, K_m_test: torch.Tensor, K_inf: torch.Tensor, K_inf_test: torch.Tensor,

@@ -46,11 +46,8 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     """
     F = torch.as_tensor(F)
     n, d = F.shape
-
-    def bytes_at(k: int) -> int:  # the float64 rows, the smaller Gram and eigvalsh's workspace
-        return 8 * (k * d + 3 * min(k, d) ** 2 + k)
-
-    B.require(bytes_at(n), F.device, f"the spectrum of a {n} x {d} Gram (float64)", bytes_at, n)
+    B.require(spectrum_bytes(n, d), F.device, f"the spectrum of a {n} x {d} Gram (float64)",
+              lambda k: spectrum_bytes(k, d), n)
     F64 = F.double()
     if n > d:
         lam = torch.linalg.eigvalsh(F64.T @ F64).cpu().numpy()
@@ -58,6 +55,12 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     else:
         lam = torch.linalg.eigvalsh(F64 @ F64.T).cpu().numpy()
     return eig_spectrum(lam, rtol)
+
+
+def spectrum_bytes(n: int, d: int) -> int:
+    """Peak bytes of ``gram_spectrum``: the float64 rows, the smaller Gram, and eigvalsh's copy
+    of it with its workspace."""
+    return 8 * (n * d + 4 * min(n, d) ** 2 + n)
 
 
 def eig_spectrum(eigenvalues: np.ndarray, rtol: float | None = None) -> Spectrum:

@@ -207,20 +207,43 @@ def _cgroup(root, files: dict) -> str:
 
 def test_cgroup_limits_bound_the_memory_a_run_may_use(tmp_path):
     """A container's limit, written as the kernel writes it: v2 and v1 layouts, page cache that
-    can be reclaimed counted as free, and no limit at all."""
+    can be reclaimed counted as free, no limit at all, and a process in a nested cgroup (no
+    cgroup namespace) whose limit sits in its own folder, not at the root."""
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("0::/\n")
+
+    def free(root, cgroup_line=None):
+        if cgroup_line is not None:
+            proc.write_text(cgroup_line)
+        return B.cgroup_free_bytes(str(root), str(proc))
+
     v2 = _cgroup(tmp_path / "v2", {"memory.max": "8589934592\n", "memory.current": "3221225472\n",
                                    "memory.stat": "anon 100\ninactive_file 1073741824\nactive_file 5\n"})
-    assert B.cgroup_free_bytes(v2) == 8 * B.GIB - 3 * B.GIB + B.GIB
+    assert free(v2) == 8 * B.GIB - 3 * B.GIB + B.GIB
     v1 = _cgroup(tmp_path / "v1", {"memory/memory.limit_in_bytes": "4294967296\n",
                                    "memory/memory.usage_in_bytes": "1073741824\n",
                                    "memory/memory.stat": "cache 9\ntotal_inactive_file 0\n"})
-    assert B.cgroup_free_bytes(v1) == 3 * B.GIB
-    assert B.cgroup_free_bytes(_cgroup(tmp_path / "max", {"memory.max": "max\n", "memory.current": "1\n"})) is None
-    assert B.cgroup_free_bytes(_cgroup(tmp_path / "v1max", {"memory/memory.limit_in_bytes": "9223372036854771712\n",
-                                                            "memory/memory.usage_in_bytes": "1\n"})) is None
-    assert B.cgroup_free_bytes(str(tmp_path / "none")) is None
-    over = _cgroup(tmp_path / "over", {"memory.max": "100\n", "memory.current": "200\n"})
-    assert B.cgroup_free_bytes(over) == 0
-    # this machine: whatever its cgroup says, never more than /proc/meminfo's MemAvailable
-    limit = B.cgroup_free_bytes()
-    assert limit is None or B.available_bytes() <= 1.05 * limit + 2**26  # read a moment apart
+    assert free(v1, "4:memory:/\n0::/\n") == 3 * B.GIB
+    assert free(_cgroup(tmp_path / "max", {"memory.max": "max\n", "memory.current": "1\n"})) is None
+    assert free(_cgroup(tmp_path / "v1max", {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+                                             "memory/memory.usage_in_bytes": "1\n"})) is None
+    assert free(tmp_path / "none") is None
+    assert free(_cgroup(tmp_path / "over", {"memory.max": "100\n", "memory.current": "200\n"})) == 0
+    nested = _cgroup(tmp_path / "nested", {"memory.max": "max\n", "memory.current": "9\n",
+                                           "system.slice/dash.service/memory.max": "2147483648\n",
+                                           "system.slice/dash.service/memory.current": "1073741824\n"})
+    assert free(nested, "0::/system.slice/dash.service\n") == B.GIB
+    nested_v1 = _cgroup(tmp_path / "nested_v1", {"memory/user/memory.limit_in_bytes": "3221225472\n",
+                                                 "memory/user/memory.usage_in_bytes": "1073741824\n"})
+    assert free(nested_v1, "7:cpu,cpuacct:/x\n4:memory:/user\n") == 2 * B.GIB
+
+
+def test_gpu_runs_are_bounded_by_host_memory_too():
+    """A CUDA run keeps data and results on the host: its limit is never above the host's."""
+    import torch
+
+    host = B.Budget().limit_bytes()
+    assert B.Budget().limit_bytes(torch.device("cpu")) == pytest.approx(host, rel=0.1)
+    if torch.cuda.is_available():
+        gpu = B.Budget().limit_bytes(torch.device("cuda"))
+        assert gpu <= 1.1 * host and gpu <= 0.8 * B.free_bytes(torch.device("cuda")) * 1.1

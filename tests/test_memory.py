@@ -89,16 +89,14 @@ def test_a_float64_kernel_that_fits_in_float32_offers_float32_storage():
     n = int(math.sqrt(limit / 6))
     X = torch.ones(1, 3).expand(n, 3)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    with open("/proc/self/status") as f:
-        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-    resource.setrlimit(resource.RLIMIT_AS, (vm + int(6 * n * n), hard))
+    resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + int(6 * n * n), hard))
     try:
         with pytest.raises(BadInput) as info:
             infinite_ntk(X)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     text = str(info.value)
-    m = re.search(r"float32 storage needs ([\d.]+) GiB \(--storage float32\)", text)
+    m = re.search(r"stored in float32 it needs ([\d.]+) GiB \(storage float32\)", text)
     assert m, text
     assert abs(float(m[1]) - 4 * n * n / B.GIB) < 0.05 * float(m[1]) + 0.1, text
 
@@ -111,6 +109,26 @@ def test_per_class_influence_counts_its_output():
         loo_influence(_huge(n, n), _huge(nt, n), torch.ones(()).expand(n, c))
     need = float(re.search(r"needs ([\d.]+) GiB", str(info.value))[1])
     assert need * B.GIB >= 8 * nt * n * c  # the output alone: 298 GiB
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+
+
+def test_an_allocation_that_fails_anyway_is_one_line():
+    """Free memory said yes, but the allocation failed (here: an address-space cap of 100 MiB
+    more than the process has; the 6000 x 6000 kernel needs 275 MiB): the empirical NTK still
+    ends in one BadInput line naming the kernel and what to change, not a traceback."""
+    phi, head = torch.randn(6000, 3), TwoLayerReLU(3, 8, 1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + 100 * 2**20, hard))
+    try:
+        with pytest.raises(BadInput, match=r"^out of memory for a 6000 x 6000 kernel at width 8 on cpu with chunk "
+                                           r"2048: use a smaller n \(the kernel alone needs 0\.3 GiB\)"):
+            empirical_ntk_features(head, phi)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def test_budget_limits_follow_the_devices_free_memory():
@@ -235,3 +253,98 @@ def test_runs_take_storage_from_their_config(cache, tmp_path):
     I64, I32 = a.arrays["relu_I"], b.arrays["relu_I"]
     assert np.linalg.norm(I32 - I64) <= 1e-3 * np.linalg.norm(I64)
     assert 0 < np.abs(I32 - I64).max()  # the float32 run really stored float32 kernels
+
+
+# ---------------------------------------------------------------- the counts against measured peaks
+
+PEAK_SCRIPT = r"""
+import gc, json, sys
+import torch
+torch.set_num_threads(1)
+from engine import influence, ntk, spectral
+from engine.models import Net, TwoLayerReLU
+
+step, n = sys.argv[1], int(sys.argv[2])
+g = torch.Generator().manual_seed(0)
+d, nt, c, m = 20, 200, 10, 256
+f64, f32 = torch.float64, torch.float32
+
+
+def case(n):
+    if step in ("closed", "closed32"):
+        phi, head = torch.randn(n, d, generator=g), TwoLayerReLU(d, m, 1, seed=0)
+        size = 4 if step == "closed32" else 8
+        return (lambda: ntk.empirical_ntk_features(head, phi, storage={4: "float32", 8: "float64"}[size]),
+                ntk.closed_ntk_bytes(n, n, m, 2048, True, ntk.cpu_count_dtype().itemsize, size))
+    if step == "kinf":
+        X = torch.randn(n, d, generator=g, dtype=f64)
+        return lambda: ntk.infinite_ntk(X), ntk.kinf_bytes(n, n, d, max(1, min(n, 2**21 // n)), True, 8)
+    X = torch.randn(n + nt, d, generator=g, dtype=f64)
+    Y = torch.randn(n, c, generator=g, dtype=f64)
+    if step in ("factor", "factor32"):
+        K = ntk.infinite_ntk(X[:n], storage="float32" if step == "factor32" else "float64")
+        Kt = ntk.infinite_ntk(X[n:], X[:n])
+        return lambda: influence.influence_matrix(K, Kt, Y, 1e-3), influence.factor_bytes(n, nt, c)
+    if step == "ridge":
+        K, Kt = ntk.infinite_ntk(X[:n]), ntk.infinite_ntk(X[n:], X[:n])
+        return lambda: ntk.kernel_regression(K, Kt, Y, 1e-3), ntk.ridge_bytes(n, nt, c)
+    if step in ("whitened", "whitened32"):
+        K1 = ntk.infinite_ntk(X[:n], storage="float32" if step == "whitened32" else "float64")
+        K2 = ntk.infinite_ntk(X[:n] + 0.01)
+        return lambda: ntk.whitened_distance(K1, K2), ntk.whitened_bytes(n)
+    if step == "spectrum":
+        F = torch.randn(n, 2 * n, generator=g)
+        return lambda: spectral.gram_spectrum(F), spectral.spectrum_bytes(n, 2 * n)
+    if step == "jacobian":
+        Xq = torch.rand(n, 12, generator=g)
+        net = Net("attn", Xq[:10], 64, 3, attention="qkv")
+        P = sum(p.numel() for p in net.parameters())
+        return lambda: ntk.empirical_ntk(net, Xq), ntk.jacobian_bytes(n, None, 3, P, 4)
+
+
+warm, _ = case(64)
+warm()  # first calls load kernels and libraries: not the step's own memory
+del warm
+run, counted = case(n)
+gc.collect()
+
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+try:  # reset the peak (VmHWM) to the current size; ru_maxrss would carry the parent's size over exec
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    reset = True
+except OSError:
+    reset = False
+base, before = status("VmRSS"), status("VmHWM")
+run()
+after = status("VmHWM")
+print(json.dumps({"measured": after - base, "clean": reset or after > before, "counted": counted}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step,n", [("closed", 4000), ("closed32", 4000), ("kinf", 4000), ("factor", 3000),
+                                    ("factor32", 3000), ("ridge", 3000), ("whitened", 2000), ("whitened32", 2000),
+                                    ("spectrum", 1500), ("jacobian", 1500)])
+def test_each_steps_count_covers_its_measured_peak(step, n):
+    """The bytes a step checks against free memory, against the growth of the peak resident
+    memory of a fresh process while it runs (one thread, after a warm-up call): never below
+    it, so what the check lets through fits, and not wildly above it, so what fits is not refused."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, step, str(n)], capture_output=True, text=True,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["clean"], r  # the step's peak is above anything before it, so the growth is its own
+    assert r["measured"] <= r["counted"], r
+    assert r["counted"] <= 2.5 * r["measured"] + 64 * 2**20, r

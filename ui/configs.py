@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from engine import budget
 from engine.calibration import estimate
+from engine.cli import COMMANDS
 from engine.device import resolve_device
 from engine.errors import EngineError
 from engine.experiments import PRESETS as EXP_PRESETS
@@ -24,6 +25,7 @@ from engine.settings import default, meta
 from ui.common import Shared
 
 PRESETS = {**EXP_PRESETS, **MALL_PRESETS, **SCALING_PRESETS}
+CLI_NAMES = {cmd.config: name for name, cmd in COMMANDS.items()}  # config class -> its CLI command
 QUICK = {kind: p["quick"] for kind, p in PRESETS.items()}
 PAPER_WIDTHS = PRESETS["sweep"]["paper"].widths
 BOUND = dict(bind="query-params", persist_state="session")
@@ -83,11 +85,12 @@ def plan(cfg, device: str = "cpu") -> Plan:
     if not fits:
         note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than the "
                 f"{limit / budget.GIB:.1f} GiB that fit here; use a smaller n or width.")
-        if getattr(cfg, "storage", None) == "float64":
+        command = CLI_NAMES.get(type(cfg))
+        if command and getattr(cfg, "storage", None) == "float64":
             small = estimate(replace(cfg, storage="float32")).bytes
             if small <= limit:
-                note += (f" With kernels stored in float32 (`python -m engine … --storage float32`) they would "
-                         f"need {small / budget.GIB:.1f} GiB; see the README on its accuracy cost.")
+                note += (f" With kernels stored in float32 (`python -m engine {command} --storage float32`) "
+                         f"they would need {small / budget.GIB:.1f} GiB; see the README on its accuracy cost.")
     elif not allowed:
         note = (f"These settings would take about {budget.duration(est.seconds)}, over the dashboard's limit of "
                 f"{budget.duration(budget.DASHBOARD_SECONDS)}; run them with `python -m engine` instead.")
