@@ -41,7 +41,7 @@ from .data import DataSpec
 from .device import resolve_device
 from .errors import BadInput
 from .experiments import ATTENTION_HELP
-from .influence import INFLUENCE_TARGETS, aggregate, net_influence, top_indices
+from .influence import INFLUENCE_TARGETS, aggregate, factor_bytes, net_influence, top_indices
 from .models import ARCHS, MAX_WIDTH, Net, normalize_rows, parse_attention
 from .ntk import infinite_ntk, kernel_regression, storage_setting
 from .runs import Prepared, Progress, prepare, sub_progress, tick
@@ -178,7 +178,7 @@ def _influence_bytes(cfg: InfluenceConfig) -> int:
     """K and K_test in their storage, the float64 factor and solves beside them."""
     n, nt = cfg.data.n, cfg.data.n_test
     size = 4 if cfg.storage == "float32" else 8
-    return size * (n * n + nt * n) + 8 * (n * n + 3 * nt * n + 512 * n)
+    return size * (n * n + nt * n) + factor_bytes(n, nt, 10)
 
 
 def estimate_influence(cfg: InfluenceConfig) -> Estimate:
