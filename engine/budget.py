@@ -154,7 +154,7 @@ class Budget:
         if self.bytes is not None:
             return int(self.bytes)
         free = free_bytes(None)
-        if device is not None and free_bytes(device) != free:
+        if device is not None:  # the host's memory again for cpu; the GPU's for cuda
             free = min(free, free_bytes(device))
         return int(0.8 * free)
 
