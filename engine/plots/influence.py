@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import ARCH_COLORS, ATTACK_DASH, _attention_of, _by_arch, _style, arch_label
+from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, styled
 
 
 # ---------------------------------------------------------------- images and influence
@@ -117,8 +117,8 @@ def influence_hist_fig(data: pd.DataFrame, value: str = "influence",
     alike, so they share one, each legend entry gives the median |influence|, and when those
     differ more than 10x the ratio is written on the chart.
     """
-    groups = list(_by_arch(data))
-    attention = _attention_of(data, attention)
+    groups = list(by_arch(data))
+    attention = attention_of(data, attention)
     spreads = {a: spread(d[value]) for a, d in groups}
     v = np.asarray(data[value], dtype=np.float64)
     v = v[np.isfinite(v)]
@@ -134,7 +134,7 @@ def influence_hist_fig(data: pd.DataFrame, value: str = "influence",
                                    marker_color=ARCH_COLORS.get(arch, "black"), opacity=0.6,
                                    hovertemplate=f"{label}<br>%{{x}}<br>%{{y}} points<extra></extra>"))
     fig.update_layout(barmode="overlay")
-    _style(fig, "influence (output units; one scale for all)", "training points (count)", title=title)
+    styled(fig, "influence (output units; one scale for all)", "training points (count)", title=title)
     positive = {a: s for a, s in spreads.items() if s > 0}
     if len(positive) >= 2 and max(positive.values()) > 10 * min(positive.values()):
         big, small = max(positive, key=positive.get), min(positive, key=positive.get)
@@ -152,7 +152,7 @@ def influence_bar_fig(values: np.ndarray, labels: list[str], title: str) -> go.F
     v = np.asarray(values, dtype=np.float64)
     fig = go.Figure(go.Bar(x=labels, y=v, marker_color=np.where(v >= 0, "#2ca02c", "#d62728"),
                            hovertemplate="%{x}<br>influence %{y:.4g}<extra></extra>"))
-    return _style(fig, "training image (index, label)", "influence (output units)", title=title, height=300)
+    return styled(fig, "training image (index, label)", "influence (output units)", title=title, height=300)
 
 
 # ---------------------------------------------------------------- malleability
@@ -164,7 +164,7 @@ def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct
     ``{value}_sd`` error bars (a summary from ``engine.tables``; nothing is averaged here)."""
     d = summary[np.isclose(summary["eps"].astype(float), eps)]
     fig = go.Figure()
-    for arch, da in _by_arch(d):
+    for arch, da in by_arch(d):
         label = arch_label(arch, attention)
         mean, sd = da[f"{value}_mean"], da[f"{value}_sd"].fillna(0)
         fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=mean, name=label,
@@ -175,7 +175,7 @@ def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct
                              hovertemplate=(f"{label}<br>%{{x}}<br>%{{y:.2f}} ± %{{customdata[0]:.2f}}"
                                             " (sd over %{customdata[1]} seeds)<extra></extra>")))
     fig.update_layout(barmode="group")
-    return _style(fig, f"attack ({eps_label} = {eps:g})", y_title)
+    return styled(fig, f"attack ({eps_label} = {eps:g})", y_title)
 
 
 def eps_sweep_fig(summary: pd.DataFrame, value: str = "flip_rate_pct",
@@ -191,19 +191,19 @@ def eps_sweep_fig(summary: pd.DataFrame, value: str = "flip_rate_pct",
             error_y=dict(type="data", array=d[f"{value}_sd"].fillna(0), visible=True),
             line=dict(color=ARCH_COLORS.get(arch, "black"), dash=ATTACK_DASH.get(attack, "solid")),
             hovertemplate=f"{label} {attack.upper()}<br>ε = %{{x:g}}<br>%{{y:.3g}}<extra></extra>"))
-    return _style(fig, eps_label, y_title)
+    return styled(fig, eps_label, y_title)
 
 
 def interventions_fig(data: pd.DataFrame, value: str = "test_acc",
                       y_title: str = "test accuracy (fraction)", attention: str | None = None) -> go.Figure:
     fig = go.Figure()
-    for arch, d in _by_arch(data):
+    for arch, d in by_arch(data):
         label = arch_label(arch, attention)
         fig.add_trace(go.Bar(x=d["intervention"], y=d[value], name=label,
                              marker_color=ARCH_COLORS.get(arch, "black"),
                              hovertemplate=f"{label}<br>%{{x}}<br>%{{y:.4g}}<extra></extra>"))
     fig.update_layout(barmode="group")
-    return _style(fig, "intervention on the training set", y_title)
+    return styled(fig, "intervention on the training set", y_title)
 
 
 def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape,
@@ -255,14 +255,14 @@ def influence_shift_fig(before: np.ndarray, after: np.ndarray, highlight: int | 
     lim = float(np.nanmax(np.abs(np.concatenate([before, after])))) if before.size else 1.0
     fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", name="no change",
                              line=dict(color="grey", dash="dot"), hoverinfo="skip"))
-    return _style(fig, "aggregate influence before the attack (output units)",
+    return styled(fig, "aggregate influence before the attack (output units)",
                   "aggregate influence after the attack (output units)")
 
 
 def compare_bars_fig(data: pd.DataFrame, x: str, y_title: str) -> go.Figure:
     """Paper against measured: columns ``x``, ``arch``, ``paper``, ``measured`` (same units)."""
     fig = go.Figure()
-    for arch, d in _by_arch(data):
+    for arch, d in by_arch(data):
         color = ARCH_COLORS.get(arch, "black")
         fig.add_trace(go.Bar(x=d[x], y=d["paper"], name=f"{arch_label(arch)}, paper", marker_color=color,
                              opacity=0.45,
@@ -270,4 +270,4 @@ def compare_bars_fig(data: pd.DataFrame, x: str, y_title: str) -> go.Figure:
         fig.add_trace(go.Bar(x=d[x], y=d["measured"], name=f"{arch_label(arch)}, here", marker_color=color,
                              hovertemplate=f"{arch_label(arch)}, here<br>%{{x}}: %{{y:.3g}}<extra></extra>"))
     fig.update_layout(barmode="group")
-    return _style(fig, x, y_title)
+    return styled(fig, x, y_title)

@@ -9,8 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import (ARCH_COLORS, LARGEST_LOG10, MAX_SIDE, METRICS, PRACTICAL_LOG10, _attention_of, _by_arch,
-                    _log_ticks, _positive, _style, _width_ticks, arch_label, pretty_formula)
+from .style import (ARCH_COLORS, LARGEST_LOG10, MAX_SIDE, METRICS, PRACTICAL_LOG10, arch_label, attention_of,
+                    by_arch, for_log_axis, log_ticks, pretty_formula, styled, width_ticks)
 
 
 # ---------------------------------------------------------------- matrices
@@ -67,7 +67,7 @@ def kernel_heatmaps_fig(K_m: np.ndarray, K_inf: np.ndarray, width: int, arch: st
                        colorbar=dict(title="K", x=0.64, xanchor="left", len=0.9, thickness=12)),
         coloraxis2=dict(colorscale="RdBu_r", cmid=0.0, cmin=-dmax, cmax=dmax,
                         colorbar=dict(title="K_m − K∞", x=1.01, xanchor="left", len=0.9, thickness=12)))
-    _style(fig, "", "", title=f"{arch_label(arch, attention)} kernels on training points sorted by label{note}",
+    styled(fig, "", "", title=f"{arch_label(arch, attention)} kernels on training points sorted by label{note}",
            height=420)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="training point j (index)", row=1, col=col)
@@ -87,10 +87,10 @@ def spectrum_data(eig_G: np.ndarray, eig_attention: np.ndarray) -> pd.DataFrame:
 def spectrum_fig(data: pd.DataFrame, rank_tol: float | None = None, attention: str = "linear") -> go.Figure:
     """Eigenvalues of G and of the attention features' Gram against their rank, log y."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=data["k"], y=_positive(data["eig_G"]), name="G = Z Zᵀ (inputs)",
+    fig.add_trace(go.Scatter(x=data["k"], y=for_log_axis(data["eig_G"]), name="G = Z Zᵀ (inputs)",
                              mode="lines", line=dict(color=ARCH_COLORS["relu"]),
                              hovertemplate="k = %{x}<br>λ_k(G) = %{y:.4g}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=data["k"], y=_positive(data["eig_attention"]),
+    fig.add_trace(go.Scatter(x=data["k"], y=for_log_axis(data["eig_attention"]),
                              name=f"attention features ({attention})", mode="lines",
                              line=dict(color=ARCH_COLORS["attn"]),
                              hovertemplate="k = %{x}<br>λ_k = %{y:.4g}<extra></extra>"))
@@ -99,7 +99,7 @@ def spectrum_fig(data: pd.DataFrame, rank_tol: float | None = None, attention: s
                                  name=f"rank tolerance of G ({rank_tol:.2g})",
                                  line=dict(color="grey", dash="dot"),
                                  hovertemplate="numerical-rank tolerance %{y:.3g}<extra></extra>"))
-    return _style(fig, "index k (eigenvalues in descending order)", "eigenvalue λ_k (unitless)", logy=True)
+    return styled(fig, "index k (eigenvalues in descending order)", "eigenvalue λ_k (unitless)", logy=True)
 
 
 def width_needed_data(thresholds: dict[str, float | None], attention: str = "linear") -> pd.DataFrame:
@@ -140,7 +140,7 @@ def width_needed_fig(data: pd.DataFrame) -> go.Figure:
     top = max([LARGEST_LOG10 + 4] + [v + 2 for v in data["log10_width"]])
     fig.update_xaxes(range=[0, top])
     fig.update_yaxes(autorange="reversed", showticklabels=False)  # first bound on top
-    _style(fig, "log10 of width m needed (hidden units)", "bound (architecture, paper version)")
+    styled(fig, "log10 of width m needed (hidden units)", "bound (architecture, paper version)")
     fig.update_layout(margin=dict(t=70), showlegend=False)
     return fig
 
@@ -162,7 +162,7 @@ def kappa_growth_data(growth: pd.DataFrame) -> pd.DataFrame:
 
 def kappa_growth_fig(data: pd.DataFrame) -> go.Figure:
     """κ(G), the variant's theory line and the measured attention κ against n, log y."""
-    attention = _attention_of(data) or "linear"
+    attention = attention_of(data) or "linear"
     formula = pretty_formula(next((f for f in data.get("kappa_attention_formula", []) if isinstance(f, str)), None))
     has_theory = "kappa_attention_theory" in data and data["kappa_attention_theory"].notna().any()
     theory = (f"{formula or 'theory'} (theory for {attention} attention)" if has_theory
@@ -173,7 +173,7 @@ def kappa_growth_fig(data: pd.DataFrame) -> go.Figure:
               ("kappa_attention", f"κ of attention features, {attention} (measured)", ARCH_COLORS["attn"], "markers")]
     for col, name, color, mode in series:
         if col in data and (col != "kappa_attention_theory" or has_theory):
-            fig.add_trace(go.Scatter(x=data["n"], y=_positive(data[col]), name=name, mode=mode,
+            fig.add_trace(go.Scatter(x=data["n"], y=for_log_axis(data[col]), name=name, mode=mode,
                                      line=dict(color=color, dash="dash" if mode == "lines" else "solid"),
                                      marker=dict(size=11 if mode == "markers" else 6,
                                                  symbol="circle-open" if mode == "markers" else "circle",
@@ -182,8 +182,8 @@ def kappa_growth_fig(data: pd.DataFrame) -> go.Figure:
     if not has_theory:  # say it on the chart, not only in the legend
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=theory, line=dict(color="grey", dash="dash"),
                                  hoverinfo="skip"))
-    _style(fig, "training points n", "condition number κ = λ_max / λ_rank (unitless)", logy=True)
-    _log_ticks(fig, np.concatenate([pd.to_numeric(data[c], errors="coerce").to_numpy(float)
+    styled(fig, "training points n", "condition number κ = λ_max / λ_rank (unitless)", logy=True)
+    log_ticks(fig, np.concatenate([pd.to_numeric(data[c], errors="coerce").to_numpy(float)
                                     for c in ("kappa", "kappa_attention", "kappa_attention_theory") if c in data]))
     return fig
 
@@ -206,27 +206,27 @@ def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None) 
     """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes.
     Legends name the attention variant (``attention``, else the data's column)."""
     fig = go.Figure()
-    attention = _attention_of(data, attention)
-    for arch, d in _by_arch(data):
+    attention = attention_of(data, attention)
+    for arch, d in by_arch(data):
         d = d.sort_values("width")
         color = ARCH_COLORS.get(arch, "black")
         label = arch_label(arch, attention)
         if (d["seeds"] > 1).any():
             fig.add_trace(go.Scatter(
                 x=np.concatenate([d["width"], d["width"][::-1]]),
-                y=_positive(np.concatenate([d["mean"] + d["sd"].fillna(0), (d["mean"] - d["sd"].fillna(0))[::-1]])),
+                y=for_log_axis(np.concatenate([d["mean"] + d["sd"].fillna(0), (d["mean"] - d["sd"].fillna(0))[::-1]])),
                 fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0), mode="lines",
                 name=f"{label} mean ± sd", hoverinfo="skip", showlegend=False))
         fig.add_trace(go.Scatter(
-            x=d["width"], y=_positive(d["mean"]), mode="lines+markers", name=label,
+            x=d["width"], y=for_log_axis(d["mean"]), mode="lines+markers", name=label,
             line=dict(color=color), customdata=np.stack([d["sd"].fillna(0), d["min"], d["max"], d["seeds"]], axis=1),
             hovertemplate=(f"{label}<br>m = %{{x}}<br>mean %{{y:.4g}} ± %{{customdata[0]:.2g}} (sd)"
                            "<br>min %{customdata[1]:.4g}, max %{customdata[2]:.4g}"
                            "<br>seeds %{customdata[3]}<extra></extra>")))
     title, axis = METRICS.get(metric, (metric, metric))
-    _style(fig, "width m (hidden units, log scale)", axis, title=title, logx=True, logy=True)
-    _width_ticks(fig, data["width"])
-    _log_ticks(fig, np.concatenate([data["min"], data["max"], data["mean"]]))
+    styled(fig, "width m (hidden units, log scale)", axis, title=title, logx=True, logy=True)
+    width_ticks(fig, data["width"])
+    log_ticks(fig, np.concatenate([data["min"], data["max"], data["mean"]]))
     return fig
 
 
@@ -240,12 +240,12 @@ def _epoch_lines(data: pd.DataFrame, value: str, what: str, mode: str = "lines",
     With ``logy`` non-positive values become gaps."""
     fig = go.Figure()
     widths = sorted(data["width"].unique())
-    attention = _attention_of(data, attention)
-    for arch, da in _by_arch(data):
+    attention = attention_of(data, attention)
+    for arch, da in by_arch(data):
         label = arch_label(arch, attention)
         for w, d in da.groupby("width"):
             fig.add_trace(go.Scatter(
-                x=d["epoch"], y=_positive(d[value]) if logy else d[value], mode=mode, name=f"{label} m={w}",
+                x=d["epoch"], y=for_log_axis(d[value]) if logy else d[value], mode=mode, name=f"{label} m={w}",
                 line=dict(color=ARCH_COLORS.get(arch, "black"), dash="solid" if arch == "relu" else "dash"),
                 opacity=0.35 + 0.65 * (widths.index(w) + 1) / len(widths),
                 hovertemplate=f"{label} m={w}<br>epoch %{{x}}<br>{what} %{{y:.4g}}<extra></extra>"))
@@ -254,7 +254,7 @@ def _epoch_lines(data: pd.DataFrame, value: str, what: str, mode: str = "lines",
 
 def loss_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
     """Training loss per epoch, one line per (arch, width), averaged over seeds."""
-    return _style(_epoch_lines(data, "loss", "loss", attention=attention), "epoch (0 = before training)",
+    return styled(_epoch_lines(data, "loss", "loss", attention=attention), "epoch (0 = before training)",
                   "mean training loss (nats for CE, squared error for MSE)")
 
 
@@ -266,8 +266,8 @@ def trajectory_data(trajectory: pd.DataFrame) -> pd.DataFrame:
 def trajectory_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
     """‖K_t − K∞‖/‖K∞‖ against epoch, one line per (arch, width), log y."""
     fig = _epoch_lines(data, "kernel_dist", "distance", mode="lines+markers", logy=True, attention=attention)
-    _style(fig, "epoch (0 = initialisation)", "relative kernel distance to K∞ (unitless)", logy=True)
-    _log_ticks(fig, data["kernel_dist"])
+    styled(fig, "epoch (0 = initialisation)", "relative kernel distance to K∞ (unitless)", logy=True)
+    log_ticks(fig, data["kernel_dist"])
     return fig
 
 
@@ -280,10 +280,10 @@ def paper_trend_data(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFram
     """
     rows = []
     for source, df, col in (("measured here", measured, "mean"), ("paper", paper, "value")):
-        for arch, d in _by_arch(df):
+        for arch, d in by_arch(df):
             d = d.sort_values("width")
             base = float(d[col].iloc[0])
-            variant = None if arch != "attn" else ("linear" if source == "paper" else _attention_of(d))
+            variant = None if arch != "attn" else ("linear" if source == "paper" else attention_of(d))
             for w, v in zip(d["width"], d[col]):
                 rows.append({"source": source, "arch": arch, "attention": variant, "width": int(w),
                              "value": float(v), "relative": float(v) / base if base else np.nan})
@@ -295,7 +295,7 @@ def paper_trend_fig(data: pd.DataFrame) -> go.Figure:
     MLP-Attn line named by its attention variant (the paper's is linear)."""
     fig = go.Figure()
     for (source, arch), d in data.groupby(["source", "arch"], sort=False):
-        variant = _attention_of(d)
+        variant = attention_of(d)
         fig.add_trace(go.Scatter(
             x=d["width"], y=d["relative"], mode="lines+markers", name=f"{arch_label(arch, variant)}, {source}",
             line=dict(color=ARCH_COLORS.get(arch, "black"), dash="dash" if source == "paper" else "solid"),
@@ -303,7 +303,7 @@ def paper_trend_fig(data: pd.DataFrame) -> go.Figure:
             hovertemplate=(f"{arch_label(arch, variant)}, {source}<br>m = %{{x}}<br>relative %{{y:.3f}}"
                            "<br>absolute %{customdata:.4g}<extra></extra>")))
     fig.add_hline(y=1.0, line_color="grey", line_dash="dot")
-    _style(fig, "width m (hidden units, log scale)", "‖f_m − f_NTK‖ / value at smallest width (ratio)",
+    styled(fig, "width m (hidden units, log scale)", "‖f_m − f_NTK‖ / value at smallest width (ratio)",
            logx=True)
-    _width_ticks(fig, data["width"])
+    width_ticks(fig, data["width"])
     return fig

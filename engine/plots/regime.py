@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import ARCH_COLORS, _positive, arch_label
+from .style import ARCH_COLORS, arch_label, for_log_axis
 
 REGIME_LABELS = {  # metric -> (chart title, axis title)
     "lin_gap": ("Distance to the linearised net ‖f_t − f_lin,t‖ / ‖f_lin,t‖", "relative gap (unitless)"),
@@ -55,7 +55,7 @@ def regime_epoch_fig(data: pd.DataFrame, metric: str) -> go.Figure:
     for col, arch in enumerate(archs, start=1):
         for i, w in enumerate(widths):
             d = data[(data["arch"] == arch) & (data["width"] == w)].sort_values("epoch")
-            fig.add_trace(go.Scatter(x=d["epoch"], y=_positive(d["mean"]), mode="lines+markers", name=f"m = {w}",
+            fig.add_trace(go.Scatter(x=d["epoch"], y=for_log_axis(d["mean"]), mode="lines+markers", name=f"m = {w}",
                                      legendgroup=str(w), showlegend=col == 1, opacity=_shade(i, len(widths)),
                                      line=dict(color=ARCH_COLORS[arch]), marker=dict(size=4),
                                      hovertemplate=f"m = {w}<br>epoch %{{x}}<br>%{{y:.3g}}<extra></extra>"), 1, col)
@@ -83,10 +83,10 @@ def regime_width_fig(data: pd.DataFrame, metric: str) -> go.Figure:
     for arch in [a for a in ARCH_COLORS if a in set(data["arch"])]:
         d = data[data["arch"] == arch]
         color = ARCH_COLORS[arch]
-        fig.add_trace(go.Scatter(x=d["width"], y=_positive(d["mean"]), mode="lines+markers", name=arch_label(arch),
+        fig.add_trace(go.Scatter(x=d["width"], y=for_log_axis(d["mean"]), mode="lines+markers", name=arch_label(arch),
                                  line=dict(color=color), error_y=dict(type="data", array=d["sd"].fillna(0)),
                                  hovertemplate="m = %{x}<br>%{y:.3g}<extra></extra>"))
-        fig.add_trace(go.Scatter(x=d["width"], y=_positive(d["reference_inv_sqrt_m"]), mode="lines",
+        fig.add_trace(go.Scatter(x=d["width"], y=for_log_axis(d["reference_inv_sqrt_m"]), mode="lines",
                                  name=f"{arch_label(arch)}: m^-1/2 reference", line=dict(color=color, dash="dot"),
                                  hovertemplate="m^-1/2 reference<br>%{y:.3g}<extra></extra>"))
     widths = sorted({int(w) for w in data["width"]})
@@ -109,7 +109,7 @@ def coord_fig(data: pd.DataFrame) -> go.Figure:
         for param in [p for p in PARAM_COLORS if p in set(data["param"])]:
             for i, t in enumerate(steps):
                 d = data[(data["param"] == param) & (data["step"] == t)].sort_values("width")
-                fig.add_trace(go.Scatter(x=d["width"], y=_positive(d[f"{q}_mean"]), mode="lines+markers",
+                fig.add_trace(go.Scatter(x=d["width"], y=for_log_axis(d[f"{q}_mean"]), mode="lines+markers",
                                          name=f"{param}, t = {t}", legendgroup=f"{param}{t}", showlegend=col == 1,
                                          opacity=_shade(i, len(steps)), line=dict(color=PARAM_COLORS[param]),
                                          hovertemplate=f"{param}, t = {t}<br>m = %{{x}}<br>%{{y:.3g}}<extra></extra>"),

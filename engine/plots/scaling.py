@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import _style, arch_label
+from .style import arch_label, styled
 
 
 # ---------------------------------------------------------------- scaling law
@@ -69,7 +69,7 @@ def scaling_fig(data: pd.DataFrame, max_width: int) -> go.Figure:
                                      name=f"{model}: above {max_width}",
                                      hovertemplate=f"{model}<br>κ = %{{x:g}}<br>needs more than {max_width}"
                                                    "<extra></extra>"))
-    _style(fig, "κ(G), condition number of the data's Gram (log scale; a tick at every κ tried)",
+    styled(fig, "κ(G), condition number of the data's Gram (log scale; a tick at every κ tried)",
            "smallest width within the target (hidden units, log scale)", logx=True, logy=True)
     kappas = sorted({float(k) for k in data["kappa"]})
     fig.update_xaxes(tickvals=kappas, ticktext=[f"{k:g}" for k in kappas],

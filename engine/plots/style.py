@@ -55,7 +55,7 @@ def pretty_formula(formula: str | None) -> str | None:
     return re.sub(r"\^(-?\d+)", lambda m: m.group(1).translate(SUPERSCRIPTS), formula)
 
 
-def _attention_of(data: pd.DataFrame, attention: str | None = None) -> str | None:
+def attention_of(data: pd.DataFrame, attention: str | None = None) -> str | None:
     """The attention variant a result was made with: the argument, else the data's own column."""
     if attention:
         return attention
@@ -65,7 +65,7 @@ def _attention_of(data: pd.DataFrame, attention: str | None = None) -> str | Non
     return None
 
 
-def _by_arch(data: pd.DataFrame):
+def by_arch(data: pd.DataFrame):
     """(arch, rows) pairs in the fixed order relu, attn, then any others."""
     present = list(dict.fromkeys(data["arch"]))
     order = [a for a in ARCH_LABELS if a in present] + [a for a in present if a not in ARCH_LABELS]
@@ -73,7 +73,7 @@ def _by_arch(data: pd.DataFrame):
         yield arch, data[data["arch"] == arch]
 
 
-def _style(fig: go.Figure, x: str, y: str, title: str | None = None, logx: bool = False,
+def styled(fig: go.Figure, x: str, y: str, title: str | None = None, logx: bool = False,
            logy: bool = False, height: int = HEIGHT) -> go.Figure:
     fig.update_layout(template="plotly_white", height=height,
                       title=dict(text=title, y=0.98, yanchor="top", x=0.01) if title else None,
@@ -85,7 +85,7 @@ def _style(fig: go.Figure, x: str, y: str, title: str | None = None, logx: bool 
     return fig
 
 
-def _log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
+def log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
     """Readable log-axis ticks: 1-2-5 labels within two decades, powers of ten beyond."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v) & (v > 0)]
@@ -101,13 +101,13 @@ def _log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
     update(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
-def _width_ticks(fig: go.Figure, widths) -> None:
+def width_ticks(fig: go.Figure, widths) -> None:
     """Ticks at the measured widths only (log x)."""
     w = sorted({int(x) for x in widths})
     fig.update_xaxes(tickvals=w, ticktext=[str(x) for x in w])
 
 
-def _positive(v) -> np.ndarray:
+def for_log_axis(v) -> np.ndarray:
     """Values for a log axis: non-positive entries become NaN (gaps) instead of errors."""
     v = np.asarray(v, dtype=np.float64)
     return np.where(v > 0, v, np.nan)
