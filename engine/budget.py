@@ -250,15 +250,19 @@ def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:
 STEP_SHARE = 0.95  # share of the free memory one kernel step may allocate
 
 
-def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "") -> None:
+def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "",
+            alternative_bytes: int | None = None) -> None:
     """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.
 
     need: the step's peak bytes. bytes_at(k): its bytes with k points in place of ``n``, to say
-    what fits; ``alternative``: another way out (e.g. float32 storage and its size). One line.
+    what fits; ``alternative``: another way out (e.g. float32 storage), named only when its
+    ``alternative_bytes`` (if given) fit. One line.
     """
     free = int(STEP_SHARE * free_bytes(device))
     if need <= free:
         return
+    if alternative_bytes is not None and alternative_bytes > free:
+        alternative = ""
     import torch
 
     where = torch.device(device).type if device is not None else "cpu"
