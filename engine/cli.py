@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import budget as B
+from . import doctor as _doctor
 from .attacks import AttackSpec
 from .cache import Cache
 from .data import DataSpec, available_datasets, fetch_dataset, resolve_data_dir
@@ -146,6 +147,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     _add_grid(sub)  # the grid command: see its block at the end of this file
     _add_figure(sub, preset)  # the figure command: see the dynamics and figures block
+    _doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
     return parser
 
 
@@ -235,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.command == "grid":  # its own output and exit codes (4: some cells failed)
         return cmd_grid(a)
+    if a.command == "doctor":  # prints its own report (human lines or --json)
+        return _doctor.command(a)
     try:
         if a.command == "datasets":
             out = cmd_datasets(a)
