@@ -16,10 +16,14 @@ export ENGINE_DATA_DIR
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt
+# Development installs both sets (requirements-dev.txt includes requirements.txt; the image
+# installs only the runtime one) and the checkout itself in editable mode, for the
+# `malleability` command. Reinstalls when any of the three files changes.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 run: setup

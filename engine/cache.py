@@ -41,10 +41,15 @@ import numpy as np
 import pandas as pd
 
 from .data import DataSpec, data_fingerprint
+from .data.folders import user_cache_dir
 from .errors import CacheCorrupt, CacheError
 
 ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
-DEFAULT_CACHE_DIR = Path(__file__).resolve().parent.parent / "cache"
+_CHECKOUT = Path(__file__).resolve().parent.parent
+# A checkout (`make run`, `python -m engine`) caches beside its code in ./cache; an installed
+# package (`pip install .`, site-packages) in the user's cache folder, next to the data sets.
+DEFAULT_CACHE_DIR = (_CHECKOUT / "cache" if (_CHECKOUT / "pyproject.toml").is_file()
+                     else user_cache_dir().parent / "results")
 ENGINE_DIR = Path(__file__).resolve().parent
 SIZE_LIMIT = 8 * 2**30  # bytes; diskcache culls the least recently stored entries beyond it
 DB_NAME = "cache.db"    # diskcache's database file inside the folder
