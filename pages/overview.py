@@ -10,7 +10,7 @@ from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, shared
-from ui.runner import obtain_planned, peek
+from ui.runner import obtain_together
 
 s = shared()
 st.title("Influence malleability in linearized attention")
@@ -19,46 +19,50 @@ st.caption("This dashboard recomputes the paper's quantities from scratch with t
            "every result is cached on disk, and every chart offers its data as CSV.")
 
 st.header("Headline numbers: here and in the paper")
+# The landing page starts nothing by itself: numbers measured before (in the cache) are shown,
+# the rest wait for one click, with the engine's estimate beside the button.
 spec_cfg = configs.spectrum_config(s)
-spec = obtain_planned(run_spectrum, spec_cfg, f"Spectrum at n = {s.n}")
 sweep_cfg = configs.sweep_config(s, n_seeds=3, widths=configs.PAPER_WIDTHS)
-sweep = peek(run_ntk_sweep.kind, sweep_cfg) or obtain_planned(
-    run_ntk_sweep, sweep_cfg, "NTK distance at the paper's widths", button="Measure")
-
 mall_cfg = configs.malleability_config(s, eps=(paper.FLIP_EPS,))
-mall = peek(run_malleability.kind, mall_cfg) or obtain_planned(
-    run_malleability, mall_cfg, "Flip rates at ε = 0.3", button="Measure")
+spec, sweep, mall = obtain_together(
+    [(run_spectrum, spec_cfg, f"the spectrum at n = {s.n}"),
+     (run_ntk_sweep, sweep_cfg, "the NTK distance at the paper's widths"),
+     (run_malleability, mall_cfg, f"the flip rates at ε = {paper.FLIP_EPS:g}")],
+    button="Measure them here", why="Not measured here yet, so the table shows the paper's numbers only:")
 
 key = paper.paper_key(s.dataset) or "mnist"
 rows = []
-if spec is not None:
-    sm = spec.meta["summary"]
-    thr = sm["width_threshold_log10"]
-    v = thr["attn_v2"] if thr["attn_v2"] is not None else thr["attn_v1"]
-    att, formula = sm["attention"], plots.pretty_formula(sm.get("kappa_attention_formula"))
-    theory = f" = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory") else ""
-    rows += [
-        {"quantity": "κ(G), condition number of the data's Gram", "here": f"{sm['kappa']:.3g}",
-         "paper": ", ".join(f"≈ {v:.2g} ({k})" for k, v in paper.KAPPA_G.items())},
-        {"quantity": f"κ of the attention features' Gram ({att} attention)", "here": f"{sm['kappa_attention']:.3g}",
-         "paper": f"= κ(G)³{theory}" if att == "linear"
-                  else f"κ(G)³ for linear attention; for {att}: {formula or 'no closed form'}{theory}"},
-        {"quantity": "log10 width MLP-Attn needs for the NTK regime"
-                     + ("" if att == "linear" else " (the paper's bound for linear attention)"),
-         "here": f"{v:.1f}", "paper": ", ".join(f"≫ {v:g} ({k})" for k, v in paper.WIDTH_LOG10_V2.items())},
-    ]
-if sweep is not None:
-    d = plots.distance_data(sweep.frames["rows"], "function_dist")
+NOT_YET = "—"  # not measured here yet: the button above measures it
+sm = spec.meta["summary"] if spec is not None else {}
+thr = sm.get("width_threshold_log10") or {}
+v = thr["attn_v2"] if thr.get("attn_v2") is not None else thr.get("attn_v1")
+att, formula = sm.get("attention", spec_cfg.attention), plots.pretty_formula(sm.get("kappa_attention_formula"))
+theory = f" = {sm['kappa_attention_theory']:.3g} here" if sm.get("kappa_attention_theory") else ""
+rows += [
+    {"quantity": "κ(G), condition number of the data's Gram", "here": f"{sm['kappa']:.3g}" if sm else NOT_YET,
+     "paper": ", ".join(f"≈ {v:.2g} ({k})" for k, v in paper.KAPPA_G.items())},
+    {"quantity": f"κ of the attention features' Gram ({att} attention)",
+     "here": f"{sm['kappa_attention']:.3g}" if sm else NOT_YET,
+     "paper": f"= κ(G)³{theory}" if att == "linear"
+              else f"κ(G)³ for linear attention; for {att}: {(formula or 'no closed form') if sm else 'see the Spectrum page'}{theory}"},
+    {"quantity": "log10 width MLP-Attn needs for the NTK regime"
+                 + ("" if att == "linear" else " (the paper's bound for linear attention)"),
+     "here": f"{v:.1f}" if v is not None else NOT_YET,
+     "paper": ", ".join(f"≫ {w:g} ({k})" for k, w in paper.WIDTH_LOG10_V2.items())},
+]
+if key in paper.NTK_DISTANCE:
+    d = plots.distance_data(sweep.frames["rows"], "function_dist") if sweep is not None else None
     for arch in ("relu", "attn"):
-        da = d[d["arch"] == arch]
-        if not da.empty and key in paper.NTK_DISTANCE:
-            rows.append({"quantity": f"‖f_m − f_NTK‖, {plots.arch_label(arch, sweep_cfg.attention)}, m = "
-                                     + " / ".join(str(w) for w in da["width"]),
-                         "here": " / ".join(f"{x:.3g}" for x in da["mean"]),
-                         "paper": " / ".join(f"{x:g}" for x in paper.NTK_DISTANCE[key][arch].values())
-                                  + f" ({key})"})
+        da = d[d["arch"] == arch] if d is not None else None
+        measured = da is not None and not da.empty
+        widths = da["width"] if measured else paper.NTK_DISTANCE[key][arch]
+        rows.append({"quantity": f"‖f_m − f_NTK‖, {plots.arch_label(arch, sweep_cfg.attention)}, m = "
+                                 + " / ".join(str(w) for w in widths),
+                     "here": " / ".join(f"{x:.3g}" for x in da["mean"]) if measured else NOT_YET,
+                     "paper": " / ".join(f"{x:g}" for x in paper.NTK_DISTANCE[key][arch].values())
+                              + f" ({key})"})
 flips = paper.FLIP_RATE.get(key, paper.FLIP_RATE["mnist"])
-here = "—"
+here = NOT_YET
 if mall is not None:
     got = tables.percent(mall.frames["summary"], ["flip_rate"]).set_index(["arch", "attack"])
     if {"relu", "attn"} <= set(got.index.get_level_values("arch")):

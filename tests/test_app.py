@@ -217,3 +217,43 @@ def test_a_missing_data_set_offers_a_download_that_reports_its_outcome(env):
     at.button(key="fetch.cifar10").click().run()
     assert any("cifar10 not found" in e.value and "cifar-10-batches-py" in e.value for e in at.error)
     assert not at.exception
+
+
+def _headline(at: AppTest):
+    return next(t.value for t in at.table if "quantity" in t.value.columns)
+
+
+def _fresh_overview() -> tuple[AppTest, object]:
+    """The Overview on an empty cache, run twice: any job it started would show by then."""
+    at = app(SMALL)
+    at.run()
+    assert not at.get("progress") and not at.exception
+    (button,) = [b for b in at.button if b.label == "Measure them here"]
+    return at, button
+
+
+def test_the_overview_starts_nothing_until_asked(env):
+    """A fresh server shows the paper's numbers and one button with the engine's estimate."""
+    at, _ = _fresh_overview()
+    table = _headline(at)
+    assert set(table["here"]) == {"—"}
+    assert "45.1 / 39.9 / 39.2 (mnist)" in set(table["paper"])  # paper.NTK_DISTANCE, ReLU
+    note = " ".join(c.value for c in at.caption)
+    assert "Not measured here yet" in note and "of work here in all" in note and "flip rates" in note
+    assert not at.get("plotly_chart")
+
+
+@pytest.mark.slow
+def test_the_overview_measures_on_a_click_then_reads_the_cache(env):
+    from ui.common import get_manager
+
+    at, button = _fresh_overview()
+    button.click()
+    settle(at, timeout=400.0)
+    assert "—" not in set(_headline(at)["here"]) and at.get("plotly_chart") and not at.error
+
+    get_manager.clear()  # a restarted server: no finished job in memory, only the disk cache
+    again = app(SMALL)
+    again.run()
+    assert not again.get("progress") and "—" not in set(_headline(again)["here"])
+    assert not [b for b in again.button if b.label == "Measure them here"] and not again.exception

@@ -17,6 +17,7 @@ from typing import Callable
 
 import streamlit as st
 
+from engine.budget import duration
 from engine.cache import Result
 from engine.errors import EngineError
 from engine.jobs import Job, JobManager, JobState
@@ -155,3 +156,55 @@ def obtain_planned(fn: Callable[..., Result], cfg, label: str, button: str = "Ru
         return None
     return obtain(fn.kind, fn, cfg, label, auto=p.auto and not wait, button=button,
                   note=f"{why} {p.note}".strip())
+
+
+def _submit_all(manager: JobManager, runs: list, kwargs: dict) -> None:
+    """Button callback of ``obtain_together``: one job per waiting run."""
+    for fn, cfg, label in runs:
+        manager.submit(fn.kind, cfg, fn, label, **kwargs)
+
+
+def obtain_together(runs: list[tuple[Callable[..., Result], object, str]], button: str = "Measure",
+                    why: str = "") -> list[Result | None]:
+    """Results of several runs, in order, that never start by themselves: one click starts them all.
+
+    runs: ``(fn, cfg, label)`` each; ``fn.kind`` is the cache kind. A run already finished (in
+    memory or on disk) is returned at once; a queued, running, failed or cancelled one shows
+    what ``obtain`` shows for it (progress bar, or its message and button) and gives None; the
+    rest give None and share one ``button`` whose note gives their summed engine estimate on
+    the sidebar's device (``why`` goes before it). When one of those is over the dashboard's
+    limits nothing is offered: one error says what to change.
+    """
+    from ui.configs import plan as plan_of
+
+    manager = get_manager()
+    out, waiting = [], []
+    for fn, cfg, label in runs:
+        hit = peek(fn.kind, cfg)
+        job = None
+        if hit is None:
+            try:
+                job = manager.get(fn.kind, cfg)  # fingerprints the data, so it can fail
+            except EngineError as exc:
+                st.error(str(exc))
+                return [None] * len(runs)
+        if job is not None:
+            hit = obtain(fn.kind, fn, cfg, label, auto=False)
+        elif hit is None:
+            waiting.append((fn, cfg, label))
+        out.append(hit)
+    if waiting:
+        plans = [plan_of(cfg, shared().device) for _, cfg, _ in waiting]
+        refused = [p.note for p in plans if not p.allowed]
+        if refused:
+            st.error(refused[0])
+            return out
+        seconds = sum(p.seconds for p in plans)
+        names = ", ".join(label for *_, label in waiting)
+        st.caption(f"{why} {names} — about {duration(seconds)} of work here in all (the engine's "
+                   "estimate); they run in the background once started.".lstrip())
+        key = manager.key(waiting[0][0].kind, waiting[0][1])
+        kwargs = dict(cache=get_cache(), device=shared().device)
+        st.button(button, key=f"run.together.{key[:16]}", type="primary", on_click=_submit_all,
+                  args=(manager, waiting, kwargs))
+    return out
