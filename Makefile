@@ -1,4 +1,5 @@
-# The two commands of the README: `make run` serves the dashboard, `make test` runs the tests.
+# The two commands of the README: `make run` serves the dashboard, `make test` runs the quick tests
+# (`make test-all` runs the whole suite, as CI does).
 # Both create .venv on first use and reinstall when requirements.txt changes.
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ BIN    := $(VENV)/bin
 ENGINE_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/datasets)))
 export ENGINE_DATA_DIR
 
-.PHONY: setup run test bench lint clean
+.PHONY: setup run test test-all bench lint clean
 
 setup: $(STAMP)
 
@@ -30,7 +31,12 @@ run: setup
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
 		--server.headless true --browser.gatherUsageStats false
 
+# The quick suite: every test not marked slow (a few minutes on 2 cores).
 test: setup
+	$(BIN)/python -m pytest -m "not slow"
+
+# Everything: adds memory peaks, AppTest on MNIST, the Ray grid and the browser (CI runs this).
+test-all: setup
 	$(BIN)/python -m pytest
 
 bench: setup

@@ -100,17 +100,20 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     return s, error
 
 
+page_url = configs.page_url  # a page that leads with an experiment is at that experiment's name
 PAGES = [
     st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
-    st.Page("pages/spectrum.py", title="Spectrum", icon=":material/bar_chart:", url_path="spectrum"),
-    st.Page("pages/ntk.py", title="NTK convergence", icon=":material/show_chart:", url_path="ntk"),
-    st.Page("pages/influence.py", title="Influence", icon=":material/image_search:", url_path="influence"),
-    st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:", url_path="malleability"),
-    st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path="scaling"),
-    st.Page("pages/regime.py", title="Kernel regime", icon=":material/timeline:", url_path="regime"),
-    st.Page("pages/grid.py", title="Grid", icon=":material/grid_view:", url_path="grid"),
+    st.Page("pages/spectrum.py", title="Spectrum", icon=":material/bar_chart:", url_path=page_url("pages/spectrum.py")),
+    st.Page("pages/ntk.py", title="NTK convergence", icon=":material/show_chart:", url_path=page_url("pages/ntk.py")),
+    st.Page("pages/influence.py", title="Influence", icon=":material/image_search:",
+            url_path=page_url("pages/influence.py")),
+    st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:",
+            url_path=page_url("pages/malleability.py")),
+    st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path=page_url("pages/scaling.py")),
+    st.Page("pages/regime.py", title="Kernel regime", icon=":material/timeline:", url_path=page_url("pages/regime.py")),
+    st.Page("pages/grid.py", title="Grid", icon=":material/grid_view:", url_path=page_url("pages/grid.py", "grid")),
     st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
-            url_path="reproduction"),
+            url_path=page_url("pages/reproduction.py", "reproduction")),
 ]
 page = st.navigation(PAGES, position="hidden")  # listed by page_nav: see ui.common.ensure_entry
 with st.sidebar:

@@ -1,6 +1,8 @@
 """Engine of the influence-malleability dashboard: data, nets, NTKs, spectra, experiments.
 
 The public names are re-exported here; the implementation lives in one module per topic.
+``EXPERIMENTS`` (``engine.registry``) holds every experiment as one record: config, run,
+estimate, presets, tables and main figure, under the one name the CLI, grid and pages use.
 This package never imports streamlit.
 """
 
@@ -9,7 +11,7 @@ from .data import DataSpec, Sample, available_datasets, load_sample, resolve_dat
 from .device import resolve_device
 from .errors import BadInput, CacheCorrupt, Cancelled, DataCorrupt, DataMissing, EngineError
 from .budget import Budget, Estimate
-from .calibration import estimate
+from .registry import EXPERIMENTS, Experiment, estimate
 from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
                           run_spectrum)
 from .attacks import AttackMethod, AttackSpec, attack
@@ -28,7 +30,7 @@ from .training import TrainSpec, train
 __version__ = ENGINE_VERSION
 
 __all__ = [
-    "__version__", "aggregate", "DEFAULT_TARGET", "INFLUENCE_TARGETS", "Budget", "Estimate", "estimate", "prediction_gap", "Prepared", "prepare",
+    "__version__", "EXPERIMENTS", "Experiment", "aggregate", "DEFAULT_TARGET", "INFLUENCE_TARGETS", "Budget", "Estimate", "estimate", "prediction_gap", "Prepared", "prepare",
     "setting", "tick", "validate", "whitened_distance", "ARCHS", "attack", "AttackMethod", "AttackSpec", "Attention",
     "attention_features", "available_datasets", "BadInput", "Cache", "CacheCorrupt", "cached_run",
     "Cancelled", "DataCorrupt", "DataMissing", "DataSpec", "eig_spectrum", "empirical_ntk",

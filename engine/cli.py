@@ -1,6 +1,7 @@
 """``python -m engine``: the engine without a browser, for scripts, sweeps and cache warming.
 
-Every experiment flag is generated from its config dataclass (``engine.settings``): the
+Every experiment of ``engine.registry.EXPERIMENTS`` is a command of the same name, and its
+flags are generated from its config dataclass (``engine.settings``): the
 default, bounds, unit and help shown by ``--help`` are the ones the engine validates, and
 ``--preset quick|paper`` starts from a named instance of the same dataclass. Results go to
 stdout (``--json`` for one JSON object), progress to stderr. Exit codes: 0 ok, 2 bad
@@ -14,52 +15,17 @@ import dataclasses
 import json
 import math
 import sys
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from . import budget as B
 from . import doctor as _doctor
-from .attacks import AttackSpec
 from .cache import Cache
-from .data import DataSpec, available_datasets, fetch_dataset, resolve_data_dir
+from .data import available_datasets, fetch_dataset, resolve_data_dir
 from .errors import EngineError
-from .experiments import PRESETS as EXP_PRESETS
-from .experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
-from .malleability import PRESETS as MALL_PRESETS
-from .malleability import MalleabilityConfig, run_malleability
-from .scaling import PRESETS as SCALING_PRESETS
-from .scaling import ScalingConfig, run_scaling
+from .registry import EXPERIMENTS, NESTED, Experiment, get
 from .settings import add_arguments, from_args
-from .training import TrainSpec
-
-PRESETS = {kind: dict(p) for kind, p in {**EXP_PRESETS, **MALL_PRESETS, **SCALING_PRESETS}.items()}
-NESTED = {"data": DataSpec, "train": TrainSpec, "attack": AttackSpec}
-
-
-@dataclass(frozen=True)
-class Command:
-    config: type                  # the config dataclass whose settings are the flags
-    run: Callable                 # run_*(cfg, cache, data_dir, device, progress, budget=...)
-    preset: str                   # key of its presets in PRESETS
-    help: str
-    frames: tuple[str, ...]       # result frames printed, the first as "rows"
-
-
-COMMANDS = {
-    "spectrum": Command(SpectrumConfig, run_spectrum, "spectrum",
-                        "Gram spectrum, condition numbers and width thresholds", ("growth",)),
-    "ntk-sweep": Command(SweepConfig, run_ntk_sweep, "sweep",
-                         "kernel and function distances to K∞ across widths, per seed", ("rows", "summary")),
-    "malleability": Command(MalleabilityConfig, run_malleability, "malleability",
-                            "influence flip rates under attacks on the training data",
-                            ("rows", "summary", "interventions", "interventions_summary")),
-    "scaling": Command(ScalingConfig, run_scaling, "scaling",
-                       "width needed to stay near K∞ against κ, with the fitted exponent",
-                       ("widths", "fit", "curve")),
-}
 
 
 def _jsonable(obj):
@@ -109,14 +75,14 @@ def _values(cfg) -> dict:
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
 
 
-def _add_config(p: argparse.ArgumentParser, cmd: Command, preset: str) -> None:
-    base = PRESETS[cmd.preset].get(preset) or cmd.config()
-    p.add_argument("--preset", choices=sorted(PRESETS[cmd.preset]), default=preset,
+def _add_config(p: argparse.ArgumentParser, exp: Experiment, preset: str | None) -> None:
+    preset = preset if preset in exp.presets else "default"
+    base = exp.presets[preset]
+    p.add_argument("--preset", choices=sorted(exp.presets), default=preset,
                    help="start from a named configuration (flags override it)")
-    for name, cls in NESTED.items():
-        if any(f.name == name for f in dataclasses.fields(cmd.config)):
-            add_arguments(p, cls, defaults=_values(getattr(base, name)))
-    add_arguments(p, cmd.config, defaults=_values(base))
+    for name in exp.nested:
+        add_arguments(p, NESTED[name], defaults=_values(getattr(base, name)))
+    add_arguments(p, exp.config, defaults=_values(base))
     p.add_argument("--max-seconds", type=float, default=B.DEFAULT_SECONDS,
                    help=f"refuse runs estimated above this many seconds (default: {B.DEFAULT_SECONDS:g})")
     p.add_argument("--max-gib", type=float, default=None,
@@ -132,10 +98,10 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--fetch", metavar="NAME", help="download (or unpack) mnist, fashion-mnist or cifar10 first")
 
-    for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+    for name, exp in EXPERIMENTS.items():  # one command per registry record, flags from its config
+        p = sub.add_parser(name, help=exp.help, description=exp.help)
         _add_common(p)
-        _add_config(p, cmd, preset if preset in PRESETS[cmd.preset] else "default")
+        _add_config(p, exp, preset)
 
     p = sub.add_parser("bench", help="speed figures measured side by side (ratios, not timings)")
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute on a 2-core CPU")
@@ -146,20 +112,15 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
     _add_grid(sub)  # the grid command: see its block at the end of this file
-    _add_figure(sub, preset)  # the figure command: see the dynamics and figures block
+    _add_figure(sub, preset)  # the figure command: see the figures block
     _doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
     return parser
 
 
-for _cmd in COMMANDS.values():  # "default" is the dataclass's own defaults
-    PRESETS[_cmd.preset].setdefault("default", _cmd.config())
-
-
-def config_from_args(cmd: Command, a: argparse.Namespace):
+def config_from_args(exp: Experiment, a: argparse.Namespace):
     """The config the parsed flags describe (nested configs built from their own flags)."""
-    nested = {name: from_args(cls, a) for name, cls in NESTED.items()
-              if any(f.name == name for f in dataclasses.fields(cmd.config))}
-    return from_args(cmd.config, a, **nested)
+    nested = {name: from_args(NESTED[name], a) for name in exp.nested}
+    return from_args(exp.config, a, **nested)
 
 
 def cmd_bench(a, progress) -> dict:
@@ -180,19 +141,25 @@ def cmd_datasets(a) -> dict:
     return {"data_dir": str(root), "datasets": [dataclasses.asdict(i) for i in infos]}
 
 
-def run_command(name: str, a, progress) -> dict:
-    from .calibration import estimate
+def _estimate_only(exp: Experiment, cfg) -> dict:
+    est = exp.estimate(cfg)
+    return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
 
-    cmd = COMMANDS[name]
-    cfg = config_from_args(cmd, a)
-    est = estimate(cfg)
-    if a.estimate:
-        return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
+
+def _run(exp: Experiment, cfg, a, progress):
     limit = None if a.max_gib is None else int(a.max_gib * B.GIB)
     cache = None if a.no_cache else Cache(a.cache_dir)
-    res = cmd.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
+    return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
+
+
+def run_command(name: str, a, progress) -> dict:
+    exp = get(name)
+    cfg = config_from_args(exp, a)
+    if a.estimate:
+        return _estimate_only(exp, cfg)
+    res = _run(exp, cfg, a, progress)
     out = dict(res.meta.get("summary", {})) if name == "spectrum" else {}
-    for i, frame in enumerate(cmd.frames):
+    for i, frame in enumerate(exp.tables):
         df = res.frames.get(frame)
         if df is None or (df.empty and i > 0):
             continue
@@ -334,63 +301,52 @@ def cmd_grid(a) -> int:
     return 4 if out["failed"] else 0
 
 
-# ---------------------------------------------------------------- dynamics and figures (engine.dynamics, engine.export)
-# ``dynamics`` is an ordinary experiment command (flags from DynamicsConfig and TrainSpec);
+# ---------------------------------------------------------------- figures (engine.export)
 # ``figure KIND [the experiment's flags] --out FILE.{png,svg,pdf}`` renders a page's main chart.
 
-from . import export as _export  # noqa: E402
-from .dynamics import PRESETS as _DYN_PRESETS  # noqa: E402
-from .dynamics import DynamicsConfig, run_dynamics  # noqa: E402
-
-PRESETS["dynamics"] = {**_DYN_PRESETS["dynamics"], "default": DynamicsConfig()}
-COMMANDS["dynamics"] = Command(DynamicsConfig, run_dynamics, "dynamics",
-                               "real against linearised training (kernel regime or not) across widths, per seed",
-                               ("rows", "summary"))
-
-
 def _add_figure(sub, preset: str | None) -> None:
-    """``figure KIND``: one sub-command per kind, each with its experiment's own flags."""
+    """``figure KIND``: one sub-command per experiment with a main figure, with its own flags."""
+    from . import export
+
     p = sub.add_parser("figure", help="render a page's main chart to PNG, SVG or PDF (headless Chromium)",
                        description="Render the main chart of a dashboard page to a file for slides, from the "
                                    "cache or by computing the experiment first. The file's suffix picks the "
                                    "format: .png, .svg or .pdf. Kinds: " + "; ".join(
-                                       f"{k}: {what}" for k, (_, what) in _export.KINDS.items()))
+                                       f"{e.name}: {e.figure_help}" for e in EXPERIMENTS.values() if e.figure))
     kinds = p.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind, (name, what) in _export.KINDS.items():
-        cmd = COMMANDS[name]
-        q = kinds.add_parser(kind, help=what, description=f"{what}; the flags are those of `{name}`.")
+    for name, exp in EXPERIMENTS.items():
+        if exp.figure is None:
+            continue
+        q = kinds.add_parser(name, aliases=list(exp.aliases), help=exp.figure_help,
+                             description=f"{exp.figure_help}; the flags are those of `{name}`.")
         _add_common(q)
-        _add_config(q, cmd, preset if preset in PRESETS[cmd.preset] else "default")
+        _add_config(q, exp, preset)
         q.add_argument("--out", required=True, help="output file: .png, .svg or .pdf")
         q.add_argument("--plot", dest="fig_metric", default=None,
                        help="ntk: the sweep metric drawn (default kernel_dist_init); regime: lin_gap (default), "
                             "pattern_change, k_inf_gap or weight_movement")
-        q.add_argument("--width-px", dest="fig_width", type=int, default=_export.WIDTH_PX,
-                       help=f"image width in CSS pixels (default: {_export.WIDTH_PX})")
+        q.add_argument("--width-px", dest="fig_width", type=int, default=export.WIDTH_PX,
+                       help=f"image width in CSS pixels (default: {export.WIDTH_PX})")
         q.add_argument("--height-px", dest="fig_height", type=int, default=None,
                        help="image height in CSS pixels (default: the chart's own)")
-        q.add_argument("--png-scale", dest="fig_scale", type=float, default=_export.SCALE,
-                       help=f"PNG pixel density (default: {_export.SCALE:g})")
+        q.add_argument("--png-scale", dest="fig_scale", type=float, default=export.SCALE,
+                       help=f"PNG pixel density (default: {export.SCALE:g})")
         q.add_argument("--talk", action="store_true", help="slide-sized text and thicker lines")
 
 
 def cmd_figure(a, progress) -> dict:
     """Compute (or read from the cache) the kind's experiment, draw its main chart, write the file."""
-    name = _export.KINDS[a.kind][0]
-    cmd = COMMANDS[name]
-    fmt = _export.format_of(a.out)  # a bad suffix fails before any work
-    cfg = config_from_args(cmd, a)
-    limit = None if a.max_gib is None else int(a.max_gib * B.GIB)
-    if a.estimate:
-        from .calibration import estimate
+    from . import export
 
-        est = estimate(cfg)
-        return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
-    cache = None if a.no_cache else Cache(a.cache_dir)
-    res = cmd.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
-    fig = _export.main_figure(a.kind, res, a.fig_metric)
+    exp = get(a.kind)
+    fmt = export.format_of(a.out)  # a bad suffix fails before any work
+    cfg = config_from_args(exp, a)
+    if a.estimate:
+        return _estimate_only(exp, cfg)
+    res = _run(exp, cfg, a, progress)
+    fig = exp.main_figure(res, a.fig_metric)
     if a.talk:
-        fig = _export.talk_style(fig)
-    path = _export.write_image(fig, a.out, a.fig_width, a.fig_height, a.fig_scale)
-    return {"figure": str(path), "kind": a.kind, "format": fmt, "bytes": path.stat().st_size,
+        fig = export.talk_style(fig)
+    path = export.write_image(fig, a.out, a.fig_width, a.fig_height, a.fig_scale)
+    return {"figure": str(path), "kind": exp.name, "format": fmt, "bytes": path.stat().st_size,
             "title": fig.layout.title.text, "cached": res.cached, "config": res.config}

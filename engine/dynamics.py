@@ -49,14 +49,14 @@ import pandas as pd
 import torch
 
 from . import budget as B
-from .budget import Budget, Estimate
-from .cache import Cache, Result, cached_run
+from . import options
+from .budget import Estimate
+from .cache import Result
 from .data import DataSpec
-from .device import resolve_device
 from .errors import BadInput, Cancelled
-from .models import ARCHS, MAX_WIDTH, PARAMS, Attention, Net, parse_attention
+from .models import PARAMS, Attention, Net, parse_attention
 from .ntk import infinite_ntk
-from .runs import Progress, check_finite, prepare, tick
+from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
 from .training import (OPTIMIZER_FNS, TrainSpec, per_model_loss, loss_fn, loss_weights, predict_labels,
@@ -81,12 +81,8 @@ def _check_attention(text: str) -> None:
 
 
 def _attention_setting():
-    return setting("linear", "attention variant of MLP-Attn (parameter-free: linear, stacked:K, truncated:R, "
-                   "softmax:T)", check=_check_attention)
-
-
-def _init_setting():
-    return setting(1.0, "standard deviation of the initial weights W ~ N(0, σ²)", lo=0, lo_open=True, hi=100.0)
+    return options.attention(check=_check_attention, only="parameter-free variants only (qkv trains its own "
+                             "parameters, which the head's linearisation does not describe)")
 
 
 # ---------------------------------------------------------------- configs
@@ -96,13 +92,11 @@ class DynamicsConfig:
     data: DataSpec = DataSpec(n=200, n_test=100)
     # plain SGD without decay: the setting of NTK theory (train.param picks ntk or μP)
     train: TrainSpec = TrainSpec(epochs=50, optimizer="sgd", lr=1.0, weight_decay=0.0)
-    widths: tuple[int, ...] = setting((64, 256, 1024, 4096), "hidden widths m", unit="units", lo=1,
-                                      hi=MAX_WIDTH, max_len=16)
-    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
+    widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
+    archs: tuple[str, ...] = options.archs()
     attention: str = _attention_setting()
-    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds (init and batch order); mean ± sd over them",
-                                     lo=0, hi=2**31 - 1, max_len=50)
-    init_std: float = _init_setting()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
     record_every: int = setting(5, "measure every K epochs (and at 0 and the last epoch)", unit="epochs",
                                 lo=1, hi=20_000)
 
@@ -116,14 +110,13 @@ class CoordCheckConfig:
     data: DataSpec = DataSpec(n=256, n_test=64)
     # optimiser, lr, batch size and loss of the steps; its epochs and param are not used
     train: TrainSpec = TrainSpec(epochs=1, optimizer="sgd", lr=0.1, batch_size=64, weight_decay=0.0)
-    arch: str = setting("relu", "architecture: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
+    arch: str = options.arch()
     attention: str = _attention_setting()
-    widths: tuple[int, ...] = setting((64, 256, 1024, 4096), "hidden widths m", unit="units", lo=1,
-                                      hi=MAX_WIDTH, max_len=16)
+    widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
     params: tuple[str, ...] = setting(PARAMS, "parametrisations compared", choices=PARAMS)
     steps: int = setting(5, "optimiser steps t = 1 … T measured", unit="steps", lo=1, hi=100)
-    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds averaged", lo=0, hi=2**31 - 1, max_len=20)
-    init_std: float = _init_setting()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
 
     def __post_init__(self):
         normalised(self)
@@ -137,7 +130,7 @@ PRESETS = {
         "paper": DynamicsConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),
                                 widths=(16, 1024, 4096), record_every=25),
     },
-    "coord_check": {
+    "coord-check": {
         "quick": CoordCheckConfig(),
         "paper": CoordCheckConfig(data=DataSpec(n=512, n_test=128),  # the paper's Adam, without decay
                                   train=TrainSpec(epochs=1, lr=1e-3, batch_size=128, weight_decay=0.0)),
@@ -303,8 +296,8 @@ def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
     return Estimate(seconds, int(memory))
 
 
-def run_dynamics(cfg: DynamicsConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                 progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("dynamics")
+def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Real against linearised training per (arch, width, seed), measured every few epochs.
 
     Frame ``rows``: one row per (arch, width, seed, epoch) with step (optimiser steps so far) and
@@ -318,85 +311,76 @@ def run_dynamics(cfg: DynamicsConfig, cache: Cache | None = None, data_dir=None,
     Frame ``final``: the summary at the last epoch. Meta: n, n_test, d, n_classes, param,
     flow (η', β, steps per epoch, or None), source, device.
     """
-    dev = resolve_device(device)
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    X, y, Xt, yt, c = p.X, p.y, p.Xt, p.yt, p.c
+    n, n_out = X.shape[0], p.n_out
+    Y = p.Y
+    flow = flow_rates(cfg.train, n, n_out)
+    loss_name = resolve_loss(cfg.train, c)
+    epochs = _record_epochs(cfg)
+    rows, ref = [], {}
+    groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    for j, (arch, seed) in enumerate(groups):
+        stage = f"{arch} seed {seed}"
+        tick(progress, cancel, j / len(groups), stage)
+        t0 = time.perf_counter()
+        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+                for w in cfg.widths]
+        with torch.no_grad():
+            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+        if flow is not None and arch not in ref:  # K∞ depends on the features only
+            K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+            check_finite(K, f"the infinite-width kernel of {arch}")
+            ref[arch] = KernelFlow(K, K_t)
+        W0, A, _ = _stack(nets, cfg.train)
+        mask0, mask0_t = phi @ W0.T > 0, phi_t @ W0.T > 0
+        units = np.cumsum([0, *cfg.widths])
+        state = {}
 
-    def compute() -> Result:
-        B.check(estimate_dynamics(cfg), budget, "this comparison with the linearised nets", device=dev)
-        p = prepare(cfg.data, data_dir, dev, progress, cancel)
-        X, y, Xt, yt, c = p.X, p.y, p.Xt, p.yt, p.c
-        n, n_out = X.shape[0], p.n_out
-        Y = p.Y
-        flow = flow_rates(cfg.train, n, n_out)
-        loss_name = resolve_loss(cfg.train, c)
-        epochs = _record_epochs(cfg)
-        rows, ref = [], {}
-        groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
-        for j, (arch, seed) in enumerate(groups):
-            stage = f"{arch} seed {seed}"
-            tick(progress, cancel, j / len(groups), stage)
-            t0 = time.perf_counter()
-            nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
-                    for w in cfg.widths]
+        def on_record(epoch, W, W_lin, arch=arch, seed=seed):
             with torch.no_grad():
-                phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-            if flow is not None and arch not in ref:  # K∞ depends on the features only
-                K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
-                check_finite(K, f"the infinite-width kernel of {arch}")
-                ref[arch] = KernelFlow(K, K_t)
-            W0, A, _ = _stack(nets, cfg.train)
-            mask0, mask0_t = phi @ W0.T > 0, phi_t @ W0.T > 0
-            units = np.cumsum([0, *cfg.widths])
-            state = {}
+                H, H_t = phi @ W.T, phi_t @ W.T
+                F, F_t = torch.relu(H) @ A, torch.relu(H_t) @ A
+                F_lin = linearised_head(phi, W_lin, mask0, A)
+                F_lin_t = linearised_head(phi_t, W_lin, mask0_t, A)
+                flips = ((H > 0) != mask0).double().mean(dim=0)  # (Σm,)
+            if epoch == 0:
+                state["F0"], state["F0_t"] = F.double(), F_t.double()
+            for i, width in enumerate(cfg.widths):
+                cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
+                f_t, fl_t = F_t[:, cols].double(), F_lin_t[:, cols].double()
+                lin_norm = float(torch.linalg.norm(fl_t))
+                row = {"arch": arch, "attention": cfg.attention if arch == "attn" else None, "width": width,
+                       "seed": seed, "epoch": epoch, "step": epoch * math.ceil(n / cfg.train.batch_size),
+                       "lin_gap": float(torch.linalg.norm(f_t - fl_t)) / lin_norm if lin_norm else math.nan,
+                       "pattern_change": float(flips[seg].mean()),
+                       "train_loss": float(loss_fn(F[:, cols], y, loss_name, c)),
+                       "train_loss_lin": float(loss_fn(F_lin[:, cols], y, loss_name, c)),
+                       "test_acc": float((predict_labels(F_t[:, cols]) == yt).double().mean()),
+                       "test_acc_lin": float((predict_labels(F_lin_t[:, cols]) == yt).double().mean()),
+                       "weight_movement": float(torch.linalg.norm(W[seg] - W0[seg]) / torch.linalg.norm(W0[seg])),
+                       "k_inf_gap": math.nan}
+                if flow is not None:
+                    eta, beta, per_epoch = flow
+                    f_k = ref[arch].predict(Y, state["F0"][:, cols], state["F0_t"][:, cols], eta, beta,
+                                            float(epoch * per_epoch))
+                    k_norm = float(torch.linalg.norm(f_k))
+                    row["k_inf_gap"] = float(torch.linalg.norm(f_t - f_k)) / k_norm if k_norm else math.nan
+                rows.append(row)
 
-            def on_record(epoch, W, W_lin, arch=arch, seed=seed):
-                with torch.no_grad():
-                    H, H_t = phi @ W.T, phi_t @ W.T
-                    F, F_t = torch.relu(H) @ A, torch.relu(H_t) @ A
-                    F_lin = linearised_head(phi, W_lin, mask0, A)
-                    F_lin_t = linearised_head(phi_t, W_lin, mask0_t, A)
-                    flips = ((H > 0) != mask0).double().mean(dim=0)  # (Σm,)
-                if epoch == 0:
-                    state["F0"], state["F0_t"] = F.double(), F_t.double()
-                for i, width in enumerate(cfg.widths):
-                    cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
-                    f_t, fl_t = F_t[:, cols].double(), F_lin_t[:, cols].double()
-                    lin_norm = float(torch.linalg.norm(fl_t))
-                    row = {"arch": arch, "attention": cfg.attention if arch == "attn" else None, "width": width,
-                           "seed": seed, "epoch": epoch, "step": epoch * math.ceil(n / cfg.train.batch_size),
-                           "lin_gap": float(torch.linalg.norm(f_t - fl_t)) / lin_norm if lin_norm else math.nan,
-                           "pattern_change": float(flips[seg].mean()),
-                           "train_loss": float(loss_fn(F[:, cols], y, loss_name, c)),
-                           "train_loss_lin": float(loss_fn(F_lin[:, cols], y, loss_name, c)),
-                           "test_acc": float((predict_labels(F_t[:, cols]) == yt).double().mean()),
-                           "test_acc_lin": float((predict_labels(F_lin_t[:, cols]) == yt).double().mean()),
-                           "weight_movement": float(torch.linalg.norm(W[seg] - W0[seg]) / torch.linalg.norm(W0[seg])),
-                           "k_inf_gap": math.nan}
-                    if flow is not None:
-                        eta, beta, per_epoch = flow
-                        f_k = ref[arch].predict(Y, state["F0"][:, cols], state["F0_t"][:, cols], eta, beta,
-                                                float(epoch * per_epoch))
-                        k_norm = float(torch.linalg.norm(f_k))
-                        row["k_inf_gap"] = float(torch.linalg.norm(f_t - f_k)) / k_norm if k_norm else math.nan
-                    rows.append(row)
-
-            sub = None if progress is None else (
-                lambda f, s, j=j: progress((j + f) / len(groups), f"{stage}: {s}"))
-            train_pair(nets, phi, y, c, cfg.train, seed, epochs, on_record, sub, cancel)
-            for r in rows[-len(epochs) * len(cfg.widths):]:
-                r["seconds"] = (time.perf_counter() - t0) / len(cfg.widths)
-        tick(progress, cancel, 1.0, "done")
-        frame = pd.DataFrame(rows)
-        summary = summarize(frame, ["arch", "attention", "width", "epoch"], METRICS)
-        final = summary[summary["epoch"] == cfg.train.epochs].reset_index(drop=True)
-        meta = {"n": n, "n_test": int(Xt.shape[0]), "d": p.sample.d, "n_classes": c, "param": cfg.train.param,
-                "loss": loss_name, "flow": None if flow is None else list(flow), "source": p.sample.source,
-                "device": str(dev)}
-        return Result(run_dynamics.kind, {}, {"rows": frame, "summary": summary, "final": final}, {}, meta)
-
-    return cached_run(run_dynamics.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_dynamics.kind = "dynamics"
+        sub = None if progress is None else (
+            lambda f, s, j=j: progress((j + f) / len(groups), f"{stage}: {s}"))
+        train_pair(nets, phi, y, c, cfg.train, seed, epochs, on_record, sub, cancel)
+        for r in rows[-len(epochs) * len(cfg.widths):]:
+            r["seconds"] = (time.perf_counter() - t0) / len(cfg.widths)
+    tick(progress, cancel, 1.0, "done")
+    frame = pd.DataFrame(rows)
+    summary = summarize(frame, ["arch", "attention", "width", "epoch"], METRICS)
+    final = summary[summary["epoch"] == cfg.train.epochs].reset_index(drop=True)
+    meta = {"n": n, "n_test": int(Xt.shape[0]), "d": p.sample.d, "n_classes": c, "param": cfg.train.param,
+            "loss": loss_name, "flow": None if flow is None else list(flow), "source": p.sample.source,
+            "device": str(dev)}
+    return Result("dynamics", {}, {"rows": frame, "summary": summary, "final": final}, {}, meta)
 
 
 def width_slopes(final: pd.DataFrame, metrics=("lin_gap", "pattern_change")) -> pd.DataFrame:
@@ -431,8 +415,8 @@ def estimate_coord_check(cfg: CoordCheckConfig) -> Estimate:
     return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m)))
 
 
-def run_coord_check(cfg: CoordCheckConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                    progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("coord-check")
+def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """μP's coordinate check for the head: sizes of the changes after t = 1 … T steps against width.
 
     Frame ``rows``: one row per (param, width, seed, step) with delta_f = RMS over test points
@@ -441,71 +425,60 @@ def run_coord_check(cfg: CoordCheckConfig, cache: Cache | None = None, data_dir=
     Frame ``fit``: per (param, step, quantity) the log-log slope of the mean against width
     beside ``theory`` (``COORD_THEORY``; it assumes no weight decay).
     """
-    dev = resolve_device(device)
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    X, y, Xt, c = p.X, p.y, p.Xt, p.c
+    loss_name = resolve_loss(cfg.train, c)
+    rows = []
+    runs = [(param, seed) for param in cfg.params for seed in cfg.seeds]
+    units = np.cumsum([0, *cfg.widths])
+    for j, (param, seed) in enumerate(runs):
+        tick(progress, cancel, j / len(runs), f"{param} seed {seed}")
+        spec = TrainSpec(epochs=cfg.train.epochs, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
+                         weight_decay=cfg.train.weight_decay, optimizer=cfg.train.optimizer,
+                         loss=cfg.train.loss, param=param)
+        nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+                for w in cfg.widths]
+        with torch.no_grad():
+            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+        W0, A, weights = _stack(nets, spec)
+        k, n_out = len(nets), p.n_out
+        W = torch.nn.Parameter(W0.clone())
+        with torch.no_grad():
+            H0_t = phi_t @ W0.T
+            F0_t = torch.relu(H0_t) @ A
 
-    def compute() -> Result:
-        B.check(estimate_coord_check(cfg), budget, "this coordinate check", device=dev)
-        p = prepare(cfg.data, data_dir, dev, progress, cancel)
-        X, y, Xt, c = p.X, p.y, p.Xt, p.c
-        loss_name = resolve_loss(cfg.train, c)
-        rows = []
-        runs = [(param, seed) for param in cfg.params for seed in cfg.seeds]
-        units = np.cumsum([0, *cfg.widths])
-        for j, (param, seed) in enumerate(runs):
-            tick(progress, cancel, j / len(runs), f"{param} seed {seed}")
-            spec = TrainSpec(epochs=cfg.train.epochs, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
-                             weight_decay=cfg.train.weight_decay, optimizer=cfg.train.optimizer,
-                             loss=cfg.train.loss, param=param)
-            nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
-                    for w in cfg.widths]
+        def loss_of(idx):
+            out = (torch.relu(phi[idx] @ W.T) @ A).reshape(-1, k, n_out)
+            per = per_model_loss(out, y[idx], loss_name, c)
+            return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
+
+        for _, step, _ in _steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
             with torch.no_grad():
-                phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-            W0, A, weights = _stack(nets, spec)
-            k, n_out = len(nets), p.n_out
-            W = torch.nn.Parameter(W0.clone())
-            with torch.no_grad():
-                H0_t = phi_t @ W0.T
-                F0_t = torch.relu(H0_t) @ A
-
-            def loss_of(idx):
-                out = (torch.relu(phi[idx] @ W.T) @ A).reshape(-1, k, n_out)
-                per = per_model_loss(out, y[idx], loss_name, c)
-                return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
-
-            for _, step, _ in _steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
-                with torch.no_grad():
-                    dH = phi_t @ (W - W0).T
-                    F_t = torch.relu(phi_t @ W.T) @ A
-                dF = (F_t - F0_t).double()
-                for i, width in enumerate(cfg.widths):
-                    cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
-                    rows.append({"param": param, "optimizer": spec.optimizer, "width": width, "seed": seed,
-                                 "step": step,
-                                 "delta_f": float(dF[:, cols].pow(2).mean().sqrt()),
-                                 "delta_h": float(dH[:, seg].double().pow(2).mean().sqrt()),
-                                 "f_rms": float(F_t[:, cols].double().pow(2).mean().sqrt())})
-                if step >= cfg.steps:
-                    break
-        tick(progress, cancel, 1.0, "done")
-        frame = pd.DataFrame(rows)
-        summary = summarize(frame, ["param", "optimizer", "width", "step"], COORD_METRICS)
-        fit = []
-        for (param, step), g in summary.groupby(["param", "step"], sort=False):
-            theory = theory_slopes(param, cfg.train.optimizer)
-            for q in ("delta_f", "delta_h"):
-                v, w = g[f"{q}_mean"].to_numpy(float), g["width"].to_numpy(float)
-                ok = np.isfinite(v) & (v > 0)
-                slope = float(np.polyfit(np.log(w[ok]), np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else math.nan
-                fit.append({"param": param, "step": int(step), "quantity": q, "slope": slope,
-                            "theory": theory[q]})
-        meta = {"n": int(X.shape[0]), "n_test": int(Xt.shape[0]), "n_classes": c, "loss": loss_name,
-                "optimizer": cfg.train.optimizer, "source": p.sample.source, "device": str(dev)}
-        return Result(run_coord_check.kind, {}, {"rows": frame, "summary": summary, "fit": pd.DataFrame(fit)},
-                      {}, meta)
-
-    return cached_run(run_coord_check.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_coord_check.kind = "coord_check"
-
-ESTIMATES = {DynamicsConfig: estimate_dynamics, CoordCheckConfig: estimate_coord_check}
+                dH = phi_t @ (W - W0).T
+                F_t = torch.relu(phi_t @ W.T) @ A
+            dF = (F_t - F0_t).double()
+            for i, width in enumerate(cfg.widths):
+                cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
+                rows.append({"param": param, "optimizer": spec.optimizer, "width": width, "seed": seed,
+                             "step": step,
+                             "delta_f": float(dF[:, cols].pow(2).mean().sqrt()),
+                             "delta_h": float(dH[:, seg].double().pow(2).mean().sqrt()),
+                             "f_rms": float(F_t[:, cols].double().pow(2).mean().sqrt())})
+            if step >= cfg.steps:
+                break
+    tick(progress, cancel, 1.0, "done")
+    frame = pd.DataFrame(rows)
+    summary = summarize(frame, ["param", "optimizer", "width", "step"], COORD_METRICS)
+    fit = []
+    for (param, step), g in summary.groupby(["param", "step"], sort=False):
+        theory = theory_slopes(param, cfg.train.optimizer)
+        for q in ("delta_f", "delta_h"):
+            v, w = g[f"{q}_mean"].to_numpy(float), g["width"].to_numpy(float)
+            ok = np.isfinite(v) & (v > 0)
+            slope = float(np.polyfit(np.log(w[ok]), np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else math.nan
+            fit.append({"param": param, "step": int(step), "quantity": q, "slope": slope,
+                        "theory": theory[q]})
+    meta = {"n": int(X.shape[0]), "n_test": int(Xt.shape[0]), "n_classes": c, "loss": loss_name,
+            "optimizer": cfg.train.optimizer, "source": p.sample.source, "device": str(dev)}
+    return Result("coord-check", {}, {"rows": frame, "summary": summary, "fit": pd.DataFrame(fit)},
+                  {}, meta)

@@ -18,43 +18,25 @@ import pandas as pd
 import torch
 
 from . import budget as B
-from . import spectral
-from .budget import Budget, Estimate
-from .cache import Cache, Result, cached_run
+from . import options, spectral
+from .budget import Estimate
+from .cache import Result
 from .data import DataSpec, load_sample
-from .device import resolve_device
 from .errors import BadInput
-from .models import ARCHS, MAX_WIDTH, Attention, Net, attention_features, features, parse_attention
+from .models import Attention, Net, attention_features, features, parse_attention
 from .ntk import (empirical_ntk, infinite_ntk, kernel_regression, prediction_gap, relative_distance,
-                  storage_setting, whitened_distance)
-from .runs import Progress, check_finite, prepare, tick
+                  whitened_distance)
+from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
 from .training import TrainSpec, accuracy, n_outputs, predict_labels, train, train_many
-
-ATTENTION_HELP = "attention variant of MLP-Attn: linear, stacked:K, truncated:R, softmax:T, qkv"
-
-
-def _attention_setting(help: str = ATTENTION_HELP):
-    return setting("linear", help, check=parse_attention)
-
-
-def _ridge_setting():
-    return setting(1e-3, "ridge λ of kernel regression, relative to the mean diagonal of the kernel",
-                   lo=0, lo_open=True, hi=1e3)
-
-
-def _init_setting():
-    return setting(1.0, "standard deviation of the initial weights W ~ N(0, σ²); K∞ does not depend on it",
-                   lo=0, lo_open=True, hi=100.0)
-
 
 # ---------------------------------------------------------------- configs
 
 @dataclass(frozen=True)
 class SpectrumConfig:
     data: DataSpec = DataSpec(n=400, n_test=1)
-    attention: str = _attention_setting("attention variant whose feature Gram is measured")
+    attention: str = options.attention()  # whose feature Gram is measured
     rtol: float | None = setting(None, "numerical-rank tolerance relative to λ_max (none: n·eps64)",
                                  flag="--rank-rtol", lo=0, lo_open=True, hi=1.0)
     eps: float = setting(0.1, "ε of the paper's v1 width threshold κ⁶/ε²", lo=0, lo_open=True, hi=1.0)
@@ -73,14 +55,12 @@ class SpectrumConfig:
 class SweepConfig:
     data: DataSpec = DataSpec()
     train: TrainSpec = TrainSpec()
-    widths: tuple[int, ...] = setting((16, 64, 256, 1024, 4096), "hidden widths m of the sweep",
-                                      unit="units", lo=1, hi=MAX_WIDTH, max_len=16)
-    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
-    attention: str = _attention_setting()
-    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds (init and batch order); "
-                                     "rows per seed and mean ± sd over them", lo=0, hi=2**31 - 1, max_len=50)
-    init_std: float = _init_setting()
-    ridge: float = _ridge_setting()
+    widths: tuple[int, ...] = options.widths((16, 64, 256, 1024, 4096))
+    archs: tuple[str, ...] = options.archs()
+    attention: str = options.attention()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    ridge: float = options.ridge()  # of K∞ ridge regression and of the whitened distances
 
     def __post_init__(self):
         normalised(self)
@@ -91,12 +71,12 @@ class SweepConfig:
 class KernelConfig:
     data: DataSpec = DataSpec()
     train: TrainSpec = TrainSpec()
-    arch: str = setting("relu", "architecture: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
-    width: int = setting(1024, "hidden width m", unit="units", lo=1, hi=MAX_WIDTH)
-    attention: str = _attention_setting()
-    seed: int = setting(0, "network seed", lo=0, hi=2**31 - 1)
-    init_std: float = _init_setting()
-    storage: str = storage_setting()
+    arch: str = options.arch()
+    width: int = options.width()
+    attention: str = options.attention()
+    seed: int = options.seed()
+    init_std: float = options.init_std()
+    storage: str = options.storage()
 
     def __post_init__(self):
         normalised(self)
@@ -106,7 +86,7 @@ class KernelConfig:
 PRESETS = {  # named instances of the same dataclasses: the dashboard's quick runs and the paper's
     "spectrum": {"quick": SpectrumConfig(data=DataSpec(n=200, n_test=1)),
                  "paper": SpectrumConfig(data=DataSpec(n=1000, n_test=1))},
-    "sweep": {"quick": SweepConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),
+    "ntk-sweep": {"quick": SweepConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),
                                    widths=(16, 64, 256, 1024)),
               "paper": SweepConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),
                                    widths=(16, 1024, 4096))},
@@ -176,39 +156,30 @@ def estimate_spectrum(cfg: SpectrumConfig) -> Estimate:
     return Estimate(seconds, 8 * (3 * n * d + 2 * min(n, d) ** 2 + 2 * n))
 
 
-def run_spectrum(cfg: SpectrumConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                 progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("spectrum")
+def run_spectrum(cfg: SpectrumConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Spectrum of G = Z Zᵀ (Z: the normalised training rows) and of the attention features.
 
     Result: meta["summary"] (the CLI's object), arrays ``eig_G`` and ``eig_attention``
     (descending float64), frame ``growth`` (κ, κ_d, κ_att against prefix size n).
     """
-    dev = resolve_device(device)
-
-    def compute() -> Result:
-        B.check(estimate_spectrum(cfg), budget, "this spectrum", device=dev)
-        tick(progress, cancel, 0.0, "loading data")
-        sample = load_sample(cfg.data, data_dir)
-        X = sample.X.to(dev, torch.float64)
-        Z = features(X, None, "relu", normalize=cfg.data.normalize)
-        tick(progress, cancel, 0.3, "eigenvalues of G and of the attention features")
-        summary, spec, att = _spectrum_row(Z, X, cfg)
-        rows = []
-        for i, n in enumerate(cfg.growth_ns):
-            tick(progress, cancel, 0.5 + 0.5 * i / len(cfg.growth_ns), f"κ at n = {n}")
-            row, _, _ = _spectrum_row(Z[:n], X[:n], cfg)
-            row.pop("width_threshold_log10")
-            rows.append(row)
-        summary["dataset"] = cfg.data.dataset
-        summary["source"] = sample.source
-        return Result(run_spectrum.kind, {}, {"growth": pd.DataFrame(rows)},
-                      {"eig_G": spec.eigenvalues, "eig_attention": att.eigenvalues},
-                      {"summary": summary})
-
-    return cached_run(run_spectrum.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_spectrum.kind = "spectrum"
+    tick(progress, cancel, 0.0, "loading data")
+    sample = load_sample(cfg.data, data_dir)
+    X = sample.X.to(dev, torch.float64)
+    Z = features(X, None, "relu", normalize=cfg.data.normalize)
+    tick(progress, cancel, 0.3, "eigenvalues of G and of the attention features")
+    summary, spec, att = _spectrum_row(Z, X, cfg)
+    rows = []
+    for i, n in enumerate(cfg.growth_ns):
+        tick(progress, cancel, 0.5 + 0.5 * i / len(cfg.growth_ns), f"κ at n = {n}")
+        row, _, _ = _spectrum_row(Z[:n], X[:n], cfg)
+        row.pop("width_threshold_log10")
+        rows.append(row)
+    summary["dataset"] = cfg.data.dataset
+    summary["source"] = sample.source
+    return Result("spectrum", {}, {"growth": pd.DataFrame(rows)},
+                  {"eig_G": spec.eigenvalues, "eig_attention": att.eigenvalues},
+                  {"summary": summary})
 
 
 # ---------------------------------------------------------------- width sweep
@@ -248,8 +219,8 @@ def estimate_sweep(cfg: SweepConfig) -> Estimate:
     return Estimate(seconds, int(memory))
 
 
-def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                  progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("ntk-sweep")
+def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Kernel and function distances to the infinite-width NTK across widths, per seed.
 
     Frame ``rows``: one row per (arch, width, seed) with
@@ -266,81 +237,72 @@ def run_ntk_sweep(cfg: SweepConfig, cache: Cache | None = None, data_dir=None, d
     Frame ``losses``: arch, width, seed, epoch, loss. Frame ``trajectory``: the kernel
     distance at each of ``cfg.train.snapshot_epochs`` (arch, width, seed, epoch, kernel_dist).
     """
-    dev = resolve_device(device)
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    rows, losses, trajectory, ref = [], [], [], {}
+    groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    for j, (arch, seed) in enumerate(groups):
+        stage = f"{arch} seed {seed}"
+        tick(progress, cancel, j / len(groups), stage)
+        t0 = time.perf_counter()
+        nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+                for w in cfg.widths]
+        if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
+            with torch.no_grad():
+                phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+                K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+                f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
+            check_finite(K_inf, f"the infinite-width kernel of {arch}")
+            ref[arch] = K_inf, K_inf_t, f_ntk
+        K_inf, K_inf_t, f_ntk = ref[arch]
 
-    def compute() -> Result:
-        B.check(estimate_sweep(cfg), budget, "this width sweep", device=dev)
-        p = prepare(cfg.data, data_dir, dev, progress, cancel)
-        sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
-        rows, losses, trajectory, ref = [], [], [], {}
-        groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
-        for j, (arch, seed) in enumerate(groups):
-            stage = f"{arch} seed {seed}"
-            tick(progress, cancel, j / len(groups), stage)
-            t0 = time.perf_counter()
-            nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
-                    for w in cfg.widths]
-            if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
-                with torch.no_grad():
-                    phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-                    K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
-                    f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
-                check_finite(K_inf, f"the infinite-width kernel of {arch}")
-                ref[arch] = K_inf, K_inf_t, f_ntk
-            K_inf, K_inf_t, f_ntk = ref[arch]
+        def kernel_metrics(net, suffix):
+            K = empirical_ntk(net, X)
+            check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
+            K_t = empirical_ntk(net, Xt, X)
+            return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
+                    f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
+                    f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
 
-            def kernel_metrics(net, suffix):
-                K = empirical_ntk(net, X)
-                check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
-                K_t = empirical_ntk(net, Xt, X)
-                return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
-                        f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
-                        f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
-
-            init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
-            sub = None if progress is None else (
-                lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
-            results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
-            tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
-            seconds = (time.perf_counter() - t0) / len(cfg.widths)
-            for width, net, m0, tr in zip(cfg.widths, nets, init, results):
-                tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
-                mt = kernel_metrics(net, "trained")
-                with torch.no_grad():
-                    f_test = net(Xt).double()
-                fdist = float(torch.linalg.norm(f_test - f_ntk))
-                f_ntk_norm = float(torch.linalg.norm(f_ntk))
-                W = net.mlp.W.detach()
-                rows.append({
-                    "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                    "width": width, "seed": seed, **m0, **mt,
-                    "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
-                    "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
-                    "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
-                    "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
-                    "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
-                    "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
-                    "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
-                })
-                losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
-                           for e, v in enumerate(tr.losses)]
-                if net.fixed_features:  # snapshots hold W only; trainable attention moves too
-                    trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
-                                    "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
-                                   for e, W_e in sorted(tr.snapshots.items())]
-        tick(progress, cancel, 1.0, "done")
-        meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
-                "source": sample.source, "device": str(dev)}
-        frame = pd.DataFrame(rows)
-        frames = {"rows": frame, "summary": summarize(frame, ["arch", "attention", "width"], SWEEP_METRICS),
-                  "losses": pd.DataFrame(losses),
-                  "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}
-        return Result(run_ntk_sweep.kind, {}, frames, {}, meta)
-
-    return cached_run(run_ntk_sweep.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_ntk_sweep.kind = "ntk_sweep"
+        init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
+        sub = None if progress is None else (
+            lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
+        results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
+        tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
+        seconds = (time.perf_counter() - t0) / len(cfg.widths)
+        for width, net, m0, tr in zip(cfg.widths, nets, init, results):
+            tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
+            mt = kernel_metrics(net, "trained")
+            with torch.no_grad():
+                f_test = net(Xt).double()
+            fdist = float(torch.linalg.norm(f_test - f_ntk))
+            f_ntk_norm = float(torch.linalg.norm(f_ntk))
+            W = net.mlp.W.detach()
+            rows.append({
+                "arch": arch, "attention": cfg.attention if arch == "attn" else None,
+                "width": width, "seed": seed, **m0, **mt,
+                "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
+                "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+                "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
+                "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
+                "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
+                "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
+                "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
+            })
+            losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
+                       for e, v in enumerate(tr.losses)]
+            if net.fixed_features:  # snapshots hold W only; trainable attention moves too
+                trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
+                                "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
+                               for e, W_e in sorted(tr.snapshots.items())]
+    tick(progress, cancel, 1.0, "done")
+    meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
+            "source": sample.source, "device": str(dev)}
+    frame = pd.DataFrame(rows)
+    frames = {"rows": frame, "summary": summarize(frame, ["arch", "attention", "width"], SWEEP_METRICS),
+              "losses": pd.DataFrame(losses),
+              "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}
+    return Result("ntk-sweep", {}, frames, {}, meta)
 
 
 # ---------------------------------------------------------------- kernel views
@@ -355,36 +317,25 @@ def estimate_kernels(cfg: KernelConfig) -> Estimate:
     return Estimate(seconds, int(size * 5 * n * n + 16 * w * d))
 
 
-def run_kernels(cfg: KernelConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("kernels")
+def run_kernels(cfg: KernelConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """K_m at init, K_m after training and K∞ on the training set, for one net.
 
     Arrays ``K_init``, ``K_trained``, ``K_inf`` (n, n) in ``cfg.storage`` and ``y`` (n,), the
     training points sorted by label so that class blocks show in heatmaps.
     """
-    dev = resolve_device(device)
-
-    def compute() -> Result:
-        B.check(estimate_kernels(cfg), budget, "these kernels", device=dev)
-        tick(progress, cancel, 0.0, "loading data")
-        sample = load_sample(cfg.data, data_dir)
-        order = torch.argsort(sample.y, stable=True)
-        X, y = sample.X[order].to(dev, torch.float32), sample.y[order].to(dev)
-        net = Net(cfg.arch, X, cfg.width, n_outputs(sample.n_classes), cfg.seed, cfg.init_std,
-                  cfg.attention, cfg.data.normalize).to(dev)
-        with torch.no_grad():
-            K_inf = infinite_ntk(net.features(X), storage=cfg.storage)
-        K0 = empirical_ntk(net, X, storage=cfg.storage)
-        train(net, X, y, sample.n_classes, cfg.train, cfg.seed,
-              None if progress is None else (lambda f, s: progress(0.05 + 0.9 * f, s)), cancel)
-        Kt = empirical_ntk(net, X, storage=cfg.storage)
-        arrays = {"K_init": K0.cpu().numpy(), "K_trained": Kt.cpu().numpy(),
-                  "K_inf": K_inf.cpu().numpy(), "y": y.cpu().numpy()}
-        return Result(run_kernels.kind, {}, {}, arrays, {"class_names": list(sample.class_names)})
-
-    return cached_run(run_kernels.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_kernels.kind = "kernels"
-
-ESTIMATES = {SpectrumConfig: estimate_spectrum, SweepConfig: estimate_sweep, KernelConfig: estimate_kernels}
+    tick(progress, cancel, 0.0, "loading data")
+    sample = load_sample(cfg.data, data_dir)
+    order = torch.argsort(sample.y, stable=True)
+    X, y = sample.X[order].to(dev, torch.float32), sample.y[order].to(dev)
+    net = Net(cfg.arch, X, cfg.width, n_outputs(sample.n_classes), cfg.seed, cfg.init_std,
+              cfg.attention, cfg.data.normalize).to(dev)
+    with torch.no_grad():
+        K_inf = infinite_ntk(net.features(X), storage=cfg.storage)
+    K0 = empirical_ntk(net, X, storage=cfg.storage)
+    train(net, X, y, sample.n_classes, cfg.train, cfg.seed,
+          None if progress is None else (lambda f, s: progress(0.05 + 0.9 * f, s)), cancel)
+    Kt = empirical_ntk(net, X, storage=cfg.storage)
+    arrays = {"K_init": K0.cpu().numpy(), "K_trained": Kt.cpu().numpy(),
+              "K_inf": K_inf.cpu().numpy(), "y": y.cpu().numpy()}
+    return Result("kernels", {}, {}, arrays, {"class_names": list(sample.class_names)})

@@ -10,8 +10,9 @@ MathJax is switched off (kaleido would fetch it from a CDN; the figures use Unic
 LaTeX) and plotly.js comes from the installed plotly package, so nothing is downloaded.
 
 ``image_bytes(fig, "png" | "svg" | "pdf")`` is the helper for download buttons;
-``main_figure(kind, result)`` builds the chart a page leads with from a cached result, so that
-``python -m engine figure KIND ... --out FILE`` draws exactly what the dashboard shows.
+``main_figure(kind, result)`` builds the chart a page leads with from a cached result (each
+experiment's registry record names its figure function here), so that ``python -m engine
+figure KIND ... --out FILE`` draws exactly what the dashboard shows.
 Each call starts a fresh headless browser (about a second).
 """
 
@@ -31,13 +32,6 @@ WIDTH_PX = 1000       # default image size in CSS pixels (PNG: times ``scale``)
 HEIGHT_PX = 560
 SCALE = 2.0           # PNG pixel density: sharp on a projector
 TIMEOUT_S = 90.0      # kaleido's limit for one image
-KINDS = {  # figure kind -> (CLI command whose result it draws, what the chart shows)
-    "spectrum": ("spectrum", "eigenvalues of G and of the attention features' Gram (Spectrum page)"),
-    "ntk": ("ntk-sweep", "kernel distance to K∞ against width (NTK convergence page)"),
-    "malleability": ("malleability", "influence flip rates per attack at the largest ε (Malleability page)"),
-    "scaling": ("scaling", "width needed against κ with the fitted power law (Scaling law page)"),
-    "regime": ("dynamics", "distance to the linearised net against width, m^-1/2 reference (Kernel regime page)"),
-}
 
 
 class BrowserMissing(EngineError):
@@ -155,46 +149,73 @@ def _where(config: dict) -> str:
 def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
     """The chart a page leads with, drawn from its result, titled for a slide.
 
-    kind: one of ``KINDS``. ``metric`` picks the plotted column for ``ntk`` (any sweep
-    metric, default kernel_dist_init, the page's first chart) and ``regime`` (lin_gap,
-    pattern_change, k_inf_gap, weight_movement; default lin_gap).
+    kind: an experiment with a figure in ``engine.registry.EXPERIMENTS`` (old spellings such as
+    ``ntk`` and ``regime`` too); ``metric`` picks the plotted column where the figure has a
+    choice (``ntk_figure``, ``dynamics_figure``).
     """
+    from .registry import get
+
+    return get(kind).main_figure(result, metric)
+
+
+def spectrum_figure(result, metric: str | None = None) -> go.Figure:
+    """Eigenvalues of G and of the attention features' Gram (a ``spectrum`` result)."""
+    from . import plots
+
+    summ = result.meta["summary"]
+    data = plots.spectrum_data(result.arrays["eig_G"], result.arrays["eig_attention"])
+    fig = plots.spectrum_fig(data, summ["rank_tol"], summ["attention"])
+    return titled(fig, "Eigenvalues of G and of the attention features' Gram" + _where(result.config))
+
+
+def ntk_figure(result, metric: str | None = None) -> go.Figure:
+    """One sweep metric against width (an ``ntk-sweep`` result; default kernel_dist_init)."""
+    from . import plots
+
+    metric = metric or "kernel_dist_init"
+    rows = result.frames["rows"]
+    if metric not in rows:
+        raise BadInput(f"unknown metric {metric!r} for ntk-sweep; allowed: "
+                       f"{', '.join(m for m in plots.METRICS if m in rows)}")
+    fig = plots.distance_fig(plots.distance_data(rows, metric), metric)
+    return titled(fig, plots.METRICS.get(metric, (metric,))[0] + _where(result.config))
+
+
+def malleability_figure(result, metric: str | None = None) -> go.Figure:
+    """Flip rates per attack and architecture at the largest ε (a ``malleability`` result)."""
     from . import plots, tables
 
-    cfg, frames = result.config, result.frames
-    if kind == "spectrum":
-        summ = result.meta["summary"]
-        data = plots.spectrum_data(result.arrays["eig_G"], result.arrays["eig_attention"])
-        fig = plots.spectrum_fig(data, summ["rank_tol"], summ["attention"])
-        title = "Eigenvalues of G and of the attention features' Gram"
-    elif kind == "ntk":
-        metric = metric or "kernel_dist_init"
-        rows = frames["rows"]
-        if metric not in rows:
-            raise BadInput(f"unknown metric {metric!r} for ntk; allowed: "
-                           f"{', '.join(m for m in plots.METRICS if m in rows)}")
-        fig = plots.distance_fig(plots.distance_data(rows, metric), metric)
-        title = plots.METRICS.get(metric, (metric,))[0]
-    elif kind == "malleability":
-        summary = tables.percent(frames["summary"], ["flip_rate", "pair_flip_rate"])
-        eps = float(summary["eps"].astype(float).max())
-        units = "pixel units" if cfg.get("space") == "raw" else "unit-row units"  # as the page labels it
-        label = f"ε ({(cfg.get('attack') or {}).get('norm', '')} radius, {units})"
-        fig = plots.flip_bars_fig(summary, eps, eps_label=label)
-        title = f"Influence sign flips under attack, ε = {eps:g}"
-    elif kind == "scaling":
-        fig = plots.scaling_fig(plots.scaling_data(frames["widths"], frames["fit"]), cfg["max_width"])
-        title = "Width needed to stay near K∞ against the condition number κ"
-    elif kind == "regime":
-        metric = metric or "lin_gap"
-        allowed = ("lin_gap", "pattern_change", "k_inf_gap", "weight_movement")
-        if metric not in allowed:
-            raise BadInput(f"unknown metric {metric!r} for regime; allowed: {', '.join(allowed)}")
-        final = frames["final"]
-        if final[f"{metric}_mean"].isna().all():
-            raise BadInput(f"{metric} was not measured in this run (k_inf_gap needs MSE and SGD)")
-        fig = plots.regime_width_fig(plots.regime_width_data(final, metric), metric)
-        title = f"{plots.REGIME_LABELS[metric][0]} after {cfg['train']['epochs']} epochs"
-    else:
-        raise BadInput(f"unknown figure kind {kind!r}; allowed: {', '.join(KINDS)}")
-    return titled(fig, title + _where(cfg))
+    cfg = result.config
+    summary = tables.percent(result.frames["summary"], ["flip_rate", "pair_flip_rate"])
+    eps = float(summary["eps"].astype(float).max())
+    units = "pixel units" if cfg.get("space") == "raw" else "unit-row units"  # as the page labels it
+    label = f"ε ({(cfg.get('attack') or {}).get('norm', '')} radius, {units})"
+    fig = plots.flip_bars_fig(summary, eps, eps_label=label)
+    return titled(fig, f"Influence sign flips under attack, ε = {eps:g}" + _where(cfg))
+
+
+def scaling_figure(result, metric: str | None = None) -> go.Figure:
+    """Width needed against κ with the fitted power law (a ``scaling`` result)."""
+    from . import plots
+
+    frames = result.frames
+    fig = plots.scaling_fig(plots.scaling_data(frames["widths"], frames["fit"]), result.config["max_width"])
+    return titled(fig, "Width needed to stay near K∞ against the condition number κ" + _where(result.config))
+
+
+DYNAMICS_METRICS = ("lin_gap", "pattern_change", "k_inf_gap", "weight_movement")
+
+
+def dynamics_figure(result, metric: str | None = None) -> go.Figure:
+    """One of ``DYNAMICS_METRICS`` after training against width (a ``dynamics`` result; default lin_gap)."""
+    from . import plots
+
+    metric = metric or "lin_gap"
+    if metric not in DYNAMICS_METRICS:
+        raise BadInput(f"unknown metric {metric!r} for dynamics; allowed: {', '.join(DYNAMICS_METRICS)}")
+    final = result.frames["final"]
+    if final[f"{metric}_mean"].isna().all():
+        raise BadInput(f"{metric} was not measured in this run (k_inf_gap needs MSE and SGD)")
+    fig = plots.regime_width_fig(plots.regime_width_data(final, metric), metric)
+    title = f"{plots.REGIME_LABELS[metric][0]} after {result.config['train']['epochs']} epochs"
+    return titled(fig, title + _where(result.config))

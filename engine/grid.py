@@ -32,7 +32,7 @@ import pandas as pd
 from .budget import GIB, duration
 from .cache import Cache, Result, canonical, provenance_of, code_fingerprint, config_key
 from .calibration import estimate
-from .cli import COMMANDS
+from .registry import EXPERIMENTS
 from .errors import BadInput, DataMissing, EngineError
 from .grid_backends import BACKENDS, Backend, _Job
 from .grid_spec import Cell, Grid, load_spec
@@ -231,7 +231,7 @@ def rows(result: Result, kind: str) -> pd.DataFrame:
     """A result's main table: the first frame its CLI command prints (spectrum: its summary)."""
     if kind == "spectrum":
         return pd.DataFrame([result.meta.get("summary", {})])
-    return result.frames.get(COMMANDS[kind].frames[0], pd.DataFrame())
+    return result.frames.get(EXPERIMENTS[kind].tables[0], pd.DataFrame())
 
 
 def digest(result: Result) -> str:

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from .budget import Budget
 from .cache import ENGINE_DIR, code_fingerprint, tree_fingerprint
-from .cli import COMMANDS
+from .registry import EXPERIMENTS
 from .errors import BadInput, Cancelled, EngineError
 from .grid_spec import Cell
 
@@ -49,7 +49,7 @@ def run_cell(kind: str, config, data_dir, device: str, threads: int,
     process itself is the backend's to retry."""
     _init_worker(threads)
     try:
-        res = COMMANDS[kind].run(config, None, data_dir, device, None, budget=Budget(max_seconds))
+        res = EXPERIMENTS[kind].run(config, None, data_dir, device, None, budget=Budget(max_seconds))
         return True, res.to_bytes()
     except EngineError as exc:
         return False, " ".join(str(exc).split())

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import ENGINE_DIR, canonical
-from .cli import COMMANDS, PRESETS
+from .registry import EXPERIMENTS
 from .errors import BadInput
 from .settings import meta
 
@@ -43,15 +43,15 @@ class Cell:
     """One experiment of a grid: a config of a CLI kind, and the axis values that made it."""
 
     index: int                         # position in the grid (results are listed in this order)
-    kind: str                          # CLI command name: spectrum, ntk-sweep, malleability, scaling
+    kind: str                          # experiment name (engine.registry): spectrum, ntk-sweep, …
     choices: tuple[tuple[str, Any], ...]  # (axis, value) of this cell, in axis order
     config: Any                        # the experiment's frozen config dataclass
     block: str = ""                    # its block's label, when the spec gives one
 
     @property
     def cache_kind(self) -> str:
-        """The kind its run function stores under (``run_*.kind``)."""
-        return COMMANDS[self.kind].run.kind
+        """The kind its result is stored under: the experiment's one name."""
+        return self.kind
 
     @property
     def settings(self) -> str:
@@ -152,14 +152,14 @@ def _block_cells(block: dict, w: str) -> list[tuple[str, tuple, Any]]:
     if unknown:
         raise BadInput(f"{w}{unknown[0]}: unknown key; a block takes {', '.join(BLOCK_KEYS)}")
     kind = block.get("kind")
-    if kind not in COMMANDS:
-        raise BadInput(f"{w}kind: unknown kind {kind!r}; allowed: {', '.join(COMMANDS)}")
-    cmd = COMMANDS[kind]
+    if not isinstance(kind, str) or kind not in EXPERIMENTS:
+        raise BadInput(f"{w}kind: unknown kind {kind!r}; allowed: {', '.join(EXPERIMENTS)}")
+    exp = EXPERIMENTS[kind]
     preset = block.get("preset", "default")
-    if preset not in PRESETS[cmd.preset]:
+    if not isinstance(preset, str) or preset not in exp.presets:
         raise BadInput(f"{w}preset: unknown preset {preset!r} of {kind}; allowed: "
-                       f"{', '.join(sorted(PRESETS[cmd.preset]))}")
-    cls, start = cmd.config, PRESETS[cmd.preset][preset]
+                       f"{', '.join(sorted(exp.presets))}")
+    cls, start = exp.config, exp.presets[preset]
 
     def values(table: dict, where: str, listed: bool) -> dict:
         out = {}

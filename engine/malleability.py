@@ -34,17 +34,16 @@ import scipy.stats
 import torch
 
 from . import budget as B
+from . import options
 from .attacks import AttackMethod, AttackSpec, attack
-from .budget import Budget, Estimate
-from .cache import Cache, Result, cached_run
+from .budget import Estimate
+from .cache import Result
 from .data import DataSpec
-from .device import resolve_device
 from .errors import BadInput
-from .experiments import ATTENTION_HELP
 from .influence import INFLUENCE_TARGETS, aggregate, factor_bytes, net_influence, top_indices
-from .models import ARCHS, MAX_WIDTH, Net, normalize_rows, parse_attention
-from .ntk import infinite_ntk, kernel_regression, storage_setting
-from .runs import Prepared, Progress, prepare, sub_progress, tick
+from .models import Net, normalize_rows
+from .ntk import infinite_ntk, kernel_regression
+from .runs import Prepared, Progress, experiment_run, prepare, sub_progress, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
 from .training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, train
@@ -60,20 +59,17 @@ ROW_METRICS = ("flip_rate", "pair_flip_rate", "spearman", "test_acc", "train_acc
 class InfluenceConfig:
     data: DataSpec = DataSpec(n=300, n_test=100)
     train: TrainSpec = TrainSpec(epochs=100)
-    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
-    width: int = setting(1024, "hidden width m (the paper's influence runs: 1024)", unit="units",
-                         lo=1, hi=MAX_WIDTH)
-    attention: str = setting("linear", ATTENTION_HELP, check=parse_attention)
-    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds (init, batch order, attack start); "
-                                     "rows per seed and mean ± sd over them", lo=0, hi=2**31 - 1, max_len=50)
-    init_std: float = setting(1.0, "standard deviation of the initial weights", lo=0, lo_open=True, hi=100.0)
-    ridge: float = setting(1e-3, "ridge λ of the influence's kernel regression, relative to mean diag K",
-                           lo=0, lo_open=True, hi=1e3)
+    archs: tuple[str, ...] = options.archs()
+    width: int = options.width(1024)  # the paper's influence runs
+    attention: str = options.attention()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    ridge: float = options.ridge()  # of the influence's kernel regression and of the K∞ baseline
     target: str = setting("true", "influence on: true = each test point's own-class output; margin = own "
                           "class minus the best other class; sum = the label-free sum over outputs "
                           "(binary tasks have one output: all agree)", flag="--influence",
                           choices=INFLUENCE_TARGETS)
-    storage: str = storage_setting()
+    storage: str = options.storage()
 
     def __post_init__(self):
         normalised(self)
@@ -190,8 +186,8 @@ def estimate_influence(cfg: InfluenceConfig) -> Estimate:
                     int(_influence_bytes(cfg) + 16 * m * d))
 
 
-def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                  progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("influence")
+def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Influence matrices of trained nets on one draw.
 
     Arrays (first seed): ``{arch}_I`` (n_test, n) float64 on ``cfg.target`` (see
@@ -200,43 +196,34 @@ def run_influence(cfg: InfluenceConfig, cache: Cache | None = None, data_dir=Non
     points). Frame ``summary``: arch, seed, test_acc, train_acc, test_acc_ntk, influence_scale
     (mean |aggregate influence|). Meta: image_shape, class_names, target.
     """
-    dev = resolve_device(device)
-
-    def compute() -> Result:
-        B.check(estimate_influence(cfg), budget, "this influence run", device=dev)
-        p = prepare(cfg.data, data_dir, dev, progress, cancel)
-        sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
-        arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
-                  "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
-        agg_rows, summary = [], []
-        runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
-        for k, (arch, seed) in enumerate(runs):
-            lo, hi = k / len(runs), (k + 1) / len(runs)
-            net = _fit(cfg, arch, X, y, c, dev, seed,
-                       progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
-                       cancel=cancel)
-            tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
-            I = _influence(cfg, net, X, Y, Xt, yt)
-            if seed == cfg.seeds[0]:
-                arrays[f"{arch}_I"] = I.cpu().numpy()
-            agg = aggregate(I).cpu().numpy()
-            agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),
-                                          "label": sample.y.numpy(), "influence": agg}))
-            summary.append({"arch": arch, "seed": seed, "test_acc": accuracy(net, Xt, yt),
-                            "train_acc": accuracy(net, X, y),
-                            "test_acc_ntk": _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev),
-                            "influence_scale": float(np.abs(agg).mean())})
-        tick(progress, cancel, 1.0, "done")
-        meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
-                "class_names": list(sample.class_names), "source": sample.source, "target": cfg.target,
-                "storage": cfg.storage, "shown_seed": cfg.seeds[0]}
-        return Result(run_influence.kind, {}, {"aggregate": pd.concat(agg_rows, ignore_index=True),
-                                               "summary": pd.DataFrame(summary)}, arrays, meta)
-
-    return cached_run(run_influence.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_influence.kind = "influence"
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
+              "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
+    agg_rows, summary = [], []
+    runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    for k, (arch, seed) in enumerate(runs):
+        lo, hi = k / len(runs), (k + 1) / len(runs)
+        net = _fit(cfg, arch, X, y, c, dev, seed,
+                   progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
+                   cancel=cancel)
+        tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
+        I = _influence(cfg, net, X, Y, Xt, yt)
+        if seed == cfg.seeds[0]:
+            arrays[f"{arch}_I"] = I.cpu().numpy()
+        agg = aggregate(I).cpu().numpy()
+        agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),
+                                      "label": sample.y.numpy(), "influence": agg}))
+        summary.append({"arch": arch, "seed": seed, "test_acc": accuracy(net, Xt, yt),
+                        "train_acc": accuracy(net, X, y),
+                        "test_acc_ntk": _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev),
+                        "influence_scale": float(np.abs(agg).mean())})
+    tick(progress, cancel, 1.0, "done")
+    meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
+            "class_names": list(sample.class_names), "source": sample.source, "target": cfg.target,
+            "storage": cfg.storage, "shown_seed": cfg.seeds[0]}
+    return Result("influence", {}, {"aggregate": pd.concat(agg_rows, ignore_index=True),
+                                           "summary": pd.DataFrame(summary)}, arrays, meta)
 
 
 # ---------------------------------------------------------------- malleability
@@ -299,8 +286,8 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
                     int(_influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
 
 
-def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                     progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("malleability")
+def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Flip rates of NTK influence under attacks on the training data, per (arch, seed, attack, ε).
 
     Frame ``rows``: arch, seed, attack, eps, norm, space, target, flip_rate, pair_flip_rate,
@@ -313,72 +300,63 @@ def run_malleability(cfg: MalleabilityConfig, cache: Cache | None = None, data_d
     ``top_idx``, ``X_clean`` and ``X_pert`` (k, d) float32 in the attack's space,
     ``infl_before`` and ``infl_after`` (n,).
     """
-    dev = resolve_device(device)
-
-    def compute() -> Result:
-        B.check(estimate_malleability(cfg), budget, "this malleability run", device=dev)
-        p = prepare(cfg.data, data_dir, dev, progress, cancel)
-        sample, y, Y, yt, c = p.sample, p.y, p.Y, p.yt, p.c
-        X, Xt, box = _in_space(cfg, p)
-        loss = resolve_loss(cfg.train, c)
-        rows, inter, arrays = [], [], {}
-        combos = [(a, e) for a in cfg.attacks for e in cfg.eps]
-        runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
-        ntk_acc = {}
-        for k, (arch, seed) in enumerate(runs):
-            lo, hi = k / len(runs), (k + 1) / len(runs)
-            adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
-            net = _fit(cfg, arch, X, y, c, dev, seed, box, adv,
-                       sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
-            if arch not in ntk_acc:
-                ntk_acc[arch] = _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev)
-            I0 = _influence(cfg, net, X, Y, Xt, yt)
-            agg0 = aggregate(I0)
-            top = top_indices(agg0, cfg.tau)
-            clean = {"test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
-                     "test_acc_ntk": ntk_acc[arch]}
-            first_Xp = None
-            for j, (method, eps) in enumerate(combos):
-                tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo),
-                     f"{arch} seed {seed}: {method} ε={eps:g}")
-                spec = attack_spec(cfg, method, eps, seed)
-                row, Xp, agg1 = _measure(cfg, arch, net, p, X, Xt, box, spec, I0, agg0, top, loss, seed, cancel)
-                rows.append({"arch": arch, "seed": seed, "attack": method, "eps": float(eps), **row, **clean,
-                             "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
-                             "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
-                             "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
-                             "ridge": cfg.ridge, "storage": cfg.storage,
-                             "steps": 1 if method == "fgsm" else spec.steps,
-                             "step_size": eps if method == "fgsm" else spec.alpha})
-                first_Xp = Xp if first_Xp is None else first_Xp
-                if seed == cfg.seeds[0]:
-                    arrays.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
-                                   example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
-                                   example_key(arch, method, eps, "X_pert"): Xp[top].float().cpu().numpy(),
-                                   example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
-                                   example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
-            if cfg.interventions:
-                tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch} seed {seed}: interventions")
-                inter += _interventions(cfg, arch, seed, net, p, X, Xt, box, agg0, top, clean["test_acc"],
-                                        first_Xp, loss, cancel)
-        tick(progress, cancel, 1.0, "done")
-        meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
-                "class_names": list(sample.class_names), "n": sample.n, "n_test": int(sample.X_test.shape[0]),
-                "source": sample.source, "shown_seed": cfg.seeds[0], "space": cfg.space,
-                "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
-                "storage": cfg.storage}
-        frame = pd.DataFrame(rows)
-        inter_frame = pd.DataFrame(inter)
-        frames = {"rows": frame, "summary": summarize(frame, ["arch", "attack", "eps"], ROW_METRICS),
-                  "interventions": inter_frame,
-                  "interventions_summary": summarize(inter_frame, ["arch", "intervention"],
-                                                     ("test_acc", "influence_change", "spearman", "flip_rate"))}
-        return Result(run_malleability.kind, {}, frames, arrays, meta)
-
-    return cached_run(run_malleability.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_malleability.kind = "malleability"
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    sample, y, Y, yt, c = p.sample, p.y, p.Y, p.yt, p.c
+    X, Xt, box = _in_space(cfg, p)
+    loss = resolve_loss(cfg.train, c)
+    rows, inter, arrays = [], [], {}
+    combos = [(a, e) for a in cfg.attacks for e in cfg.eps]
+    runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    ntk_acc = {}
+    for k, (arch, seed) in enumerate(runs):
+        lo, hi = k / len(runs), (k + 1) / len(runs)
+        adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
+        net = _fit(cfg, arch, X, y, c, dev, seed, box, adv,
+                   sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
+        if arch not in ntk_acc:
+            ntk_acc[arch] = _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev)
+        I0 = _influence(cfg, net, X, Y, Xt, yt)
+        agg0 = aggregate(I0)
+        top = top_indices(agg0, cfg.tau)
+        clean = {"test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
+                 "test_acc_ntk": ntk_acc[arch]}
+        first_Xp = None
+        for j, (method, eps) in enumerate(combos):
+            tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo),
+                 f"{arch} seed {seed}: {method} ε={eps:g}")
+            spec = attack_spec(cfg, method, eps, seed)
+            row, Xp, agg1 = _measure(cfg, arch, net, p, X, Xt, box, spec, I0, agg0, top, loss, seed, cancel)
+            rows.append({"arch": arch, "seed": seed, "attack": method, "eps": float(eps), **row, **clean,
+                         "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
+                         "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
+                         "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
+                         "ridge": cfg.ridge, "storage": cfg.storage,
+                         "steps": 1 if method == "fgsm" else spec.steps,
+                         "step_size": eps if method == "fgsm" else spec.alpha})
+            first_Xp = Xp if first_Xp is None else first_Xp
+            if seed == cfg.seeds[0]:
+                arrays.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
+                               example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
+                               example_key(arch, method, eps, "X_pert"): Xp[top].float().cpu().numpy(),
+                               example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
+                               example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
+        if cfg.interventions:
+            tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch} seed {seed}: interventions")
+            inter += _interventions(cfg, arch, seed, net, p, X, Xt, box, agg0, top, clean["test_acc"],
+                                    first_Xp, loss, cancel)
+    tick(progress, cancel, 1.0, "done")
+    meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
+            "class_names": list(sample.class_names), "n": sample.n, "n_test": int(sample.X_test.shape[0]),
+            "source": sample.source, "shown_seed": cfg.seeds[0], "space": cfg.space,
+            "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
+            "storage": cfg.storage}
+    frame = pd.DataFrame(rows)
+    inter_frame = pd.DataFrame(inter)
+    frames = {"rows": frame, "summary": summarize(frame, ["arch", "attack", "eps"], ROW_METRICS),
+              "interventions": inter_frame,
+              "interventions_summary": summarize(inter_frame, ["arch", "intervention"],
+                                                 ("test_acc", "influence_change", "spearman", "flip_rate"))}
+    return Result("malleability", {}, frames, arrays, meta)
 
 
 def _interventions(cfg, arch, seed, net, p: Prepared, X, Xt, box, agg0, top, acc, X_attacked, loss, cancel):
@@ -406,6 +384,3 @@ def _interventions(cfg, arch, seed, net, p: Prepared, X, Xt, box, agg0, top, acc
                     "spearman": _spearman(ref, agg_new),
                     "flip_rate": None if name == "curated" else _signs_differ(agg0[top], agg_new[top])})
     return out
-
-
-ESTIMATES = {InfluenceConfig: estimate_influence, MalleabilityConfig: estimate_malleability}

@@ -75,7 +75,7 @@ class Variant:
     claim: str                    # "flip" or "kernel"
     choices: dict                 # the protocol choices of this cell, e.g. {"optimizer": "sgd"}
     config: MalleabilityConfig | SweepConfig
-    page: str                     # the page's url path: "malleability" or "ntk"
+    page: str                     # the experiment (and so the page URL path): "malleability" or "ntk-sweep"
     params: dict                  # query parameters: widget key -> str or list[str]
     unlinked: dict = field(default_factory=dict)  # settings the page cannot take from its URL
     metric: str | None = None     # kernel claim: a key of KERNEL_METRICS
@@ -143,7 +143,7 @@ def kernel_variants(base: SweepConfig) -> list[Variant]:
     out = []
     for opt in OPTIMIZERS:
         cfg = replace(base, train=replace(base.train, optimizer=opt))
-        out += [Variant("kernel", {"optimizer": opt, "metric": m}, cfg, "ntk", *_ntk_params(cfg, m), m)
+        out += [Variant("kernel", {"optimizer": opt, "metric": m}, cfg, "ntk-sweep", *_ntk_params(cfg, m), m)
                 for m in KERNEL_METRICS]
     return out
 

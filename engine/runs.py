@@ -75,3 +75,28 @@ def prepare(data: DataSpec, data_dir, device: str, progress: Progress | None, ca
     sample = load_sample(data, data_dir)
     X, y, Xt, yt = to_device(sample, dev)
     return Prepared(dev, sample, X, y, Xt, yt, sample.n_classes, targets(y, sample.n_classes))
+
+
+def experiment_run(name: str):
+    """Make ``compute(cfg, data_dir, device, progress, cancel) -> Result`` experiment ``name``'s run.
+
+    The returned function has the signature every run shares, ``run(cfg, cache=None,
+    data_dir=None, device="cpu", progress=None, cancel=None, budget=None)``, and is the
+    registry record's ``run`` (``engine.registry.Experiment.run``): it resolves the device,
+    refuses work whose estimate exceeds ``budget`` before any of it starts, and reads or
+    writes the result in ``cache`` under the experiment's name. ``compute`` gets a resolved
+    ``torch.device`` and does the work; ``run.kind`` is the name, ``run.compute`` the body.
+    """
+    def wrap(compute: Callable) -> Callable:
+        def run(cfg, cache=None, data_dir=None, device: str = "cpu", progress: Progress | None = None,
+                cancel=None, budget=None):
+            from .registry import EXPERIMENTS  # the record holds the estimate and the budget's wording
+
+            return EXPERIMENTS[name].run(cfg, cache, data_dir, device, progress, cancel, budget)
+
+        run.__name__, run.__qualname__ = compute.__name__, compute.__qualname__
+        run.__module__, run.__doc__ = compute.__module__, compute.__doc__
+        run.kind, run.compute = name, compute
+        return run
+
+    return wrap

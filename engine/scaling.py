@@ -22,14 +22,14 @@ import pandas as pd
 import torch
 
 from . import budget as B
-from .budget import Budget, Estimate
-from .cache import Cache, Result, cached_run
+from . import options
+from .budget import Estimate
+from .cache import Result
 from .data import DECAYS, DataSpec, load_sample
-from .device import resolve_device
 from .errors import BadInput
-from .models import ARCHS, MAX_WIDTH, Attention, Net, parse_attention
+from .models import MAX_WIDTH, Attention, Net, parse_attention
 from .ntk import empirical_ntk, infinite_ntk, relative_distance, whitened_distance
-from .runs import Progress, tick, to_device
+from .runs import Progress, experiment_run, tick, to_device
 from .settings import normalised, setting, validate
 from .training import TrainSpec, n_outputs, train
 
@@ -52,7 +52,7 @@ class ScalingConfig:
     decay: str = setting("geometric", "eigenvalue profile of the synthetic Gram", choices=DECAYS)
     classes: int = setting(2, "classes of the synthetic teacher", lo=2, hi=20)
     normalize: bool = setting(False, "ℓ2-normalise rows (changes κ; off so that κ is the dialled one)")
-    archs: tuple[str, ...] = setting(ARCHS, "architectures: relu, attn", choices=ARCHS)
+    archs: tuple[str, ...] = options.archs()
     attentions: tuple[str, ...] = setting(("linear",), "attention variants tried for attn, e.g. "
                                           "linear,stacked:2,truncated:8", check=_check_attention, max_len=6)
     target: float = setting(0.1, "kernel distance to stay within", lo=0, lo_open=True, hi=10.0)
@@ -63,10 +63,9 @@ class ScalingConfig:
     min_width: int = setting(16, "smallest grid width", unit="units", lo=1, hi=MAX_WIDTH)
     max_width: int = setting(4096, "largest grid width", unit="units", lo=2, hi=MAX_WIDTH)
     per_octave: int = setting(2, "grid widths per doubling (grid: 2^(j/per_octave))", lo=1, hi=8)
-    seeds: tuple[int, ...] = setting((0, 1, 2), "network seeds; distances are averaged over them and "
-                                     "bootstrapped for the exponent's interval", lo=0, hi=2**31 - 1, max_len=20)
+    seeds: tuple[int, ...] = options.seeds()  # distances averaged over them, bootstrapped for the interval
     seed: int = setting(0, "data draw seed", flag="--data-seed", lo=0, hi=2**31 - 1)
-    ridge: float = setting(1e-3, "ridge λ of the whitened metric, relative to mean diag", lo=0, lo_open=True, hi=1e3)
+    ridge: float = options.ridge()  # of the whitened metric
 
     def __post_init__(self):
         normalised(self)
@@ -163,8 +162,8 @@ def estimate_scaling(cfg: ScalingConfig) -> Estimate:
     return Estimate(seconds, int(8 * 6 * cfg.n ** 2 + 16 * max(grid) * cfg.d + 8 * cfg.n * max(grid)))
 
 
-def run_scaling(cfg: ScalingConfig, cache: Cache | None = None, data_dir=None, device: str = "cpu",
-                progress: Progress | None = None, cancel=None, budget: Budget | None = None) -> Result:
+@experiment_run("scaling")
+def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Width needed against κ, and the fitted exponent with its interval, per (arch, attention).
 
     Frames: ``widths`` (arch, attention, kappa, kappa_measured, width_needed, censored,
@@ -172,56 +171,47 @@ def run_scaling(cfg: ScalingConfig, cache: Cache | None = None, data_dir=None, d
     (the same averaged over seeds, with sd), ``fit`` (arch, attention, exponent,
     exponent_low, exponent_high, intercept, points, theory_exponent).
     """
-    dev = resolve_device(device)
     grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
-
-    def compute() -> Result:
-        B.check(estimate_scaling(cfg), budget, "this scaling run", "use fewer κ values, seeds or a smaller max width", device=dev)
-        models = _models(cfg)
-        total = len(models) * len(cfg.kappas) * len(grid)
-        rows, evals, done = [], [], 0
-        for kappa in cfg.kappas:
-            spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
-                            synthetic_d=cfg.d, synthetic_kappa=float(kappa), synthetic_decay=cfg.decay,
-                            synthetic_classes=cfg.classes)
-            sample = load_sample(spec, data_dir)
-            X, y, _, _ = to_device(sample, dev)
-            c = sample.n_classes
-            lam = torch.linalg.eigvalsh(sample.X @ sample.X.T).clamp_min(0)
-            lam = lam[lam > lam.max() * cfg.n * 2.2e-16]
-            for arch, attention in models:
-                probe = Net(arch, X, 1, n_outputs(c), 0, 1.0, attention, cfg.normalize).to(dev)
-                with torch.no_grad():
-                    K_inf = infinite_ntk(probe.features(X))
-                label = attention if arch == "attn" else None
-                for w in grid:
-                    tick(progress, cancel, done / total, f"κ = {kappa:g}, {arch} {label or ''} m = {w}")
-                    done += 1
-                    for seed, dist in zip(cfg.seeds, _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel)):
-                        evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
-                                      "seed": seed, "distance": dist})
-                rows.append({"arch": arch, "attention": label, "kappa": float(kappa),
-                             "kappa_measured": float(lam.max() / lam.min())})
-        ev = pd.DataFrame(evals)
-        curve = (ev.assign(attention=ev.attention.fillna(""))
-                 .groupby(["arch", "attention", "kappa", "width"], sort=False)["distance"]
-                 .agg(mean="mean", sd="std").reset_index())
-        curve["attention"] = curve["attention"].replace("", None)
-        for row in rows:
-            g = curve[(curve.arch == row["arch"]) & (curve.kappa == row["kappa"])
-                      & (curve.attention.fillna("") == (row["attention"] or ""))].sort_values("width")
-            w, mono = width_needed(g.width.to_numpy(), g["mean"].to_numpy(), cfg.target)
-            row.update(width_needed=w, censored=w is None, monotone=mono)
-        widths = pd.DataFrame(rows)
-        fits = [_fit_row(cfg, arch, attention, widths, ev, grid) for arch, attention in models]
-        tick(progress, cancel, 1.0, "done")
-        return Result(run_scaling.kind, {}, {"widths": widths, "evaluations": ev, "curve": curve,
-                                             "fit": pd.DataFrame(fits)}, {}, {"grid": grid})
-
-    return cached_run(run_scaling.kind, cfg, compute, cache, data_dir=data_dir)
-
-
-run_scaling.kind = "scaling"
+    models = _models(cfg)
+    total = len(models) * len(cfg.kappas) * len(grid)
+    rows, evals, done = [], [], 0
+    for kappa in cfg.kappas:
+        spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
+                        synthetic_d=cfg.d, synthetic_kappa=float(kappa), synthetic_decay=cfg.decay,
+                        synthetic_classes=cfg.classes)
+        sample = load_sample(spec, data_dir)
+        X, y, _, _ = to_device(sample, dev)
+        c = sample.n_classes
+        lam = torch.linalg.eigvalsh(sample.X @ sample.X.T).clamp_min(0)
+        lam = lam[lam > lam.max() * cfg.n * 2.2e-16]
+        for arch, attention in models:
+            probe = Net(arch, X, 1, n_outputs(c), 0, 1.0, attention, cfg.normalize).to(dev)
+            with torch.no_grad():
+                K_inf = infinite_ntk(probe.features(X))
+            label = attention if arch == "attn" else None
+            for w in grid:
+                tick(progress, cancel, done / total, f"κ = {kappa:g}, {arch} {label or ''} m = {w}")
+                done += 1
+                for seed, dist in zip(cfg.seeds, _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel)):
+                    evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
+                                  "seed": seed, "distance": dist})
+            rows.append({"arch": arch, "attention": label, "kappa": float(kappa),
+                         "kappa_measured": float(lam.max() / lam.min())})
+    ev = pd.DataFrame(evals)
+    curve = (ev.assign(attention=ev.attention.fillna(""))
+             .groupby(["arch", "attention", "kappa", "width"], sort=False)["distance"]
+             .agg(mean="mean", sd="std").reset_index())
+    curve["attention"] = curve["attention"].replace("", None)
+    for row in rows:
+        g = curve[(curve.arch == row["arch"]) & (curve.kappa == row["kappa"])
+                  & (curve.attention.fillna("") == (row["attention"] or ""))].sort_values("width")
+        w, mono = width_needed(g.width.to_numpy(), g["mean"].to_numpy(), cfg.target)
+        row.update(width_needed=w, censored=w is None, monotone=mono)
+    widths = pd.DataFrame(rows)
+    fits = [_fit_row(cfg, arch, attention, widths, ev, grid) for arch, attention in models]
+    tick(progress, cancel, 1.0, "done")
+    return Result("scaling", {}, {"widths": widths, "evaluations": ev, "curve": curve,
+                                         "fit": pd.DataFrame(fits)}, {}, {"grid": grid})
 
 
 def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
@@ -249,6 +239,3 @@ def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
     return {"arch": arch, "attention": label, "points": int((~mine.censored).sum()), "exponent": slope,
             "exponent_low": low, "exponent_high": high, "intercept": icpt,
             "theory_exponent": theory_exponent(arch, attention)}
-
-
-ESTIMATES = {ScalingConfig: estimate_scaling}

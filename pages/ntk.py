@@ -22,11 +22,11 @@ KERNEL_METRICS = {  # what "distance to K∞" means: the choice changes the verd
 def controls_ui() -> tuple[int, int, float, str, str]:
     c1, c2, c3, c4, c5 = st.columns(5)
     epochs = configs.number(c1, "Training epochs", TrainSpec, "epochs", "ntk.epochs",
-                            value=configs.QUICK["sweep"].train.epochs, step=10, hi=1000)
+                            value=configs.QUICK["ntk-sweep"].train.epochs, step=10, hi=1000)
     seeds = c2.number_input("Network seeds per width", 1, 10, 3, key="ntk.seeds", **BOUND,
                             help="Charts show the mean ± sd over these seeds (claims rest on at least 3).")
     ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1],
-                             value=configs.QUICK["sweep"].ridge, key="ntk.ridge", **BOUND,
+                             value=configs.QUICK["ntk-sweep"].ridge, key="ntk.ridge", **BOUND,
                              help=configs.help_of(SweepConfig, "ridge"))
     optimizer = c4.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="ntk.optimizer",
                              **BOUND, help=configs.help_of(TrainSpec, "optimizer"))

@@ -16,7 +16,7 @@ from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 QUICK = PRESETS["dynamics"]["quick"]
-CC_QUICK = PRESETS["coord_check"]["quick"]
+CC_QUICK = PRESETS["coord-check"]["quick"]
 LR_CHOICES = (1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0)
 PARAM_LABELS = {"ntk": "NTK (m^-½, the paper's)", "mup": "μP (m^-1, SGD lr × m)"}
 OPTIMIZERS = configs.choices_of(TrainSpec, "optimizer")

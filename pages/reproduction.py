@@ -25,7 +25,7 @@ PAGE_NAMES = {"malleability": "Malleability", "ntk": "NTK convergence"}
 def controls_ui() -> tuple[int, int, int]:
     c1, c2, c3 = st.columns(3)
     epochs = configs.number(c1, "Epochs (NTK distance)", TrainSpec, "epochs", "repro.epochs",
-                            value=configs.QUICK["sweep"].train.epochs, step=10, hi=1000)
+                            value=configs.QUICK["ntk-sweep"].train.epochs, step=10, hi=1000)
     m_epochs = configs.number(c2, "Epochs (flip rates)", TrainSpec, "epochs", "repro.mall_epochs",
                               value=configs.QUICK["malleability"].train.epochs, step=10, hi=1000)
     steps = configs.number(c3, "Attack steps (PGD, MIM)", AttackSpec, "steps", "repro.steps",
@@ -207,6 +207,6 @@ sensitivity_ui("kernel", protocols.kernel_variants(sweep_cfg),
 
 st.header("Settings used")
 used = {"spectrum": spec.config if spec is not None else None,
-        "ntk_sweep": sweep.config if sweep is not None else None}
+        "ntk-sweep": sweep.config if sweep is not None else None}
 used.update({"malleability": mall_cfg, "adversarial": adv_cfg})
 st.json(used, expanded=1)

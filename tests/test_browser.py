@@ -54,6 +54,7 @@ TABLE_PAGES = {"Grid"}  # a status table of the grid's cells, no chart
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is absent")
+from ui import configs  # noqa: E402  (after the skips: the page URLs come from the registry)
 
 
 def app_pages() -> dict[str, str]:
@@ -61,8 +62,8 @@ def app_pages() -> dict[str, str]:
     pages = {}
     for call in re.findall(r"st\.Page\((.*?)\)", (ROOT / "app.py").read_text(), flags=re.S):
         title = re.search(r'title="([^"]+)"', call).group(1)
-        url = re.search(r'url_path="([^"]*)"', call)
-        pages[title] = url.group(1) if url else ""
+        url = re.search(r'url_path=page_url\("([^"]+)"(?:, "([^"]+)")?\)', call)  # from the registry
+        pages[title] = configs.page_url(url.group(1), url.group(2)) if url else ""
     return pages
 
 
@@ -246,7 +247,7 @@ def test_every_page_renders_without_cut_off_labels(server, browser, shots, size)
 
 def test_a_heavy_run_can_be_cancelled_and_run_again(server, browser, shots):
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    page.goto(f"{server}/ntk?{urlencode(HEAVY)}")
+    page.goto(f"{server}/ntk-sweep?{urlencode(HEAVY)}")
     _settle(page)  # the small kernel run below the sweep starts by itself; let it finish
     run = page.get_by_role("button", name="Run the sweep")
     assert run.count() == 1, "heavy settings should wait for a click"

@@ -15,7 +15,7 @@ import pytest
 import engine.cli as cli
 from engine import budget as B
 from engine.attacks import AttackSpec
-from engine.calibration import ESTIMATES, estimate
+from engine.registry import EXPERIMENTS, estimate
 from engine.data import DataSpec
 from engine.errors import BadInput
 from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig, run_ntk_sweep
@@ -116,9 +116,10 @@ def test_memory_grows_with_n_squared(make, n):
 def test_every_config_has_an_estimate():
     from engine.dynamics import CoordCheckConfig, DynamicsConfig
 
-    assert set(ESTIMATES) == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig, MalleabilityConfig,
-                              ScalingConfig, DynamicsConfig, CoordCheckConfig}
-    with pytest.raises(BadInput, match="no estimate for DataSpec"):
+    assert {e.config for e in EXPERIMENTS.values()} == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
+                                                        MalleabilityConfig, ScalingConfig, DynamicsConfig,
+                                                        CoordCheckConfig}
+    with pytest.raises(BadInput, match="no experiment takes a DataSpec"):
         estimate(SYN)
 
 
@@ -148,12 +149,12 @@ def test_estimates_add_time_and_keep_the_largest_memory():
 
 @pytest.mark.parametrize("run,cfg,kind", [
     (run_ntk_sweep, SweepConfig(data=_data(n=40, n_test=10, synthetic_d=8), widths=(16,), seeds=(0,),
-                                train=TrainSpec(epochs=2)), "ntk_sweep"),
+                                train=TrainSpec(epochs=2)), "ntk-sweep"),
     (run_malleability, MalleabilityConfig(data=_data(n=40, n_test=10, synthetic_d=8), width=16, seeds=(0,),
                                           train=TrainSpec(epochs=2)), "malleability"),
     (run_scaling, ScalingConfig(n=16, d=8, kappas=(2.0,), max_width=32, seeds=(0,), train=TrainSpec(epochs=2)),
      "scaling"),
-], ids=["ntk_sweep", "malleability", "scaling"])
+], ids=["ntk-sweep", "malleability", "scaling"])
 def test_runs_refuse_before_computing_anything(cache, run, cfg, kind):
     stages = []
     with pytest.raises(BadInput, match="over the budget") as info:

@@ -7,30 +7,26 @@ from dataclasses import replace
 import pytest
 
 from engine import budget
-from engine.calibration import estimate
-from engine.experiments import PRESETS as EXP
-from engine.malleability import PRESETS as MALL
-from engine.scaling import PRESETS as SCALING
+from engine.registry import EXPERIMENTS, estimate
 from ui import configs
 from ui.common import Shared
 
 S = Shared(base="synthetic", n=60, n_test=20, widths=(16, 64))
 
 
-def test_quick_settings_are_the_engine_quick_presets():
-    assert configs.QUICK["sweep"] is EXP["sweep"]["quick"]
-    assert configs.QUICK["malleability"] is MALL["malleability"]["quick"]
-    assert configs.QUICK["scaling"] is SCALING["scaling"]["quick"]
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_quick_settings_are_the_engine_quick_presets(name):
+    assert configs.QUICK[name] is EXPERIMENTS[name].presets["quick"]
 
 
 def test_page_configs_take_the_sidebar_data_and_keep_every_other_preset_value():
-    q = EXP["sweep"]["quick"]
+    q = EXPERIMENTS["ntk-sweep"].presets["quick"]
     cfg = configs.sweep_config(S, n_seeds=3)
     assert cfg.data == S.data() and cfg.widths == (16, 64) and cfg.seeds == (0, 1, 2)
     assert (cfg.ridge, cfg.init_std, cfg.train.lr, cfg.train.optimizer) == (q.ridge, q.init_std, q.train.lr,
                                                                            q.train.optimizer)
     m = configs.malleability_config(S, norm="l2", space="normalized", target="margin", eps=(0.3,))
-    qm = MALL["malleability"]["quick"]
+    qm = EXPERIMENTS["malleability"].presets["quick"]
     assert (m.attack.norm, m.space, m.target, m.eps) == ("l2", "normalized", "margin", (0.3,))
     assert (m.attack.steps, m.tau, m.train.epochs, m.seeds) == (qm.attack.steps, qm.tau, qm.train.epochs, qm.seeds)
 
@@ -61,8 +57,9 @@ def _n_needing(cfg, share: float) -> int:
 
 
 def test_a_run_that_fits_only_in_float32_says_how_to_run_it():
-    """Malleability (a CLI command): float64 needs about 1.1x what fits, float32 about 0.9x, so
-    the note names the command and flag. The kernel view has no CLI command: no such advice."""
+    """float64 needs about 1.1x what fits, float32 about 0.9x, so the note names the command and
+    flag (every experiment is a CLI command of its registry name); at 2.6x float32 does not fit
+    either, and the note gives no such advice."""
     cfg = configs.malleability_config(S, epochs=0)
     n = _n_needing(cfg, 1.1)
     if n > 60000:
@@ -71,7 +68,9 @@ def test_a_run_that_fits_only_in_float32_says_how_to_run_it():
     assert not plan.allowed and "python -m engine malleability --storage float32" in plan.note
     assert "accuracy cost" in plan.note
     kcfg = configs.kernel_config(S, "relu", 64, epochs=0)
-    plan = configs.plan(replace(kcfg, data=replace(kcfg.data, n=_n_needing(kcfg, 1.3))))
+    plan = configs.plan(replace(kcfg, data=replace(kcfg.data, n=_n_needing(kcfg, 1.1))))
+    assert not plan.allowed and "python -m engine kernels --storage float32" in plan.note
+    plan = configs.plan(replace(kcfg, data=replace(kcfg.data, n=_n_needing(kcfg, 2.6))))
     assert not plan.allowed and "GiB" in plan.note and "--storage" not in plan.note
 
 

@@ -13,6 +13,7 @@ import scipy.linalg
 import torch
 
 from engine import cli
+from engine.registry import EXPERIMENTS
 from engine.calibration import estimate
 from engine.data import DataSpec, load_sample
 from engine.dynamics import (PRESETS, CoordCheckConfig, DynamicsConfig, KernelFlow, linearised_head,
@@ -286,13 +287,13 @@ def test_coordinate_check_slopes_follow_theory(optimizer, lr):
 # ---------------------------------------------------------------- CLI and page
 
 def test_cli_defaults_and_presets_are_the_engine_configs():
-    cmd = cli.COMMANDS["dynamics"]
+    cmd = EXPERIMENTS["dynamics"]
     assert cli.config_from_args(cmd, cli.build_parser().parse_args(["dynamics"])) == DynamicsConfig()
     for preset in ("quick", "paper"):
         ns = cli.build_parser(preset).parse_args(["dynamics", "--preset", preset])
         assert cli.config_from_args(cmd, ns) == PRESETS["dynamics"][preset]
     ns = cli.build_parser().parse_args(["ntk-sweep", "--param", "mup"])  # every training command has --param
-    assert cli.config_from_args(cli.COMMANDS["ntk-sweep"], ns).train.param == "mup"
+    assert cli.config_from_args(EXPERIMENTS["ntk-sweep"], ns).train.param == "mup"
 
 
 def test_cli_dynamics_json(tmp_path):

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from engine import cli, export
+from engine.registry import EXPERIMENTS
 from engine.data import DataSpec
 from engine.dynamics import DynamicsConfig, run_dynamics
 from engine.errors import BadInput
@@ -59,20 +60,20 @@ def _results(tmp_path):
     t = TrainSpec(epochs=2, batch_size=20)
     return {
         "spectrum": run_spectrum(SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8))),
-        "ntk": run_ntk_sweep(SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,))),
+        "ntk-sweep": run_ntk_sweep(SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,))),
         "malleability": run_malleability(MalleabilityConfig(data=SYN, train=t, width=32, seeds=(0,),
                                                             attacks=("fgsm",), eps=(0.05, 0.1))),
         "scaling": run_scaling(ScalingConfig(train=TrainSpec(epochs=2), n=16, d=6, kappas=(2.0, 4.0), min_width=16,
                                              max_width=64, seeds=(0,))),
-        "regime": run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
-                                              widths=(16, 64), seeds=(0,))),
+        "dynamics": run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
+                                                widths=(16, 64), seeds=(0,))),
     }
 
 
 @needs_browser
 def test_every_kind_renders_its_main_chart_with_its_title(tmp_path):
     results = _results(tmp_path)
-    assert set(results) == set(export.KINDS)
+    assert set(results) == {n for n, e in EXPERIMENTS.items() if e.figure}
     for kind, res in results.items():
         fig = export.main_figure(kind, res)
         title = fig.layout.title.text
@@ -89,7 +90,8 @@ def test_main_figure_options_and_refusals():
     assert "K∞" in export.main_figure("regime", res, "k_inf_gap").layout.title.text
     with pytest.raises(BadInput, match="unknown metric"):
         export.main_figure("regime", res, "kernel_dist_init")
-    with pytest.raises(BadInput, match="unknown figure kind"):
+    assert export.main_figure("dynamics", res).layout.title.text == export.main_figure("regime", res).layout.title.text
+    with pytest.raises(BadInput, match="unknown experiment"):
         export.main_figure("heatmap", res)
     with pytest.raises(BadInput, match=".png"):
         export.format_of("slide.jpeg")
@@ -108,7 +110,7 @@ def test_figure_help_lists_the_kinds(capsys):
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["figure", "--help"])
     out = capsys.readouterr().out
-    for kind in export.KINDS:
+    for kind in [n for n, e in EXPERIMENTS.items() if e.figure]:
         assert kind in out
 
 

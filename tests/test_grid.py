@@ -19,7 +19,8 @@ import pytest
 
 from engine import grid as G
 from engine.loopback import free_port, session_pids
-from engine.cli import PRESETS, main
+from engine.cli import main
+from engine.registry import EXPERIMENTS
 from engine.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ seeds = [[1, 2]]
     cfg = grid.cells[0].config
     # integers become floats where the setting is a float: one cache key for 1 and 1.0
     assert isinstance(cfg.data.synthetic_kappa, float) and cfg.ridge == 1.0 and isinstance(cfg.ridge, float)
-    assert cfg.widths == PRESETS["sweep"]["quick"].widths  # the preset's own values otherwise
+    assert cfg.widths == EXPERIMENTS["ntk-sweep"].presets["quick"].widths  # the preset's own values otherwise
     assert grid.cells[0].label == "ntk-sweep data.dataset=synthetic train.optimizer=adam seeds=0"
 
 

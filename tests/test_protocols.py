@@ -137,7 +137,7 @@ def test_kernel_grid():
     assert len({(c.config, c.metric) for c in cells}) == 9
     assert {c.config.train.optimizer for c in cells} == set(OPTIMIZERS)
     assert {c.metric for c in cells} == set(P.KERNEL_METRICS)
-    assert all(c.page == "ntk" and not c.unlinked and replace(c.config) == c.config for c in cells)
+    assert all(c.page == "ntk-sweep" and not c.unlinked and replace(c.config) == c.config for c in cells)
     assert cells[0].config == base
 
 
@@ -174,7 +174,7 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
     for c in cells:
         assert set(c.params) <= keys, set(c.params) - keys
         assert set(c.params["archs"]) <= set(ARCH_LABELS.values())
-        assert f"{c.page}?" in c.link() and c.page in ("malleability", "ntk")
+        assert f"{c.page}?" in c.link() and c.page in ("malleability", "ntk-sweep")
     eps_choices = {str(e) for e in _literal(ROOT / "pages" / "malleability.py", "EPS_CHOICES")}
     widths = {str(w) for w in _literal(ROOT / "pages" / "malleability.py", "WIDTHS")}
     for c in cells[:12]:

@@ -1,7 +1,8 @@
 """engine.settings: every config validates its own fields, and the CLI's flags are those fields.
 
-Bad values are generated from each field's declared type, bounds and choices, so a new
-setting is covered without editing this file.
+Bad values are generated from each field's declared type, bounds and choices, for every config
+of every experiment in the registry, so a new setting or a new experiment is covered without
+editing this file. One test per (kind of violation); each checks every field it applies to.
 """
 
 import dataclasses
@@ -14,19 +15,19 @@ from pathlib import Path
 import pytest
 
 import engine.cli as cli
-from engine import experiments, malleability, scaling
 from engine.attacks import AttackSpec
 from engine.data import DataSpec
 from engine.errors import BadInput
-from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
-from engine.malleability import InfluenceConfig, MalleabilityConfig
+from engine.registry import EXPERIMENTS, NESTED
 from engine.scaling import ScalingConfig
+from engine.experiments import SweepConfig
+from engine.malleability import MalleabilityConfig
 from engine.settings import meta, settings, validate
 from engine.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = (DataSpec, TrainSpec, AttackSpec, SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
-           MalleabilityConfig, ScalingConfig)
+CONFIGS = (*NESTED.values(), *(e.config for e in EXPERIMENTS.values()))
+NAMES = tuple(EXPERIMENTS)
 
 
 def _kind(cls, name):
@@ -76,6 +77,7 @@ def _bad_values(cls):
 
 
 CASES = [(cls, name, value, why) for cls in CONFIGS for name, value, why in _bad_values(cls)]
+VIOLATIONS = sorted({why for *_, why in CASES})
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
@@ -87,13 +89,26 @@ def test_defaults_validate(cls):
         assert getattr(cfg, f.name) == f.default
 
 
-@pytest.mark.parametrize("cls,name,value,why", CASES,
-                         ids=[f"{c.__name__}.{n}-{w}" for c, n, _, w in CASES])
-def test_bad_values_raise_one_line_naming_the_field(cls, name, value, why):
-    with pytest.raises(BadInput) as info:
-        cls(**{name: value})
-    message = str(info.value)
-    assert name in message and "\n" not in message, message
+@pytest.mark.parametrize("why", VIOLATIONS)
+def test_bad_values_raise_one_line_naming_the_field(why):
+    """Every field of every config that this kind of bad value applies to refuses it in one line."""
+    wrong = []
+    for cls, name, value, w in CASES:
+        if w != why:
+            continue
+        try:
+            cls(**{name: value})
+        except BadInput as exc:
+            message = str(exc)
+            if name not in message or "\n" in message:
+                wrong.append(f"{cls.__name__}.{name}: {message!r}")
+        else:
+            wrong.append(f"{cls.__name__}.{name}={value!r} was accepted")
+    assert not wrong, wrong
+
+
+def test_the_violations_cover_every_config():
+    assert {cls for cls, *_ in CASES} == set(CONFIGS)
 
 
 @pytest.mark.parametrize("cls,name", [(SweepConfig, "data"), (SweepConfig, "train"), (MalleabilityConfig, "attack"),
@@ -113,41 +128,38 @@ def test_lists_become_tuples_and_numpy_scalars_pass():
 
 # ---------------------------------------------------------------- presets
 
-@pytest.mark.parametrize("module,group,cls", [
-    (experiments, "spectrum", SpectrumConfig), (experiments, "sweep", SweepConfig),
-    (experiments, "kernels", KernelConfig), (malleability, "influence", InfluenceConfig),
-    (malleability, "malleability", MalleabilityConfig), (scaling, "scaling", ScalingConfig)])
-def test_dashboard_presets_are_instances_of_the_configs(module, group, cls):
-    presets = module.PRESETS[group]
-    assert {"quick", "paper"} <= set(presets)
-    for name, cfg in presets.items():
-        assert type(cfg) is cls, (group, name)
+@pytest.mark.parametrize("name", NAMES)
+def test_presets_are_instances_of_the_config(name):
+    exp = EXPERIMENTS[name]
+    assert {"default", "quick", "paper"} <= set(exp.presets)
+    assert exp.presets["default"] == exp.config()
+    for which, cfg in exp.presets.items():
+        assert type(cfg) is exp.config, (name, which)
         assert dataclasses.replace(cfg) == cfg  # validates again
 
 
 # ---------------------------------------------------------------- command line
 
-COMMANDS = ("ntk-sweep", "malleability", "spectrum", "scaling", "dynamics")
-
-
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", NAMES)
 def test_cli_defaults_equal_the_dataclass_defaults(name):
-    cmd = cli.COMMANDS[name]
+    exp = EXPERIMENTS[name]
     ns = cli.build_parser().parse_args([name])
-    assert cli.config_from_args(cmd, ns) == cmd.config()
+    assert cli.config_from_args(exp, ns) == exp.config()
 
 
 @pytest.mark.parametrize("preset", ["quick", "paper"])
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", NAMES)
 def test_cli_presets_are_the_engine_presets(name, preset):
-    cmd = cli.COMMANDS[name]
+    exp = EXPERIMENTS[name]
     ns = cli.build_parser(preset).parse_args([name, "--preset", preset])
-    assert cli.config_from_args(cmd, ns) == cli.PRESETS[cmd.preset][preset]
+    assert cli.config_from_args(exp, ns) == exp.presets[preset]
 
 
-@pytest.mark.parametrize("args", [[], *[[n] for n in COMMANDS], ["dynamics"], ["grid"], ["bench"],
-                                  ["datasets"], ["figure"],
-                                  *[["figure", k] for k in ("spectrum", "ntk", "malleability", "scaling", "regime")]])
+FIGURES = [n for n, e in EXPERIMENTS.items() if e.figure] + [a for e in EXPERIMENTS.values() for a in e.aliases]
+
+
+@pytest.mark.parametrize("args", [[], *[[n] for n in NAMES], ["grid"], ["bench"], ["datasets"], ["figure"],
+                                  *[["figure", k] for k in FIGURES]])
 def test_every_help_prints(args, capsys):
     """argparse formats help text with %: a setting's help that says "0.7 %" must not break it."""
     with pytest.raises(SystemExit) as exc:
@@ -155,24 +167,22 @@ def test_every_help_prints(args, capsys):
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("name", NAMES)
 def test_every_cli_setting_is_a_flag(name):
-    cmd = cli.COMMANDS[name]
+    exp = EXPERIMENTS[name]
     ns = vars(cli.build_parser().parse_args([name]))
-    fields = {f.name for f in dataclasses.fields(cmd.config)}
-    nested = [(n, c) for n, c in cli.NESTED.items() if n in fields]
-    for where, cls in [("", cmd.config), *nested]:
+    for cls in [exp.config, *(NESTED[n] for n in exp.nested)]:
         for f, m in settings(cls):
             if m.cli:  # flags the command sets itself (attack method, ε, seed) come from its own sweeps
                 assert f.name in ns, (cls.__name__, f.name)
 
 
 def test_cli_flags_override_a_preset():
-    cmd = cli.COMMANDS["malleability"]
+    exp = EXPERIMENTS["malleability"]
     ns = cli.build_parser("quick").parse_args(["malleability", "--preset", "quick", "--eps", "0.1,0.2", "--steps",
                                                "4", "--norm", "l2", "--space", "normalized", "--n", "50"])
-    cfg = cli.config_from_args(cmd, ns)
-    quick = cli.PRESETS["malleability"]["quick"]
+    cfg = cli.config_from_args(exp, ns)
+    quick = exp.presets["quick"]
     assert cfg.eps == (0.1, 0.2) and cfg.attack.steps == 4 and cfg.attack.norm == "l2" and cfg.space == "normalized"
     assert cfg.data.n == 50 and cfg.attacks == quick.attacks and cfg.train == quick.train
     assert cfg.attack.eps == AttackSpec().eps  # the sweep's ε is the config's, not the attack's

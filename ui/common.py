@@ -78,7 +78,7 @@ def ensure_entry() -> None:
 
     Streamlit 1.67 decides once per process, before the first run, whether the app "uses the
     pages directory": it does whenever a ``pages/`` folder sits beside the entry script, and
-    then runs that first request as a v1 multipage app. A first request for ``/ntk`` would
+    then runs that first request as a v1 multipage app. A first request for ``/ntk-sweep`` would
     run ``pages/ntk.py`` on its own, without the sidebar, and the flag would never be cleared.
     ``st.navigation`` clears it, so whoever sees it still set clears it and reruns.
 

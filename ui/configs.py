@@ -12,23 +12,28 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine import budget
-from engine.calibration import estimate
-from engine.cli import COMMANDS
 from engine.device import resolve_device
 from engine.errors import EngineError
-from engine.experiments import PRESETS as EXP_PRESETS
 from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
-from engine.malleability import PRESETS as MALL_PRESETS
 from engine.malleability import InfluenceConfig, MalleabilityConfig
-from engine.scaling import PRESETS as SCALING_PRESETS
+from engine.registry import EXPERIMENTS, estimate, of
 from engine.settings import default, meta
 from ui.common import Shared
 
-PRESETS = {**EXP_PRESETS, **MALL_PRESETS, **SCALING_PRESETS}
-CLI_NAMES = {cmd.config: name for name, cmd in COMMANDS.items()}  # config class -> its CLI command
-QUICK = {kind: p["quick"] for kind, p in PRESETS.items()}
-PAPER_WIDTHS = PRESETS["sweep"]["paper"].widths
+QUICK = {name: exp.presets["quick"] for name, exp in EXPERIMENTS.items()}  # the dashboard's defaults
+PAPER_WIDTHS = EXPERIMENTS["ntk-sweep"].presets["paper"].widths
 BOUND = dict(bind="query-params", persist_state="session")
+
+
+def page_url(page: str, fallback: str | None = None) -> str:
+    """The URL path of ``page`` (``pages/ntk.py``): the name of the experiment it leads with
+    (``engine.registry``), or ``fallback`` for pages that lead with none (Grid, Reproduction)."""
+    for name, exp in EXPERIMENTS.items():
+        if exp.page == page:
+            return name
+    if fallback is None:
+        raise KeyError(f"{page} leads with no experiment; give its URL path")
+    return fallback
 
 
 def number(container, label: str, cls, name: str, key: str, value=None, step=None, hi=None):
@@ -85,8 +90,8 @@ def plan(cfg, device: str = "cpu") -> Plan:
     if not fits:
         note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than the "
                 f"{limit / budget.GIB:.1f} GiB that fit here; use a smaller n or width.")
-        command = CLI_NAMES.get(type(cfg))
-        if command and getattr(cfg, "storage", None) == "float64":
+        command = of(cfg).name
+        if getattr(cfg, "storage", None) == "float64":
             small = estimate(replace(cfg, storage="float32")).bytes
             if small <= limit:
                 note += (f" With kernels stored in float32 (`python -m engine {command} --storage float32`) "
@@ -116,7 +121,7 @@ def spectrum_config(s: Shared, rtol: float | None = None, eps: float | None = No
 
 def sweep_config(s: Shared, epochs: int | None = None, n_seeds: int = 3, ridge: float | None = None,
                  widths: tuple[int, ...] | None = None, optimizer: str | None = None) -> SweepConfig:
-    q = QUICK["sweep"]
+    q = QUICK["ntk-sweep"]
     epochs = q.train.epochs if epochs is None else int(epochs)
     seeds = tuple(int(s.seed) + i for i in range(int(n_seeds)))
     snapshots = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()

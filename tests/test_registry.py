@@ -1,0 +1,107 @@
+"""engine.registry: one record per experiment, read by the CLI, the grid, calibration, export and pages."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from engine import cli, export, grid_spec
+from engine.errors import BadInput
+from engine.registry import ALIASES, EXPERIMENTS, NESTED, estimate, get, of, preset
+from ui import configs
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = list(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_record_is_one_name_everywhere(name):
+    exp = EXPERIMENTS[name]
+    assert exp.name == name and exp.runner.kind == name and exp.runner.compute is not None
+    assert of(exp.config()) is exp and get(name) is exp
+    assert name in cli.build_parser()._subparsers._group_actions[0].choices  # the CLI command
+    assert configs.QUICK[name] is exp.presets["quick"]                         # the dashboard's default
+    for n in exp.nested:
+        assert isinstance(getattr(exp.config(), n), NESTED[n])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_probe_is_a_small_config_with_a_positive_estimate(name):
+    exp = EXPERIMENTS[name]
+    cfg = exp.probe()
+    assert type(cfg) is exp.config
+    est = estimate(cfg)
+    assert 0 < est.seconds < 60 and 0 < est.bytes < 2**31, est
+    data = getattr(cfg, "data", None)
+    assert data is None or data.dataset == "synthetic"  # calibration needs no files
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_experiment_is_a_grid_kind(name, tmp_path):
+    spec = tmp_path / "one.toml"
+    spec.write_text(f'name = "one"\n[[grid]]\nkind = "{name}"\npreset = "quick"\n')
+    loaded = grid_spec.load_spec(spec)
+    assert [c.kind for c in loaded.cells] == [name] and loaded.cells[0].config == EXPERIMENTS[name].presets["quick"]
+
+
+def test_figures_and_old_spellings_resolve():
+    with_figure = {n for n, e in EXPERIMENTS.items() if e.figure}
+    assert with_figure == {"spectrum", "ntk-sweep", "malleability", "scaling", "dynamics"}
+    for name in with_figure:
+        module, fn = EXPERIMENTS[name].figure.split(":")
+        assert module == "engine.export" and callable(getattr(export, fn))
+    assert dict(ALIASES) == {"ntk": "ntk-sweep", "regime": "dynamics"}
+    assert get("regime") is EXPERIMENTS["dynamics"]
+
+
+def test_unknown_names_and_presets_are_one_line():
+    for bad in ("sweep", ["ntk-sweep"], None):
+        with pytest.raises(BadInput, match="allowed: spectrum, ntk-sweep"):
+            get(bad)
+    with pytest.raises(BadInput, match="unknown preset 'fast' of ntk-sweep; allowed: default, paper, quick"):
+        preset("ntk-sweep", "fast")
+    with pytest.raises(BadInput, match="takes a SweepConfig, got MalleabilityConfig"):
+        EXPERIMENTS["ntk-sweep"].run(EXPERIMENTS["malleability"].config())
+
+
+def test_pages_lead_with_their_experiment_at_its_url():
+    app = (ROOT / "app.py").read_text()
+    for exp in EXPERIMENTS.values():
+        if exp.page:
+            assert (ROOT / exp.page).exists(), exp.page
+    assert "url_path=page_url(" in app  # app.py takes each page's URL from the registry
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            out.add(("." * node.level) + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+def test_nothing_in_the_engine_or_the_ui_imports_the_command_line():
+    users = [p for p in [*(ROOT / "engine").rglob("*.py"), *(ROOT / "ui").glob("*.py"), *(ROOT / "pages").glob("*.py")]
+             if p.name not in ("cli.py", "__main__.py") and {".cli", "engine.cli", "cli"} & _imports(p)]
+    assert not users, users
+
+
+def test_shared_settings_have_one_help_text_and_one_set_of_limits():
+    """ridge, seeds, archs, widths, init_std, attention and storage read the same in every config."""
+    from engine.settings import settings
+
+    seen: dict[str, tuple] = {}
+    for exp in EXPERIMENTS.values():
+        for f, m in settings(exp.config):
+            if f.name not in ("ridge", "seeds", "archs", "widths", "init_std", "storage", "width", "arch"):
+                continue
+            key = (m.help, m.unit, m.lo, m.hi, m.lo_open, m.choices, m.max_len)
+            assert seen.setdefault(f.name, key) == key, (exp.name, f.name)
+    assert {"ridge", "seeds", "archs", "widths", "init_std", "storage"} <= set(seen)
+    assert dataclasses.is_dataclass(EXPERIMENTS["malleability"].config)
