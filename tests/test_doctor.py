@@ -101,3 +101,12 @@ def test_the_cli_asked_for_cuda_without_a_gpu_exits_2_with_one_line(capsys):
     assert main(["doctor", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: device 'cuda' requested") and "\n" not in err
+
+
+def test_the_cli_help_prints(capsys):
+    from engine.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage:") and "--json" in out and "--device" in out
