@@ -97,12 +97,14 @@ class DynamicsConfig:
     attention: str = _attention_setting()
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
+    init: str = options.init()
     record_every: int = setting(5, "measure every K epochs (and at 0 and the last epoch)", unit="epochs",
                                 lo=1, hi=20_000)
 
     def __post_init__(self):
         normalised(self)
         validate(self)
+        options.check_init_widths(self.init, self.widths)
 
 
 @dataclass(frozen=True)
@@ -117,10 +119,12 @@ class CoordCheckConfig:
     steps: int = setting(5, "optimiser steps t = 1 … T measured", unit="steps", lo=1, hi=100)
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
+    init: str = options.init()
 
     def __post_init__(self):
         normalised(self)
         validate(self)
+        options.check_init_widths(self.init, self.widths)
 
 
 PRESETS = {
@@ -324,7 +328,8 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
         stage = f"{arch} seed {seed}"
         tick(progress, cancel, j / len(groups), stage)
         t0 = time.perf_counter()
-        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                    init=cfg.init).to(dev)
                 for w in cfg.widths]
         with torch.no_grad():
             phi, phi_t = nets[0].features(X), nets[0].features(Xt)
@@ -436,7 +441,8 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
         spec = TrainSpec(epochs=cfg.train.epochs, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
                          weight_decay=cfg.train.weight_decay, optimizer=cfg.train.optimizer,
                          loss=cfg.train.loss, param=param)
-        nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+        nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                    init=cfg.init).to(dev)
                 for w in cfg.widths]
         with torch.no_grad():
             phi, phi_t = nets[0].features(X), nets[0].features(Xt)

@@ -60,11 +60,13 @@ class SweepConfig:
     attention: str = options.attention()
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
+    init: str = options.init()
     ridge: float = options.ridge()  # of K∞ ridge regression and of the whitened distances
 
     def __post_init__(self):
         normalised(self)
         validate(self)
+        options.check_init_widths(self.init, self.widths)
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,13 @@ class KernelConfig:
     attention: str = options.attention()
     seed: int = options.seed()
     init_std: float = options.init_std()
+    init: str = options.init()
     storage: str = options.storage()
 
     def __post_init__(self):
         normalised(self)
         validate(self)
+        options.check_init_widths(self.init, self.width)
 
 
 PRESETS = {  # named instances of the same dataclasses: the dashboard's quick runs and the paper's
@@ -245,7 +249,8 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
         stage = f"{arch} seed {seed}"
         tick(progress, cancel, j / len(groups), stage)
         t0 = time.perf_counter()
-        nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize).to(dev)
+        nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                    init=cfg.init).to(dev)
                 for w in cfg.widths]
         if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
             with torch.no_grad():
@@ -329,7 +334,7 @@ def run_kernels(cfg: KernelConfig, data_dir, dev: torch.device, progress: Progre
     order = torch.argsort(sample.y, stable=True)
     X, y = sample.X[order].to(dev, torch.float32), sample.y[order].to(dev)
     net = Net(cfg.arch, X, cfg.width, n_outputs(sample.n_classes), cfg.seed, cfg.init_std,
-              cfg.attention, cfg.data.normalize).to(dev)
+              cfg.attention, cfg.data.normalize, init=cfg.init).to(dev)
     with torch.no_grad():
         K_inf = infinite_ntk(net.features(X), storage=cfg.storage)
     K0 = empirical_ntk(net, X, storage=cfg.storage)

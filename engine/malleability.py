@@ -64,6 +64,7 @@ class InfluenceConfig:
     attention: str = options.attention()
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
+    init: str = options.init()
     ridge: float = options.ridge()  # of the influence's kernel regression and of the K∞ baseline
     target: str = setting("true", "influence on: true = each test point's own-class output; margin = own "
                           "class minus the best other class; sum = the label-free sum over outputs "
@@ -74,6 +75,7 @@ class InfluenceConfig:
     def __post_init__(self):
         normalised(self)
         validate(self)
+        options.check_init_widths(self.init, self.width)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def attack_spec(cfg: MalleabilityConfig, method: str, eps: float, seed: int) -> 
 
 def _fresh_net(cfg, arch, X_ref, c, dev, seed) -> Net:
     return Net(arch, X_ref, cfg.width, n_outputs(c), seed, cfg.init_std, cfg.attention,
-               cfg.data.normalize).to(dev)
+               cfg.data.normalize, init=cfg.init).to(dev)
 
 
 def _fit(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None = None,

@@ -30,6 +30,7 @@ from torch import nn
 from .errors import BadInput
 
 ARCHS = ("relu", "attn")
+INITS = ("gaussian", "antisymmetric")  # W ~ N(0, σ²) and a = ±1; or the same, mirrored so that f₀ ≡ 0
 PARAMS = ("ntk", "mup")    # parametrisations of the head: output scale m^-1/2 (the paper's) or m^-1 (μP)
 MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
 MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
@@ -203,6 +204,15 @@ def check_param(param) -> str:
     return param
 
 
+def check_init(init, width: int | None = None) -> str:
+    """``init`` in INITS; ``antisymmetric`` pairs hidden units, so its widths must be even."""
+    if init not in INITS:
+        raise BadInput(f"unknown init {init!r}; allowed: {', '.join(INITS)}")
+    if init == "antisymmetric" and width is not None and width % 2:
+        raise BadInput(f"init 'antisymmetric' pairs hidden units: the width must be even, got {width}")
+    return init
+
+
 def check_width(width) -> int:
     if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
         raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
@@ -217,19 +227,32 @@ class TwoLayerReLU(nn.Module):
     buffer of random ±1 signs. Same seed → same W and a, whatever ``param``. Output (n, n_out).
     Training sets ``param`` from ``TrainSpec.param`` (see ``engine.training``), which also
     scales the learning rate as μP asks.
+
+    ``init="antisymmetric"`` (width even, k = width/2): W = [W₁; W₁] and a = [a₁; −a₁], with
+    (W₁, a₁) exactly the W and a of a ``gaussian`` net of width k and the same seed. Every
+    hidden unit has a twin of opposite readout, so f₀ ≡ 0 (exactly: ``forward`` sums the two
+    halves as (h₁ − h₂) a₁). The eNTK wrt W only sees a² = 1, so at width m it *is* the
+    gaussian eNTK of width m/2 (mean K∞, the variance of m/2 units); training moves the twins
+    apart (their gradients have opposite signs).
     """
 
     def __init__(self, d: int, width: int, n_out: int, seed: int = 0, init_std: float = 1.0,
-                 dtype: torch.dtype = torch.float32, param: str = "ntk"):
+                 dtype: torch.dtype = torch.float32, param: str = "ntk", init: str = "gaussian"):
         super().__init__()
         check_width(width)
+        check_init(init, width)
         if not init_std > 0:
             raise BadInput(f"init_std must be > 0, got {init_std!r}")
         g = torch.Generator().manual_seed(int(seed))
-        self.W = nn.Parameter(torch.randn(width, d, generator=g, dtype=torch.float64).to(dtype) * init_std)
-        signs = torch.randint(0, 2, (width, n_out), generator=g).to(dtype) * 2 - 1
+        k = width // 2 if init == "antisymmetric" else width
+        W = torch.randn(k, d, generator=g, dtype=torch.float64).to(dtype) * init_std
+        signs = torch.randint(0, 2, (k, n_out), generator=g).to(dtype) * 2 - 1
+        if init == "antisymmetric":
+            W, signs = torch.cat([W, W]), torch.cat([signs, -signs])
+        self.W = nn.Parameter(W)
         self.register_buffer("a", signs)
         self.width = width
+        self.init = init
         self.param = check_param(param)
 
     @property
@@ -244,9 +267,12 @@ class TwoLayerReLU(nn.Module):
         return self.a / self.width
 
     def forward(self, phi: torch.Tensor) -> torch.Tensor:
-        if self.param == "ntk":
-            return torch.relu(phi @ self.W.T) @ self.a / math.sqrt(self.width)
-        return torch.relu(phi @ self.W.T) @ self.a / self.width
+        if self.init == "antisymmetric":  # twins summed pairwise: exactly 0 while W's halves agree
+            k = self.width // 2
+            out = (torch.relu(phi @ self.W[:k].T) - torch.relu(phi @ self.W[k:].T)) @ self.a[:k]
+        else:
+            out = torch.relu(phi @ self.W.T) @ self.a
+        return out / (math.sqrt(self.width) if self.param == "ntk" else self.width)
 
 
 class Net(nn.Module):
@@ -255,18 +281,19 @@ class Net(nn.Module):
     ``forward(X)`` takes raw inputs (n, d) and uses the stored training set ``X_ref``
     for attention. ``head(phi)`` applies only the ReLU head to given features.
     ``fixed_features`` is False for trainable attention (``qkv``): then the features move
-    during training and the NTK covers the attention parameters too.
+    during training and the NTK covers the attention parameters too. ``init``: one of
+    ``INITS`` (see ``TwoLayerReLU``).
     """
 
     def __init__(self, arch: str, X_ref: torch.Tensor, width: int, n_out: int, seed: int = 0,
                  init_std: float = 1.0, attention: str = "linear", normalize: bool = True,
-                 dtype: torch.dtype = torch.float32, param: str = "ntk"):
+                 dtype: torch.dtype = torch.float32, param: str = "ntk", init: str = "gaussian"):
         super().__init__()
         if arch not in ARCHS:
             raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
         self.arch, self.attention, self.normalize = arch, str(parse_attention(attention)), normalize
         self.register_buffer("X_ref", X_ref.to(dtype))
-        self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype, param)
+        self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype, param, init)
         trainable = arch == "attn" and parse_attention(attention).kind is Attention.QKV
         self.attn = QKVAttention(X_ref.shape[1], seed, dtype) if trainable else None
         self.fixed_features = not trainable

@@ -1,7 +1,7 @@
 """Settings that several experiments share, each declared once: one default, help text and set of limits.
 
 Every config that has a ridge, network seeds, architectures, widths, an initial scale, an
-attention variant or a kernel storage takes its field from here (``ridge: float = ridge()``),
+initialisation, an attention variant or a kernel storage takes its field from here (``ridge: float = ridge()``),
 so ``--help``, the dashboard's widgets and the validation agree across experiments. A config
 may pass a different *default* (a width sweep wants several widths) or a stricter ``check``
 (the linearised-head experiments refuse trainable attention); the help text and the limits
@@ -10,7 +10,7 @@ stay the same.
 
 from __future__ import annotations
 
-from .models import ARCHS, MAX_WIDTH, parse_attention
+from .models import ARCHS, INITS, MAX_WIDTH, check_init, parse_attention
 from .ntk import STORAGE
 from .settings import setting
 
@@ -65,6 +65,22 @@ def init_std(default: float = 1.0):
     """Scale of the first layer at initialisation; K∞ does not depend on it."""
     return setting(default, "standard deviation σ of the initial weights W ~ N(0, σ²); K∞ does not "
                    "depend on it", lo=0, lo_open=True, hi=100.0)
+
+
+INIT_HELP = ("initialisation of the head: gaussian (W ~ N(0, σ²), readout a = ±1, the paper's) or antisymmetric "
+             "(W = [W₁; W₁], a = [a₁; −a₁]: f₀ ≡ 0, the same eNTK in law as a gaussian net of half the width; "
+             "needs even widths)")
+
+
+def init(default: str = "gaussian"):
+    """How the head is initialised (``engine.models.INITS``); the config checks even widths."""
+    return setting(default, INIT_HELP, choices=INITS)
+
+
+def check_init_widths(init: str, widths) -> None:
+    """One-line ``BadInput`` when ``antisymmetric`` meets an odd width (call in ``__post_init__``)."""
+    for w in (widths if isinstance(widths, tuple) else (widths,)):
+        check_init(init, w)
 
 
 def attention(default: str = "linear", check=parse_attention, only: str = ""):
