@@ -21,9 +21,11 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
     from ui import configs
     from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                            WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                           ensure_entry, fetch_ui, linked_data, page_nav, upload_ui, uploaded_names, usable)
+                           ensure_entry, fetch_ui, linked_data, machine_speed, page_nav, upload_ui,
+                           uploaded_names, usable)
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
+machine_speed()  # once per server: this machine's speed now scales every estimate (engine.budget)
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
 QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice

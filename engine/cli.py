@@ -141,9 +141,18 @@ def cmd_datasets(a) -> dict:
     return {"data_dir": str(root), "datasets": [dataclasses.asdict(i) for i in infos]}
 
 
-def _estimate_only(exp: Experiment, cfg) -> dict:
+def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
+    """The estimate on the reference CPU and scaled by this machine's speed now (a GEMM timing of a
+    fraction of a second, ``engine.budget.speed_factor``) on the device the run would go to."""
+    from .device import resolve_device
+
     est = exp.estimate(cfg)
-    return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "describe": est.describe()}
+    speed = B.speed_factor(resolve_device(device).type)
+    here = B.Estimate(est.seconds * speed, est.bytes)
+    return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "speed_factor": speed,
+            "estimate_seconds_here": here.seconds,
+            "describe": f"{here.describe()} at this machine's speed now ({speed:.2g}× the reference CPU's "
+                        f"{B.duration(est.seconds)})"}
 
 
 def _run(exp: Experiment, cfg, a, progress):

@@ -12,6 +12,11 @@ Cancelling is cooperative: ``cancel`` sets the job's flag and the run raises
 queued job at once). A finished job never blocks a new submission: a DONE one is served, a
 FAILED or CANCELLED one (or one that is being cancelled) is replaced by a fresh run.
 
+Each run's engine estimate, times this machine's speed factor, gives its ETA until progress
+reports give a rate, and a run that finishes (not read from the cache) refreshes the factor
+with its measured / estimated time (``engine.budget.record_run``), so the next plan is
+made at the speed the machine has now.
+
 Worker threads are daemons and an ``atexit`` hook sets every job's cancel flag without
 waiting, so a server stops promptly even while a run is in a long torch call.
 
@@ -31,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .budget import record_run, speed_factor
 from .cache import Result, config_key
 from .errors import Cancelled, EngineError
 
@@ -71,6 +77,8 @@ class Job:
     # (clock time, frac) of recent progress reports: one at or before the rate window, the rest in it
     history: deque = field(default_factory=deque, repr=False)
     finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
+    estimate_s: float | None = None  # the engine's estimate times this machine's speed factor, if known
+    first_report: tuple[float, float] | None = field(default=None, repr=False)  # (clock time, frac)
 
     @property
     def done(self) -> bool:
@@ -87,22 +95,34 @@ class Job:
         return (self.finished or self.clock()) - self.started
 
     def eta_s(self) -> float | None:
-        """Seconds left at the progress rate of the last ``RATE_WINDOW_S`` seconds.
+        """Seconds left, from measured progress.
 
-        0.0 once done; None while queued, after a failure or cancel, and until there are
-        ``MIN_SAMPLES_FOR_ETA`` reports spanning ``MIN_SECONDS_FOR_ETA`` with some progress,
-        or when the estimate has run out (the run is slower than its recent rate said).
+        At the progress rate of the last ``RATE_WINDOW_S`` seconds (at least the last
+        ``MIN_SAMPLES_FOR_ETA`` reports, however sparse), counting down between reports. When
+        that has run out (the run is slower than its recent rate said), at the rate since the
+        first report with the time since the last one counted as spent: a longer ETA, never a
+        made-up "0 s left". Before there is a rate, ``estimate_s`` minus the time elapsed,
+        when known and not yet exceeded. 0.0 once done; None while queued, after a failure or
+        cancel, and when nothing is known.
         """
         if self.state is not JobState.RUNNING:
             return 0.0 if self.state is JobState.DONE else None
+        now = self.clock()
         samples = tuple(self.history)  # a snapshot: the worker appends while we read
-        if len(samples) < MIN_SAMPLES_FOR_ETA:
-            return None
-        (t0, f0), (t1, f1) = samples[0], samples[-1]
-        if t1 - t0 < MIN_SECONDS_FOR_ETA or f1 <= f0:
-            return None
-        left = (1.0 - f1) * (t1 - t0) / (f1 - f0) - (self.clock() - t1)  # counts down between reports
-        return left if left >= 0.0 else None
+        if len(samples) >= MIN_SAMPLES_FOR_ETA:
+            (t0, f0), (t1, f1) = samples[0], samples[-1]
+            if t1 - t0 >= MIN_SECONDS_FOR_ETA and f1 > f0:
+                left = (1.0 - f1) * (t1 - t0) / (f1 - f0) - (now - t1)  # counts down between reports
+                if left >= 0.0:
+                    return left
+                first = self.first_report
+                if first is not None and f1 > first[1]:  # overdue: the whole run's rate, up to now
+                    return (1.0 - f1) * (now - first[0]) / (f1 - first[1])
+                return None
+        if self.estimate_s is not None and self.started is not None:
+            left = self.estimate_s - (now - self.started)
+            return left if left > 0.0 else None
+        return None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job has finished (or timeout); True if it has."""
@@ -112,12 +132,15 @@ class Job:
         now = self.clock()
         self.frac = min(max(float(frac), self.frac), 1.0)  # never runs backwards
         self.stage = stage
+        if self.first_report is None:
+            self.first_report = (now, self.frac)
         h = self.history
         if len(h) >= 2 and now - h[-2][0] < SAMPLE_EVERY_S:
             h[-1] = (now, self.frac)
         else:
             h.append((now, self.frac))
-        while len(h) > 1 and h[1][0] <= now - RATE_WINDOW_S:  # keep one sample at the window's start
+        # keep one sample at the window's start, and the last few reports however old (sparse ones)
+        while len(h) > MIN_SAMPLES_FOR_ETA and h[1][0] <= now - RATE_WINDOW_S:
             h.popleft()
 
 
@@ -238,6 +261,10 @@ class JobManager:
             self._slots.release()
 
     def _run(self, job: Job, fn, config, kwargs) -> None:
+        reference, device = _estimate(config, kwargs.get("device", "cpu"))
+        if reference is not None:
+            job.estimate_s = reference * _speed(device)
+        t0 = time.perf_counter()
         try:
             result = fn(config, progress=job._progress, cancel=job.cancel_event, **kwargs)
         except Cancelled as exc:
@@ -249,6 +276,8 @@ class JobManager:
             self._finish(job, JobState.FAILED, error=f"{type(exc).__name__}: {line}",
                          detail=traceback.format_exc())
         else:
+            if reference is not None and not getattr(result, "cached", False):  # a cache read says nothing of speed
+                record_run(reference, time.perf_counter() - t0, device)
             job.result = result
             job.frac, job.stage = 1.0, "done"
             self._finish(job, JobState.DONE)
@@ -271,6 +300,25 @@ class JobManager:
         finished = sorted((j for j in self._jobs.values() if j.done), key=lambda j: j.finished or 0.0)
         for job in finished[:max(0, len(finished) - self._keep)]:
             del self._jobs[job.key]
+
+
+def _estimate(config, device) -> tuple[float | None, str]:
+    """The engine's estimate of ``config`` in reference seconds and the device type the run goes
+    to; (None, "cpu") for a config the registry does not know (a grid run, a test's)."""
+    try:
+        from .device import resolve_device
+        from .registry import estimate
+
+        return float(estimate(config).seconds), resolve_device(device).type
+    except Exception:  # no estimate is no reason to fail a run
+        return None, "cpu"
+
+
+def _speed(device: str) -> float:
+    try:
+        return speed_factor(device)
+    except EngineError:  # a bad $ENGINE_SPEED_FACTOR: the reference seconds
+        return 1.0
 
 
 _MANAGERS: weakref.WeakSet[JobManager] = weakref.WeakSet()

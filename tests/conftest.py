@@ -82,3 +82,5 @@ def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
     monkeypatch.setattr(PagesManager, "__init__", steady_init)
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(cache_dir))
     monkeypatch.setenv("ENGINE_DATA_DIR", str(data_dir))
+    # what starts by itself must not depend on how loaded the machine running the tests is
+    monkeypatch.setenv("ENGINE_SPEED_FACTOR", "1")

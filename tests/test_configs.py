@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine import budget
+from engine.errors import BadInput
 from engine.registry import EXPERIMENTS, estimate
 from ui import configs
 from ui.common import Shared
@@ -31,7 +32,8 @@ def test_page_configs_take_the_sidebar_data_and_keep_every_other_preset_value():
     assert (m.attack.steps, m.tau, m.train.epochs, m.seeds) == (qm.attack.steps, qm.tau, qm.train.epochs, qm.seeds)
 
 
-def test_plans_follow_the_engine_estimate():
+def test_plans_follow_the_engine_estimate(monkeypatch):
+    monkeypatch.setenv(budget.SPEED_ENV, "1")
     small = configs.sweep_config(S, epochs=0, n_seeds=1)
     plan = configs.plan(small)
     assert plan.seconds == pytest.approx(estimate(small).seconds)
@@ -41,6 +43,32 @@ def test_plans_follow_the_engine_estimate():
     heavy = configs.plan(big)
     assert heavy.seconds > budget.DASHBOARD_SECONDS and not heavy.allowed and not heavy.auto
     assert "python -m engine" in heavy.note
+
+
+def test_plans_scale_by_the_machines_speed_now(monkeypatch):
+    """On a machine 40x slower than the reference, a run estimated at 1 s no longer starts by itself."""
+    cfg = configs.sweep_config(S, epochs=0, n_seeds=1)
+    seconds = estimate(cfg).seconds
+    slow = budget.QUICK_SECONDS / seconds * 1.5  # just too slow for this config to start unasked
+    monkeypatch.setenv(budget.SPEED_ENV, str(slow))
+    plan = configs.plan(cfg)
+    assert plan.seconds == pytest.approx(seconds * slow) and plan.allowed and not plan.auto
+    assert budget.duration(plan.seconds) in plan.note
+    monkeypatch.delenv(budget.SPEED_ENV)
+    monkeypatch.setattr(budget, "_speed", {"cpu": slow})  # what finished runs measured here
+    assert configs.plan(cfg).seconds == pytest.approx(seconds * slow)
+
+
+def test_the_gemm_calibration_is_quick_and_within_bounds(monkeypatch):
+    monkeypatch.delenv(budget.SPEED_ENV, raising=False)
+    monkeypatch.setattr(budget, "_speed", {})
+    monkeypatch.setattr(budget, "_gemm_factor", [])
+    factor = budget.speed_factor("cpu")          # calibrates on first use
+    assert budget.SPEED_MIN <= factor <= budget.SPEED_MAX and budget._gemm_factor == [factor]
+    assert budget.speed_factor("cuda") == 1.0    # no run measured on a GPU yet: the CPU estimate bounds it
+    monkeypatch.setenv(budget.SPEED_ENV, "fast")
+    with pytest.raises(BadInput, match="ENGINE_SPEED_FACTOR.*'fast'"):
+        budget.speed_factor()
 
 
 def test_a_run_that_cannot_fit_in_memory_is_not_allowed():

@@ -119,8 +119,8 @@ def test_progress_and_eta_follow_the_recent_rate():
     assert job.eta_s() == pytest.approx(13.0)        # 5 %/s, 65 % left; the setup does not count
     now[0] = 113.0
     assert job.eta_s() == pytest.approx(12.0)        # counts down between reports
-    now[0] = 140.0
-    assert job.eta_s() is None                       # overdue: no made-up "0 s left"
+    now[0] = 140.0                                   # overdue: no made-up "0 s left", but the rate since
+    assert job.eta_s() == pytest.approx(0.65 * 30 / 0.10)  # the first report with the wait counted as spent
     job._progress(0.1, "late report")                # progress never runs backwards
     assert job.frac == 0.35
     fresh = Job("k2", "fake", "l", state=JobState.RUNNING, started=110.0, clock=lambda: now[0])
@@ -154,6 +154,56 @@ def test_eta_uses_the_last_ten_seconds_with_the_managers_clock():
     assert len(job.history) <= 12                    # only the window (plus its first sample) is kept
     gate.set()
     assert job.wait(5) and job.eta_s() == 0.0
+    m.shutdown()
+
+
+def test_sparse_reports_still_give_an_eta():
+    """A report every 30 s (one per width of a sweep): the last reports give the rate."""
+    now = [0.0]
+    job = Job("k", "fake", "l", state=JobState.RUNNING, started=0.0, clock=lambda: now[0])
+    for i in range(1, 4):
+        now[0] = 30.0 * i
+        job._progress(0.1 * i, "width")
+    assert job.eta_s() == pytest.approx(0.7 * 60 / 0.2)  # 10 % per 30 s, 70 % left
+    now[0] = 100.0
+    assert job.eta_s() == pytest.approx(210.0 - 10.0)    # counts down between reports
+
+
+def test_before_any_rate_the_eta_is_the_scaled_estimate():
+    now = [50.0]
+    job = Job("k", "fake", "l", state=JobState.RUNNING, started=40.0, clock=lambda: now[0], estimate_s=30.0)
+    assert job.eta_s() == pytest.approx(20.0)            # 10 s of its 30 s estimate spent
+    now[0] = 80.0
+    assert job.eta_s() is None                           # past its estimate and no rate: nothing made up
+
+
+def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
+    """A registered config's run records measured / estimated seconds; a cache read does not."""
+    from engine import budget
+    from engine.registry import EXPERIMENTS
+
+    monkeypatch.delenv(budget.SPEED_ENV, raising=False)
+    monkeypatch.setattr(budget, "_speed", {})
+    cfg = EXPERIMENTS["spectrum"].probe()
+    reference = EXPERIMENTS["spectrum"].estimate(cfg).seconds
+    monkeypatch.setattr(budget, "SPEED_MIN_RUN_S", 0.0)
+    monkeypatch.setattr(budget, "SPEED_MIN", 1e-9)      # a 0.2 s fake run is far faster than the estimate
+    clock = {"cached": False}
+
+    def run(cfg, progress=None, cancel=None, **kwargs):
+        time.sleep(0.2)
+        return Result("spectrum", {}, cached=clock["cached"])
+
+    m = JobManager()
+    job = m.submit("spectrum", cfg, run, device="cpu")
+    assert job.wait(10) and job.state is JobState.DONE
+    assert job.estimate_s is not None
+    factor = budget.speed_factor("cpu")
+    assert 0.2 / reference <= factor <= job.elapsed_s() / reference  # the run's own seconds, not its setup
+    m.forget(job.key)
+    clock["cached"] = True
+    assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
+    assert budget.speed_factor("cpu") == factor          # a cache read says nothing of speed
     m.shutdown()
 
 

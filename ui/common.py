@@ -298,6 +298,15 @@ def get_cache() -> Cache:
 
 
 @st.cache_resource(show_spinner=False)
+def machine_speed() -> float:
+    """This machine's speed factor, measured once when the server starts (a float32 GEMM timed
+    for a fraction of a second, ``engine.budget.calibrate``); finished runs refresh it later."""
+    from engine.budget import calibrate
+
+    return calibrate()
+
+
+@st.cache_resource(show_spinner=False)
 def get_manager() -> JobManager:
     """One job manager per server process, so runs survive reruns, page switches and tabs."""
     return JobManager(max_workers=2)

@@ -79,14 +79,25 @@ def _memory_limit(device: str) -> int:
     return budget.Budget().limit_bytes(where)
 
 
+def speed(device: str = "cpu") -> float:
+    """This machine's speed factor now on the device runs go to (``engine.budget.speed_factor``)."""
+    try:
+        kind = resolve_device(device).type
+    except EngineError:
+        kind = "cpu"
+    return budget.speed_factor(kind)
+
+
 def plan(cfg, device: str = "cpu") -> Plan:
-    """Whether a config runs at once, on a click, or not from the browser (engine estimate),
-    with memory counted on the device the runs go to (the sidebar's ``device``)."""
+    """Whether a config runs at once, on a click, or not from the browser, from the engine's
+    estimate times this machine's speed now (``speed``), with memory counted on the device
+    the runs go to (the sidebar's ``device``). ``Plan.seconds`` is the scaled time."""
     est = estimate(cfg)
+    seconds = est.seconds * speed(device)
     limit = _memory_limit(device)
     fits = est.bytes <= limit
-    allowed = fits and est.seconds <= budget.DASHBOARD_SECONDS
-    auto = allowed and est.seconds <= budget.QUICK_SECONDS
+    allowed = fits and seconds <= budget.DASHBOARD_SECONDS
+    auto = allowed and seconds <= budget.QUICK_SECONDS
     if not fits:
         note = (f"These settings need about {est.bytes / budget.GIB:.1f} GiB, more than the "
                 f"{limit / budget.GIB:.1f} GiB that fit here; use a smaller n or width.")
@@ -97,11 +108,12 @@ def plan(cfg, device: str = "cpu") -> Plan:
                 note += (f" With kernels stored in float32 (`python -m engine {command} --storage float32`) "
                          f"they would need {small / budget.GIB:.1f} GiB; see the README on its accuracy cost.")
     elif not allowed:
-        note = (f"These settings would take about {budget.duration(est.seconds)}, over the dashboard's limit of "
+        note = (f"These settings would take about {budget.duration(seconds)} here now, over the dashboard's limit of "
                 f"{budget.duration(budget.DASHBOARD_SECONDS)}; run them with `python -m engine` instead.")
     else:
-        note = f"These settings take about {budget.duration(est.seconds)} here; they run in the background once started."
-    return Plan(est.seconds, est.bytes / budget.GIB, auto, allowed, note)
+        note = (f"These settings take about {budget.duration(seconds)} at this machine's speed now; they run in "
+                "the background once started.")
+    return Plan(seconds, est.bytes / budget.GIB, auto, allowed, note)
 
 
 def dashboard_budget() -> budget.Budget:

@@ -24,7 +24,7 @@ from engine.jobs import Job, JobManager, JobState
 from ui.common import get_cache, get_manager, shared
 
 INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment
-POLL_S = 0.7          # progress bar refresh
+POLL_S = 2.0          # progress bar refresh: each redraw costs the run CPU time, so not faster than this
 DRAW_S = 0.25         # progress bar refresh while waiting inline
 CANCEL_WAIT_S = 1.0   # after Cancel, wait this long for the run to stop before redrawing the page
 
