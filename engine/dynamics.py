@@ -59,10 +59,9 @@ from .ntk import infinite_ntk
 from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
-from .training import (OPTIMIZER_FNS, TrainSpec, per_model_loss, loss_fn, loss_weights, predict_labels,
+from .training import (BATCH_SEED_OFFSET, OPTIMIZER_FNS, TrainSpec, per_model_loss, loss_fn, loss_weights, predict_labels,
                        resolve_loss)
 
-BATCH_SEED_OFFSET = 7919  # engine.training seeds its batch order with seed + 7919; same seed, same batches
 METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
@@ -288,7 +287,7 @@ def _record_epochs(cfg: DynamicsConfig) -> list[int]:
 def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
     n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
     tr, groups, m = cfg.train, len(cfg.archs) * len(cfg.seeds), sum(cfg.widths)
-    c_out = 10
+    c_out = B.n_outputs(cfg.data)
     records = len(_record_epochs(cfg))
     per_group = (B.train_s(n, d, 2 * m, tr.epochs, tr.batch_size, c_out)
                  + records * (2 * B.gemm_s(n + nt, m, d) + 2 * B.gemm_s(n + nt, m, c_out) + 4 * (n + nt) * m / B.FLOPS
@@ -296,7 +295,9 @@ def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
     reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
                                   + B.eig_s(n) * 3 + B.gemm_s(nt, n, n, True))
     seconds = B.FIXED_S + reference + groups * per_group
-    memory = 8 * (4 * n * n + 2 * nt * n) + 4 * 6 * m * d + 4 * 4 * (n + nt) * m
+    memory = (8 * (4 * n * n + 2 * nt * n) + 4 * 6 * m * d + 4 * 4 * (n + nt) * m
+              + 2 * B.head_bytes(m, n + nt, c_out)       # the net's and its linearisation's heads
+              + 8 * 3 * (n + nt) * c_out)                 # float64 targets and the K∞ flow's outputs
     return Estimate(seconds, int(memory))
 
 
@@ -417,7 +418,7 @@ def estimate_coord_check(cfg: CoordCheckConfig) -> Estimate:
     per_step = 3 * B.gemm_s(b, m, d) + 2 * B.gemm_s(nt, m, d) + 2 * len(cfg.widths) * B.STEP_OVERHEAD_S \
         + 3 * nt * m / B.FLOPS
     seconds = B.FIXED_S + B.attention_s(cfg.attention, cfg.data.n + nt, d) + runs * (cfg.steps + 1) * per_step
-    return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m)))
+    return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m) + B.head_bytes(m, b + nt, B.n_outputs(cfg.data))))
 
 
 @experiment_run("coord-check")

@@ -209,7 +209,7 @@ def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
 def estimate_sweep(cfg: SweepConfig) -> Estimate:
     n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
     tr, groups = cfg.train, len(cfg.archs) * len(cfg.seeds)
-    c_out = 10
+    c_out = B.n_outputs(cfg.data)
     reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
                                   + 2 * B.chol_s(n) + B.eig_s(n))
     per_group = B.train_s(n, d, sum(cfg.widths), tr.epochs, tr.batch_size, c_out)
@@ -217,9 +217,10 @@ def estimate_sweep(cfg: SweepConfig) -> Estimate:
     for w in cfg.widths:
         per_group += (3 + snaps) * B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) * 2 + 2 * B.eig_s(n) + 4 * B.chol_s(n)
     if cfg.attention == "qkv" and "attn" in cfg.archs:
-        per_group *= 20  # autograd Jacobians over every parameter
+        per_group *= B.QKV_SLOWDOWN
     seconds = B.FIXED_S + reference + groups * per_group
-    memory = 8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
+    memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
+              + B.head_bytes(sum(cfg.widths), n + nt, c_out) + 8 * 4 * (n + nt) * c_out)  # f_NTK, solves
     return Estimate(seconds, int(memory))
 
 
@@ -315,11 +316,11 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
 def estimate_kernels(cfg: KernelConfig) -> Estimate:
     n, d, w = cfg.data.n, B.input_dim(cfg.data), cfg.width
     seconds = (B.FIXED_S + B.attention_s(cfg.attention, n, d) + 2 * B.ntk_s(n, n, d, w)
-               + B.train_s(n, d, w, cfg.train.epochs, cfg.train.batch_size))
+               + B.train_s(n, d, w, cfg.train.epochs, cfg.train.batch_size, B.n_outputs(cfg.data)))
     if cfg.attention == "qkv" and cfg.arch == "attn":
-        seconds *= 20
+        seconds *= B.QKV_SLOWDOWN
     size = 4 if cfg.storage == "float32" else 8
-    return Estimate(seconds, int(size * 5 * n * n + 16 * w * d))
+    return Estimate(seconds, int(size * 5 * n * n + 16 * w * d + B.head_bytes(w, n, B.n_outputs(cfg.data))))
 
 
 @experiment_run("kernels")

@@ -176,14 +176,15 @@ def _influence_bytes(cfg: InfluenceConfig) -> int:
     """K and K_test in their storage, the float64 factor and solves beside them."""
     n, nt = cfg.data.n, cfg.data.n_test
     size = 4 if cfg.storage == "float32" else 8
-    return size * (n * n + nt * n) + factor_bytes(n, nt, 10)
+    c_out = B.n_outputs(cfg.data)
+    return size * (n * n + nt * n) + factor_bytes(n, nt, c_out) + B.head_bytes(cfg.width, n + nt, c_out)
 
 
 def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + B.ntk_s(n, n, d, m)
            + B.ntk_s(nt, n, d, m) + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
-    slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
                     int(_influence_bytes(cfg) + 16 * m * d))
 
@@ -283,7 +284,7 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
         per += len(cfg.attacks) * len(cfg.eps) * B.train_s(n, d, m, tr.epochs, tr.batch_size)
     if cfg.interventions:
         per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
-    slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
                     int(_influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
 

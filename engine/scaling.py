@@ -155,7 +155,7 @@ def estimate_scaling(cfg: ScalingConfig) -> Estimate:
     epochs = 0 if cfg.measure == "init" else cfg.train.epochs
     per_kappa_model = 0.0
     for w in grid:
-        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 2)
+        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 1 if cfg.classes == 2 else cfg.classes)
                                              + 2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
     attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
     seconds = B.FIXED_S + len(cfg.kappas) * (len(_models(cfg)) * per_kappa_model + attention)

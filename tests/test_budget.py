@@ -251,3 +251,81 @@ def test_gpu_runs_are_bounded_by_host_memory_too():
     if torch.cuda.is_available():
         gpu = B.Budget().limit_bytes(torch.device("cuda"))
         assert gpu <= 1.1 * host and gpu <= 0.8 * B.free_bytes(torch.device("cuda")) * 1.1
+
+
+# ---------------------------------------------------------------- estimates count what the data has
+
+@pytest.mark.parametrize("name", [n for n, e in EXPERIMENTS.items() if "data" in e.nested and n != "spectrum"])
+def test_estimates_grow_with_the_number_of_classes(name):
+    """Readouts, outputs, targets and leave-one-out solves scale with the classes of the data
+    (every experiment that trains a net; the spectrum reads no labels)."""
+    cfg = EXPERIMENTS[name].probe()
+    few, many = (replace(cfg, data=replace(cfg.data, synthetic_classes=c)) for c in (10, 100))
+    assert estimate(many).bytes > estimate(few).bytes, name
+    assert B.n_classes(many.data) == 100 and B.n_outputs(replace(cfg.data, dataset="mnist:3-8")) == 1
+
+
+def test_a_user_npz_counts_its_own_labels(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "many.npz"
+    np.savez(path, X=np.zeros((30, 4), np.float32), y=np.arange(30) % 15)
+    assert B.n_classes(DataSpec(dataset=str(path), n=20, n_test=1)) == 15
+    assert B.n_classes(DataSpec(dataset=str(tmp_path / "absent.npz"))) == 10  # loading says what is wrong
+
+
+def _own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory folder where a child group can be made (root only)."""
+    root = Path("/sys/fs/cgroup/memory")
+    try:
+        line = next(ln for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                    if "memory" in ln.split(":")[1].split(","))
+    except (OSError, StopIteration, IndexError):
+        return None
+    own = root / line.split(":", 2)[2].lstrip("/")
+    return own if (own / "memory.limit_in_bytes").exists() and os_access(own) else None
+
+
+def os_access(path: Path) -> bool:
+    import os
+
+    return os.access(path, os.W_OK)
+
+
+@pytest.mark.slow
+def test_a_run_over_a_real_cgroup_limit_is_refused_not_killed(tmp_path):
+    """A real child process in a real memory cgroup (v1, as on these machines) whose limit the run's
+    estimate exceeds: exit 2 with the GiB it needs, never the kernel's signal 9."""
+    import os
+
+    import numpy as np
+
+    parent = _own_memory_cgroup()
+    if parent is None:
+        pytest.skip("no writable cgroup v1 memory controller here")
+    group = parent / f"engine-test-{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup: {exc}")
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(int(1.5 * B.GIB)))
+        data = tmp_path / "c600.npz"
+        rng = np.random.default_rng(0)
+        np.savez(data, X=rng.random((3000, 64)).astype(np.float32), y=np.arange(3000) % 600,
+                 X_test=rng.random((300, 64)).astype(np.float32), y_test=np.arange(300) % 600)
+        args = [sys.executable, "-m", "engine", "dynamics", "--dataset", str(data), "--n", "2900", "--n-test", "300",
+                "--widths", "4096,16384", "--seeds", "0", "--epochs", "2", "--no-cache", "--quiet"]
+        est = json.loads(subprocess.run([*args, "--estimate", "--json"], capture_output=True, text=True,
+                                        cwd=Path(__file__).resolve().parents[1]).stdout)["estimate_bytes"]
+        assert est > 1.5 * B.GIB  # so the limit is what refuses it
+        shell = f'echo $$ > {group}/cgroup.procs && exec "$@"'
+        p = subprocess.run(["sh", "-c", shell, "sh", *args], capture_output=True, text=True, timeout=600,
+                           cwd=Path(__file__).resolve().parents[1])
+        assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+        assert "GiB" in p.stderr and "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0, p.stderr
+    finally:
+        try:
+            group.rmdir()
+        except OSError:
+            pass
