@@ -11,82 +11,10 @@ from engine.attacks import AttackNorm, AttackSpec, _project, _random_start, atta
 from engine.errors import BadInput
 from engine.models import Net
 from engine.training import TrainSpec, train
+from reference import attack as np_attack
+from reference import loss_grad, project, step_direction
 
 NORMS = ("linf", "l2")
-
-
-# ---------------------------------------------------------------- numpy reference
-
-def _np_loss_grad(X, y, W, a, arch, loss):
-    """Training loss of Net(arch) (linear attention over X itself) and its gradient in X."""
-    nx = np.linalg.norm(X, axis=1, keepdims=True)
-    Z = X / nx
-    if arch == "attn":
-        A = Z @ Z.T @ Z
-        na = np.linalg.norm(A, axis=1, keepdims=True)
-        phi = A / na
-    else:
-        phi = Z
-    m = W.shape[0]
-    pre = phi @ W.T
-    out = np.maximum(pre, 0) @ a / math.sqrt(m)
-    n = len(y)
-    if loss == "ce":
-        s = out - out.max(axis=1, keepdims=True)
-        p = np.exp(s) / np.exp(s).sum(axis=1, keepdims=True)
-        value = -np.mean(np.log(p[np.arange(n), y]))
-        dout = (p - np.eye(out.shape[1])[y]) / n
-    else:  # mse on ±1 targets, one output
-        t = (2.0 * y - 1.0)[:, None]
-        value = np.mean((out - t) ** 2)
-        dout = 2 * (out - t) / out.size
-    dphi = ((dout @ a.T / math.sqrt(m)) * (pre > 0)) @ W
-    if arch == "attn":
-        dA = (dphi - phi * np.sum(phi * dphi, axis=1, keepdims=True)) / na
-        dZ = dA @ Z.T @ Z + Z @ dA.T @ Z + Z @ Z.T @ dA  # A = Z Zᵀ Z, product rule over its three factors
-    else:
-        dZ = dphi
-    return value, (dZ - Z * np.sum(Z * dZ, axis=1, keepdims=True)) / nx
-
-
-def _np_unit(g, norm):
-    if norm == "linf":
-        return np.sign(g)
-    n = np.linalg.norm(g, axis=1, keepdims=True)
-    return np.divide(g, n, out=np.zeros_like(g), where=n > 0)
-
-
-def _np_project(Xp, X, eps, norm, box):
-    if norm == "linf":
-        Xp = np.clip(Xp, X - eps, X + eps)
-    else:
-        d = Xp - X
-        n = np.linalg.norm(d, axis=1, keepdims=True)
-        Xp = X + d * np.where(n > eps, eps / np.where(n > 0, n, 1.0), 1.0)
-    return Xp if box is None else np.clip(Xp, *box)
-
-
-def _np_attack(f, X, method, norm, eps, steps=1, alpha=None, mu=1.0, move=None, box=None, start=None):
-    """(returned point, every iterate, their losses); ``f(X) -> (loss, grad)``."""
-    move = np.ones((len(X), 1)) if move is None else move[:, None].astype(float)
-    if method == "fgsm":
-        x1 = _np_project(X + eps * _np_unit(f(X)[1], norm) * move, X, eps, norm, box)
-        return x1, [x1], [f(x1)[0]]
-    alpha = 2.5 * eps / steps if alpha is None else alpha
-    Xp = X.copy() if start is None else start
-    v = np.zeros_like(X)
-    iterates, losses = [], []
-    for _ in range(steps):
-        value, g = f(Xp)
-        iterates.append(Xp)
-        losses.append(value)
-        if method == "mim":
-            v = mu * v + g / np.abs(g).sum(axis=1, keepdims=True)
-            g = v
-        Xp = _np_project(Xp + alpha * _np_unit(g, norm) * move, X, eps, norm, box)
-    iterates.append(Xp)
-    losses.append(f(Xp)[0])
-    return iterates[int(np.argmax(losses))], iterates, losses
 
 
 def _tiny(arch, loss="ce", n=8, d=5, width=16, seed=0):
@@ -97,7 +25,7 @@ def _tiny(arch, loss="ce", n=8, d=5, width=16, seed=0):
     y = torch.arange(n) % c
     net = Net(arch, X, width, c if loss == "ce" else 1, seed=seed + 1, dtype=torch.float64)
     W, a = net.mlp.W.detach().numpy(), net.mlp.a.numpy()
-    return net, X, y, c, lambda Xn: _np_loss_grad(Xn, y.numpy(), W, a, arch, loss)
+    return net, X, y, c, lambda Xn: loss_grad(Xn, y.numpy(), W, a, arch, loss)
 
 
 def _close(got, expected):
@@ -125,7 +53,7 @@ def test_numpy_reference_loss_and_gradient_agree_with_autograd(arch, loss):
 def test_fgsm_step_matches_numpy(arch, loss, norm):
     net, X, y, c, f = _tiny(arch, loss)
     got = attack(net, X, y, c, AttackSpec("fgsm", 0.05, norm=norm), loss, box=None)
-    expected, _, _ = _np_attack(f, X.numpy(), "fgsm", norm, 0.05)
+    expected, _, _ = np_attack(f, X.numpy(), "fgsm", norm, 0.05)
     _close(got, expected)
     moved = np.abs(expected - X.numpy())
     if norm == "linf":
@@ -141,10 +69,10 @@ def test_pgd_steps_match_numpy_with_the_projection_active(arch, norm):
     net, X, y, c, f = _tiny(arch)
     spec = AttackSpec("pgd", 0.05, steps=2, step_size=0.035, norm=norm)
     got = attack(net, X, y, c, spec, "ce", box=None)
-    expected, iterates, losses = _np_attack(f, X.numpy(), "pgd", norm, 0.05, steps=2, alpha=0.035)
+    expected, iterates, losses = np_attack(f, X.numpy(), "pgd", norm, 0.05, steps=2, alpha=0.035)
     _close(got, expected)
     assert int(np.argmax(losses)) == 2  # the comparison covers both steps, not the clean start
-    unprojected = iterates[1] + 0.035 * _np_unit(f(iterates[1])[1], norm) - X.numpy()
+    unprojected = iterates[1] + 0.035 * step_direction(f(iterates[1])[1], norm) - X.numpy()
     size = np.abs(unprojected).max() if norm == "linf" else np.linalg.norm(unprojected, axis=1).max()
     assert size > 0.05 * (1 + 1e-3)
 
@@ -157,7 +85,7 @@ def test_mim_two_steps_match_numpy(arch, norm, mu):
     net, X, y, c, f = _tiny(arch)
     spec = AttackSpec("mim", 0.05, steps=2, step_size=0.02, momentum=mu, norm=norm)
     got = attack(net, X, y, c, spec, "ce", box=None)
-    expected, _, losses = _np_attack(f, X.numpy(), "mim", norm, 0.05, steps=2, alpha=0.02, mu=mu)
+    expected, _, losses = np_attack(f, X.numpy(), "mim", norm, 0.05, steps=2, alpha=0.02, mu=mu)
     _close(got, expected)
     assert int(np.argmax(losses)) == 2
 
@@ -187,7 +115,7 @@ def test_l2_projection_matches_numpy_and_keeps_inner_points():
     Xp = X + torch.randn(50, 7, generator=g, dtype=torch.float64) * torch.linspace(0.01, 1.0, 50)[:, None]
     eps = 0.4
     got = _project(Xp, X, eps, None, AttackNorm.L2)
-    _close(got, _np_project(Xp.numpy(), X.numpy(), eps, "l2", None))
+    _close(got, project(Xp.numpy(), X.numpy(), eps, "l2", None))
     norms = (got - X).norm(dim=1)
     inside = (Xp - X).norm(dim=1) <= eps
     assert 0 < int(inside.sum()) < 50
@@ -202,14 +130,14 @@ def test_box_clipping_matches_numpy_and_stays_in_the_ball(norm):
     X = torch.where(torch.arange(5) % 2 == 0, X * 0.05, 1 - X * 0.05)  # coordinates near the faces
     net = Net("attn", X, 16, 3, seed=1, dtype=torch.float64)
     W, a = net.mlp.W.detach().numpy(), net.mlp.a.numpy()
-    f = lambda Xn: _np_loss_grad(Xn, y.numpy(), W, a, "attn", "ce")  # noqa: E731
+    f = lambda Xn: loss_grad(Xn, y.numpy(), W, a, "attn", "ce")  # noqa: E731
     eps = 0.3 if norm == "linf" else 0.6
     got = attack(net, X, y, c, AttackSpec("pgd", eps, steps=3, norm=norm), "ce", box=(0.0, 1.0))
-    expected, _, _ = _np_attack(f, X.numpy(), "pgd", norm, eps, steps=3, box=(0.0, 1.0))
+    expected, _, _ = np_attack(f, X.numpy(), "pgd", norm, eps, steps=3, box=(0.0, 1.0))
     _close(got, expected)
     assert got.min() >= 0 and got.max() <= 1
     assert ((got == 0) | (got == 1)).sum() > 0  # the box was active
-    free, _, _ = _np_attack(f, X.numpy(), "pgd", norm, eps, steps=3)
+    free, _, _ = np_attack(f, X.numpy(), "pgd", norm, eps, steps=3)
     assert (free.min() < 0) or (free.max() > 1)  # without the box the same attack leaves it
     delta = (got - X).abs().amax(1) if norm == "linf" else (got - X).norm(dim=1)
     assert (delta <= eps * (1 + RTOL64)).all()
@@ -230,7 +158,7 @@ def test_mask_keeps_other_rows_bit_for_bit(method, norm):
     assert bool(((got[:3] - X[:3]).abs().amax(1) > 1e-3).all())
     if method != "pgd":  # PGD's random start is not reproduced in numpy
         box = (-math.inf, math.inf)  # numpy: no clipping, so row 6 stays where it is
-        expected, _, _ = _np_attack(f, X.numpy(), method, norm, 0.1, steps=3, move=mask.numpy(), box=box)
+        expected, _, _ = np_attack(f, X.numpy(), method, norm, 0.1, steps=3, move=mask.numpy(), box=box)
         _close(got[:3], expected[:3])
 
 
@@ -244,7 +172,7 @@ def test_returns_the_best_iterate_of_the_numpy_run(method, norm, mult, mu):
     eps = 0.2 if norm == "linf" else 0.4
     spec = AttackSpec(method, eps, steps=6, step_size=mult * eps, momentum=mu, norm=norm)
     got = attack(net, X, y, c, spec, "ce", box=None)
-    expected, iterates, losses = _np_attack(f, X.numpy(), method, norm, eps, steps=6, alpha=mult * eps, mu=mu)
+    expected, iterates, losses = np_attack(f, X.numpy(), method, norm, eps, steps=6, alpha=mult * eps, mu=mu)
     best = int(np.argmax(losses))
     assert 0 < best < len(losses) - 1, losses  # neither the start nor the last iterate
     _close(got, expected)

@@ -14,6 +14,7 @@ import torch
 
 from engine import cli
 from engine.registry import EXPERIMENTS
+from reference import arccos_ntk
 from engine.calibration import estimate
 from engine.data import DataSpec, load_sample
 from engine.dynamics import (PRESETS, CoordCheckConfig, DynamicsConfig, KernelFlow, linearised_head,
@@ -28,12 +29,6 @@ BIN = DataSpec("synthetic", n=48, n_test=32, synthetic_d=12, synthetic_classes=2
 MULTI = DataSpec("synthetic", n=48, n_test=32, synthetic_d=12, synthetic_classes=3)  # CE, three outputs
 SLOPE_TOL = 0.3   # log-log slopes over a factor 8 of step sizes
 COORD_TOL = 0.15  # coordinate-check slopes over widths 64 … 4096
-
-
-def _np_arccos_ntk(A, B):
-    dots = A @ B.T
-    cos = np.clip(dots / np.outer(np.linalg.norm(A, axis=1), np.linalg.norm(B, axis=1)), -1, 1)
-    return dots * (np.pi - np.arccos(cos)) / (2 * np.pi)
 
 
 def _sample64(spec):
@@ -151,7 +146,7 @@ def test_kernel_flow_against_scipy_expm(beta):
     rng = np.random.default_rng(0)
     Z = rng.normal(size=(9, 4))
     Z /= np.linalg.norm(Z, axis=1, keepdims=True)
-    K, K_t = _np_arccos_ntk(Z[:6], Z[:6]), _np_arccos_ntk(Z[6:], Z[:6])
+    K, K_t = arccos_ntk(Z[:6], Z[:6]), arccos_ntk(Z[6:], Z[:6])
     Y, F0, F0_t = rng.choice([-1.0, 1.0], 6), rng.normal(size=6), rng.normal(size=3)
     flow = KernelFlow(torch.tensor(K), torch.tensor(K_t))
     for tau in (0.0, 3.0, 40.0):
@@ -172,7 +167,7 @@ def test_k_inf_gap_of_a_run_against_a_direct_computation(wd):
     s = load_sample(data)
     Z = (s.X / s.X.norm(dim=1, keepdim=True)).double().numpy()
     Zt = (s.X_test / s.X_test.norm(dim=1, keepdim=True)).double().numpy()
-    K, K_t = _np_arccos_ntk(Z, Z), _np_arccos_ntk(Zt, Z)
+    K, K_t = arccos_ntk(Z, Z), arccos_ntk(Zt, Z)
     Y = 2.0 * s.y.double().numpy() - 1.0
     net = Net("relu", s.X.float(), 64, 1, seed=0)
     with torch.no_grad():

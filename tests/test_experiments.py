@@ -9,14 +9,9 @@ from engine.experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_k
                                 run_spectrum)
 from engine.models import Net
 from engine.training import TrainSpec
+from reference import arccos_ntk
 
 SYN = DataSpec("synthetic", n=60, n_test=20, synthetic_d=12, synthetic_kappa=30.0, synthetic_classes=3)
-
-
-def _np_arccos_ntk(A, B):
-    dots = A @ B.T
-    cos = np.clip(dots / np.outer(np.linalg.norm(A, axis=1), np.linalg.norm(B, axis=1)), -1, 1)
-    return dots * (np.pi - np.arccos(cos)) / (2 * np.pi)
 
 
 def test_sweep_rows_match_an_independent_numpy_computation():
@@ -29,12 +24,12 @@ def test_sweep_rows_match_an_independent_numpy_computation():
     W = net.mlp.W.detach().double().numpy()
     S = (Z @ W.T > 0).astype(float)
     K_m = (Z @ Z.T) * (S @ S.T) / 32
-    K_inf = _np_arccos_ntk(Z, Z)
+    K_inf = arccos_ntk(Z, Z)
     assert row.kernel_dist_init == pytest.approx(np.linalg.norm(K_m - K_inf) / np.linalg.norm(K_inf), rel=1e-6)
     assert row.kernel_dist_trained == row.kernel_dist_init and row.weight_movement == 0.0
     Y = np.eye(3)[s.y.numpy()]
     lam = 1e-2 * np.mean(np.diag(K_inf))
-    f_ntk = _np_arccos_ntk(Zt, Z) @ np.linalg.solve(K_inf + lam * np.eye(60), Y)
+    f_ntk = arccos_ntk(Zt, Z) @ np.linalg.solve(K_inf + lam * np.eye(60), Y)
     f_m = np.maximum(Zt @ W.T, 0) @ net.mlp.a.double().numpy() / math.sqrt(32)
     assert row.function_dist == pytest.approx(np.linalg.norm(f_m - f_ntk), rel=1e-5)
     assert row.test_acc == pytest.approx(np.mean(f_m.argmax(1) == s.y_test.numpy()))

@@ -8,6 +8,7 @@ from engine.influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, infl
                               net_influence, top_indices)
 from engine.models import Net
 from engine.ntk import empirical_ntk, infinite_ntk
+from reference import loo_changes, ridge_predict
 
 
 def _problem(n=12, n_test=5, d=4, c=3, seed=0):
@@ -16,10 +17,6 @@ def _problem(n=12, n_test=5, d=4, c=3, seed=0):
     K_all = infinite_ntk(X)
     Y = torch.randn(n, c, generator=g, dtype=torch.float64)
     return K_all[:n, :n], K_all[n:, :n], Y
-
-
-def _refit_predictions(K, K_test, Y, lam_abs):
-    return K_test @ np.linalg.solve(K + lam_abs * np.eye(len(K)), Y)
 
 
 @pytest.mark.parametrize("ridge", [1e-3, 1e-1])
@@ -32,10 +29,10 @@ def test_loo_influence_equals_brute_force_refits(ridge, c, block, monkeypatch):
     infl = loo_influence(K, K_test, Y, ridge).numpy()  # (n_test, n, c)
     Kn, Ktn, Yn = K.numpy(), K_test.numpy(), Y.numpy()
     lam = ridge * np.mean(np.diag(Kn))  # the same absolute λ for the full and the reduced fits
-    full = _refit_predictions(Kn, Ktn, Yn, lam)
+    full = ridge_predict(Kn, Ktn, Yn, lam)
     for i in range(len(Kn)):
         keep = np.arange(len(Kn)) != i
-        without = _refit_predictions(Kn[np.ix_(keep, keep)], Ktn[:, keep], Yn[keep], lam)
+        without = ridge_predict(Kn[np.ix_(keep, keep)], Ktn[:, keep], Yn[keep], lam)
         np.testing.assert_allclose(infl[:, i, :], full - without, rtol=1e-8, atol=1e-10)
 
 
@@ -47,14 +44,7 @@ def test_matrix_sums_classes():
 
 def _brute_force_changes(K, K_test, Y, ridge):
     """full − without_i predictions (n, n_test, c) by refitting n times, and the full fit."""
-    Kn, Ktn, Yn = K.numpy(), K_test.numpy(), Y.numpy()
-    lam = ridge * np.mean(np.diag(Kn))
-    full = _refit_predictions(Kn, Ktn, Yn, lam)
-    changes = []
-    for i in range(len(Kn)):
-        keep = np.arange(len(Kn)) != i
-        changes.append(full - _refit_predictions(Kn[np.ix_(keep, keep)], Ktn[:, keep], Yn[keep], lam))
-    return np.stack(changes), full
+    return loo_changes(K.numpy(), K_test.numpy(), Y.numpy(), ridge)
 
 
 @pytest.mark.parametrize("one_hot", [True, False])

@@ -23,6 +23,7 @@ from engine.malleability import (ROW_METRICS, InfluenceConfig, MalleabilityConfi
 from engine.models import Net
 from engine.runs import prepare
 from engine.training import TrainSpec, accuracy, n_outputs, targets, train
+from reference import features, loo_true, loss_grad, ntk_relu, unit
 
 TINY = DataSpec("synthetic", n=12, n_test=4, synthetic_d=6, synthetic_kappa=10.0, synthetic_classes=3)
 SYN = DataSpec("synthetic", n=24, n_test=8, synthetic_d=8, synthetic_kappa=20.0, synthetic_classes=3)
@@ -31,62 +32,7 @@ FAST = TrainSpec(epochs=3, lr=1e-2, batch_size=6)
 
 # ---------------------------------------------------------------- numpy reference (float64)
 
-def _unit(V):
-    return V / np.linalg.norm(V, axis=1, keepdims=True)
-
-
-def _unit_back(V, dU):
-    """Gradient in V of a loss whose gradient in U = V/‖V‖ (per row) is dU."""
-    U = _unit(V)
-    return (dU - U * (U * dU).sum(axis=1, keepdims=True)) / np.linalg.norm(V, axis=1, keepdims=True)
-
-
-def _features(X, X_ref, arch):
-    """φ: normalize(x) for relu; normalize(C z), C = Zᵀ Z of the normalised X_ref, for attn."""
-    Z = _unit(X)
-    if arch == "relu":
-        return Z
-    R = _unit(X_ref)
-    return _unit(Z @ (R.T @ R))
-
-
-def _loss_grad(X, y, W, a, arch):
-    """Mean cross-entropy of the net on X (attention over X itself) and its gradient in X (n, d)."""
-    n, m = X.shape[0], W.shape[0]
-    Z = _unit(X)
-    A = Z @ Z.T @ Z if arch == "attn" else Z
-    phi = _unit(A)
-    H = phi @ W.T
-    F = np.maximum(H, 0) @ a / math.sqrt(m)
-    P = np.exp(F - F.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
-    value = -np.mean(np.log(P[np.arange(n), y]))
-    dF = (P - np.eye(F.shape[1])[y]) / n
-    dphi = ((dF @ a.T / math.sqrt(m)) * (H > 0)) @ W
-    dA = _unit_back(A, dphi)
-    # A = Z Zᵀ Z: each of the three factors contributes
-    dZ = dA @ (Z.T @ Z) + Z @ dA.T @ Z + (Z @ Z.T) @ dA if arch == "attn" else dA
-    return value, _unit_back(X, dZ)
-
-
-def _ntk(P1, P2, W):
-    S1, S2 = (P1 @ W.T > 0).astype(float), (P2 @ W.T > 0).astype(float)
-    return (P1 @ P2.T) * (S1 @ S2.T) / W.shape[0]
-
-
-def _loo_true(K, K_test, Y, y_test, ridge):
-    """f(x_t) − f₋ᵢ(x_t) on test point t's own class, by n refits without point i; (n_test, n)."""
-    n = K.shape[0]
-    lam = ridge * np.mean(np.diag(K))  # the same absolute λ for the full and the reduced fits
-
-    def predict(keep):
-        return K_test[:, keep] @ np.linalg.solve(K[np.ix_(keep, keep)] + lam * np.eye(keep.sum()), Y[keep])
-
-    full = predict(np.ones(n, dtype=bool))
-    I = np.empty((K_test.shape[0], n))
-    for i in range(n):
-        I[:, i] = (full - predict(np.arange(n) != i))[np.arange(K_test.shape[0]), y_test]
-    return I
+_unit, _features, _loss_grad, _ntk, _loo_true = unit, features, loss_grad, ntk_relu, loo_true  # tests/reference.py
 
 
 def _influences(X, Xt, W, Y, y_test, arch, ridge):
