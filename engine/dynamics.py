@@ -58,7 +58,7 @@ from .models import PARAMS, Attention, Net, parse_attention
 from .ntk import infinite_ntk
 from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
-from .tables import summarize
+from .tables import loglog_slope, summarize
 from .training import (BATCH_SEED_OFFSET, OPTIMIZER_FNS, TrainSpec, per_model_loss, loss_fn, loss_weights, predict_labels,
                        resolve_loss)
 
@@ -142,6 +142,14 @@ PRESETS = {
 
 
 # ---------------------------------------------------------------- the linearised head and the loop
+
+def lin_gap(f: torch.Tensor, f_lin: torch.Tensor) -> float:
+    """‖f − f_lin‖_F / ‖f_lin‖_F: how far the net's outputs (n_test, c) are from those of its
+    linearisation at initialisation trained beside it (0 in the kernel regime); NaN when f_lin = 0."""
+    f, f_lin = f.double(), f_lin.double()
+    scale = float(torch.linalg.norm(f_lin))
+    return float(torch.linalg.norm(f - f_lin)) / scale if scale else math.nan
+
 
 def linearised_head(phi: torch.Tensor, W: torch.Tensor, mask0: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
     """f_lin = ((φ Wᵀ) ∘ 1[φ W0ᵀ > 0]) (s_m a): the head linearised around W0.
@@ -355,10 +363,9 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
             for i, width in enumerate(cfg.widths):
                 cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
                 f_t, fl_t = F_t[:, cols].double(), F_lin_t[:, cols].double()
-                lin_norm = float(torch.linalg.norm(fl_t))
                 row = {"arch": arch, "attention": cfg.attention if arch == "attn" else None, "width": width,
                        "seed": seed, "epoch": epoch, "step": epoch * math.ceil(n / cfg.train.batch_size),
-                       "lin_gap": float(torch.linalg.norm(f_t - fl_t)) / lin_norm if lin_norm else math.nan,
+                       "lin_gap": lin_gap(f_t, fl_t),
                        "pattern_change": float(flips[seg].mean()),
                        "train_loss": float(loss_fn(F[:, cols], y, loss_name, c)),
                        "train_loss_lin": float(loss_fn(F_lin[:, cols], y, loss_name, c)),
@@ -395,10 +402,7 @@ def width_slopes(final: pd.DataFrame, metrics=("lin_gap", "pattern_change")) -> 
     out = []
     for (arch, attention), g in final.groupby(["arch", final["attention"].fillna("")], sort=False):
         for m in metrics:
-            v = g[f"{m}_mean"].to_numpy(float)
-            w = g["width"].to_numpy(float)
-            ok = np.isfinite(v) & (v > 0)
-            slope = float(np.polyfit(np.log(w[ok]), np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else math.nan
+            slope = loglog_slope(g["width"], g[f"{m}_mean"])[0]
             out.append({"arch": arch, "attention": attention or None, "metric": m, "slope": slope})
     return pd.DataFrame(out, columns=["arch", "attention", "metric", "slope"])
 
@@ -480,9 +484,7 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
     for (param, step), g in summary.groupby(["param", "step"], sort=False):
         theory = theory_slopes(param, cfg.train.optimizer)
         for q in ("delta_f", "delta_h"):
-            v, w = g[f"{q}_mean"].to_numpy(float), g["width"].to_numpy(float)
-            ok = np.isfinite(v) & (v > 0)
-            slope = float(np.polyfit(np.log(w[ok]), np.log(v[ok]), 1)[0]) if ok.sum() >= 2 else math.nan
+            slope = loglog_slope(g["width"], g[f"{q}_mean"])[0]
             fit.append({"param": param, "step": int(step), "quantity": q, "slope": slope,
                         "theory": theory[q]})
     meta = {"n": int(X.shape[0]), "n_test": int(Xt.shape[0]), "n_classes": c, "loss": loss_name,

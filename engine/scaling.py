@@ -31,6 +31,7 @@ from .models import MAX_WIDTH, Attention, Net, parse_attention
 from .ntk import empirical_ntk, infinite_ntk, relative_distance, whitened_distance
 from .runs import Progress, experiment_run, tick, to_device
 from .settings import normalised, setting, validate
+from .tables import loglog_slope
 from .training import TrainSpec, n_outputs, train
 
 MEASURES = ("trained", "init", "movement")
@@ -120,8 +121,7 @@ def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
     pts = [(k, w) for k, w in zip(kappas, widths) if w is not None and not pd.isna(w)]
     if len({k for k, _ in pts}) < 2:
         return None, None
-    slope, icpt = np.polyfit(np.log([k for k, _ in pts]), np.log([w for _, w in pts]), 1)
-    return float(slope), float(icpt)
+    return loglog_slope([k for k, _ in pts], [w for _, w in pts])
 
 
 def _distance(cfg, K, K_ref) -> float:

@@ -333,3 +333,13 @@ def test_page_renders_and_binds_its_settings_to_the_url(tmp_path, monkeypatch):
     assert not at.error, [e.value for e in at.error]
     assert len(at.get("plotly_chart")) == 6  # 4 dynamics charts, the K∞ flow (binary, SGD), the coordinate check
     assert at.number_input(key="regime.epochs").value == 4
+
+
+def test_lin_gap_is_the_relative_frobenius_distance_to_the_linearisation():
+    from engine.dynamics import lin_gap
+
+    g = torch.Generator().manual_seed(3)
+    f, f_lin = torch.randn(7, 3, generator=g), torch.randn(7, 3, generator=g)
+    a, b = f.double().numpy(), f_lin.double().numpy()
+    assert lin_gap(f, f_lin) == pytest.approx(np.linalg.norm(a - b) / np.linalg.norm(b), rel=RTOL64)
+    assert lin_gap(f_lin, f_lin) == 0.0 and np.isnan(lin_gap(f, torch.zeros(7, 3)))

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import RTOL64
 from engine.tables import mean_sd, percent, pm, sign_flipped, summarize
 
 
@@ -53,3 +54,17 @@ def test_pm_rounds_the_mean_to_the_sd(mean, sd, kw, text):
 def test_sign_flipped_counts_zero_as_its_own_sign():
     assert sign_flipped(np.array([1.0, -2.0, 0.0, 3.0]), np.array([2.0, 1.0, 0.0, -1e-300])).tolist() == \
         [False, True, False, True]
+
+
+def test_loglog_slope_matches_scipy_and_skips_what_a_log_cannot_take():
+    import scipy.stats
+
+    from engine.tables import loglog_slope
+
+    x = np.array([16.0, 64.0, 256.0, 1024.0, 4096.0])
+    y = 3.0 * x ** -0.5 * np.array([1.1, 0.9, 1.05, 0.97, 1.0])
+    ref = scipy.stats.linregress(np.log(x), np.log(y))
+    assert loglog_slope(x, y) == pytest.approx((ref.slope, ref.intercept), rel=RTOL64)
+    with_bad = loglog_slope([*x, 8.0, 2.0], [*y, 0.0, np.nan])  # zero and NaN are left out
+    assert with_bad == pytest.approx((ref.slope, ref.intercept), rel=RTOL64)
+    assert all(np.isnan(loglog_slope([4.0, 4.0], [1.0, 2.0])))  # one distinct x: no slope
