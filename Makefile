@@ -1,6 +1,7 @@
 # The two commands of the README: `make run` serves the dashboard, `make test` runs the quick tests
 # (`make test-all` runs the whole suite, as CI does).
-# Both create .venv on first use and reinstall when requirements.txt changes.
+# Both create .venv on first use and reinstall when requirements.txt, requirements-dev.txt or
+# pyproject.toml changes.
 
 PYTHON ?= python3
 VENV   := .venv

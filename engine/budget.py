@@ -185,6 +185,53 @@ def input_dim(data) -> int:
     return INPUT_DIMS.get(base, _npz_dim(str(data.dataset)))
 
 
+QKV_SLOWDOWN = 20  # trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form
+
+
+def n_classes(data) -> int:
+    """Classes a ``DataSpec`` will have, without loading it: 2 for a pair ``NAME:a-b``, the
+    synthetic teacher's, 10 for MNIST, Fashion-MNIST and CIFAR-10, and a user ``.npz``'s
+    distinct labels (read from its ``y``; 10 when it cannot be read, and loading says why)."""
+    base, _, pair = str(data.dataset).partition(":")
+    base = base.strip().lower()
+    if pair:
+        return 2
+    if base == "synthetic":
+        return int(data.synthetic_classes)
+    if base in INPUT_DIMS:
+        return 10
+    return _npz_classes(str(data.dataset))
+
+
+def n_outputs(data) -> int:
+    """Network outputs for a ``DataSpec``: one (±1 targets) for two classes, one per class otherwise."""
+    c = n_classes(data)
+    return 1 if c == 2 else c
+
+
+def head_bytes(m_total: float, n_rows: float, c_out: int) -> int:
+    """float32 bytes of the readouts of total width m_total and their outputs on n_rows points:
+    weights, gradients and two Adam moments (4 m c), outputs, targets and output gradients (3 n c)."""
+    return int(4 * (4 * m_total * c_out + 3 * n_rows * c_out))
+
+
+def _npz_classes(path: str) -> int:
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with zipfile.ZipFile(os.path.expanduser(path)) as z:
+            info = z.getinfo("y.npy")
+            if info.file_size > 64 * 2**20:  # labels of a data set that fits here are far smaller
+                return 10
+            with z.open(info) as f:
+                y = np.lib.format.read_array(f, allow_pickle=False)
+        return max(2, int(np.unique(y).size))
+    except Exception:  # a missing or odd file fails later, with its own clear error
+        return 10
+
+
 def _npz_dim(path: str) -> int:
     """d of a user .npz's X from its header (no data read); 784 when it cannot be read."""
     import zipfile

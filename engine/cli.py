@@ -64,7 +64,8 @@ class _StderrProgress:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", help="data set folder (default: $ENGINE_DATA_DIR or the user cache)")
-    p.add_argument("--cache-dir", help="result cache folder (default: $ENGINE_CACHE_DIR or ./cache)")
+    p.add_argument("--cache-dir", help="result cache folder (default: $ENGINE_CACHE_DIR, else ./cache in a checkout "
+                   "or ~/.cache/influence-malleability/results when installed)")
     p.add_argument("--no-cache", action="store_true", help="compute without reading or writing the cache")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

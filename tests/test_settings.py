@@ -158,7 +158,7 @@ def test_cli_presets_are_the_engine_presets(name, preset):
 FIGURES = [n for n, e in EXPERIMENTS.items() if e.figure] + [a for e in EXPERIMENTS.values() for a in e.aliases]
 
 
-@pytest.mark.parametrize("args", [[], *[[n] for n in NAMES], ["grid"], ["bench"], ["datasets"], ["figure"],
+@pytest.mark.parametrize("args", [[], *[[n] for n in NAMES], ["grid"], ["bench"], ["datasets"], ["doctor"], ["figure"],
                                   *[["figure", k] for k in FIGURES]])
 def test_every_help_prints(args, capsys):
     """argparse formats help text with %: a setting's help that says "0.7 %" must not break it."""
