@@ -21,8 +21,8 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
     from ui import configs
     from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                            WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                           ensure_entry, fetch_ui, linked_data, machine_speed, page_nav, upload_ui,
-                           uploaded_names, usable)
+                           ensure_entry, fetch_ui, link_problems, linked_data, machine_speed, page_nav,
+                           synthetic_note, upload_ui, uploaded_names, usable)
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
 machine_speed()  # once per server: this machine's speed now scales every estimate (engine.budget)
@@ -43,6 +43,11 @@ def qkv_note(s: Shared) -> str:
     return text if sweep.allowed else f"{text} {sweep.note}"
 
 
+def _link_seen() -> None:
+    """A changed control: the link's refused values are no longer what the page shows."""
+    st.session_state.pop("link.problems", None)
+
+
 def sidebar_ui() -> tuple[Shared, str | None]:
     """Draw the shared controls; returns their values and a warning about the link, if any."""
     names = available_names() + uploaded_names()
@@ -50,6 +55,14 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     if link_note:
         st.session_state["data.link_note"] = link_note
     names = available_names() + uploaded_names()  # with a linked upload kept on this server
+    problems = link_problems({"n": ("training points n", (10, int(meta(DataSpec, "n").hi)), 200),
+                              "n_test": ("test points", (1, int(meta(DataSpec, "n_test").hi)), 100),
+                              "seed": ("seed", (0, int(meta(DataSpec, "seed").hi)), 0),
+                              "widths": ("widths", WIDTH_CHOICES, [16, 64, 256, 1024]),
+                              "archs": ("architectures", ARCH_CHOICES, list(ARCH_CHOICES)),
+                              "device": ("device", DEVICE_CHOICES, "auto")})
+    if problems:  # kept for this session: the widgets drop the values, so the next run would not see them
+        st.session_state["link.problems"] = problems
     st.header("Data and models")
     base = st.selectbox("Data set", names, key="data", **BOUND, format_func=lambda v: Path(v).name,
                         on_change=lambda: st.session_state.pop("data.link_note", None),
@@ -59,16 +72,20 @@ def sidebar_ui() -> tuple[Shared, str | None]:
                                  f"`{PAIR_EXAMPLES.get(base, '0-1')}` (indices or names).")
     c1, c2 = st.columns(2)
     n = c1.number_input("Training points n", 10, int(meta(DataSpec, "n").hi), 200, step=50, key="n", **BOUND,
+                        on_change=_link_seen,
                         help=meta(DataSpec, "n").help + "; each run says before it starts whether it fits "
                              "this machine's memory and time")
     n_test = c2.number_input("Test points", 1, int(meta(DataSpec, "n_test").hi), 100, step=50, key="n_test",
-                             **BOUND, help=meta(DataSpec, "n_test").help)
+                             **BOUND, on_change=_link_seen, help=meta(DataSpec, "n_test").help)
     sizes_slot = st.empty()  # says so when an uploaded file holds fewer points
     seed = st.number_input("Seed", 0, int(meta(DataSpec, "seed").hi), 0, key="seed", **BOUND,
+                           on_change=_link_seen,
                            help="Seeds the data draw; network seeds count up from it.")
     widths = st.multiselect("Widths m", WIDTH_CHOICES, default=[16, 64, 256, 1024], key="widths", **BOUND,
+                            on_change=_link_seen,
                             help="Hidden units of the two-layer ReLU head.")
     archs = st.multiselect("Architectures", ARCH_CHOICES, default=list(ARCH_CHOICES), key="archs", **BOUND,
+                           on_change=_link_seen,
                            format_func=lambda a: ARCH_LABELS[a],
                            help="2L-ReLU on the inputs; MLP-Attn: the same net on attention features.")
     attention = st.selectbox("Attention of MLP-Attn", ATTENTION_CHOICES, key="attention", **BOUND,
@@ -77,7 +94,7 @@ def sidebar_ui() -> tuple[Shared, str | None]:
                                   "qkv trains W_Q, W_K, W_V (its NTK needs autograd: small n only). "
                                   "Type another, e.g. stacked:3.")
     qkv_slot = st.empty()
-    device = st.selectbox("Device", DEVICE_CHOICES, key="device", **BOUND,
+    device = st.selectbox("Device", DEVICE_CHOICES, key="device", **BOUND, on_change=_link_seen,
                           help="auto uses a CUDA GPU when one is visible.")
     st.toggle("Presentation", key="presentation", **BOUND,
               help="Larger fonts, thicker lines and a colour-blind-safe palette on every chart, for slides.")
@@ -118,11 +135,16 @@ PAGES = [
             url_path=page_url("pages/reproduction.py", "reproduction")),
 ]
 page = st.navigation(PAGES, position="hidden")  # listed by page_nav: see ui.common.ensure_entry
+st.session_state["nav.pages"] = PAGES  # the Overview lists the pages from here
 with st.sidebar:
     page_nav(PAGES)
     st.session_state["shared"], data_error = sidebar_ui()
 if st.session_state.get("data.link_note"):
     st.warning(st.session_state["data.link_note"], icon=":material/link_off:")
+for problem in st.session_state.get("link.problems", ()):
+    st.warning(problem, icon=":material/link_off:")
+if synthetic_note(st.session_state["shared"].base):
+    st.info(synthetic_note(st.session_state["shared"].base), icon=":material/science:")
 if data_error:  # once here, not once per run on the page
     st.error(data_error)
 page.run()

@@ -69,7 +69,9 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
     """The figure as PNG, SVG or PDF bytes, rendered by kaleido in a headless Chromium.
 
     width/height in CSS pixels (default: ``WIDTH_PX`` and the figure's own height, else
-    ``HEIGHT_PX``); ``scale`` multiplies the PNG's pixels (vector formats ignore it).
+    ``HEIGHT_PX``); ``scale`` multiplies the PNG's pixels (vector formats ignore it). The
+    figure is ``fit`` to that size first: its title and settings line wrap to the width and
+    the margins hold them, the legend and every axis title, so no text is clipped.
     Raises ``BrowserMissing`` when no browser is found, ``EngineError`` (one line) when the
     render fails. For a page: ``st.download_button("PNG", lambda: image_bytes(fig, "png"), ...)``.
     """
@@ -89,6 +91,7 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
     opts = {"format": fmt, "width": int(width or WIDTH_PX),
             "height": int(height or fig.layout.height or HEIGHT_PX),
             "scale": float(scale) if fmt == "png" else 1.0}  # vector formats keep their CSS size
+    fig = fit(fig, opts["width"], opts["height"])  # title, legend and axis titles inside this canvas
     try:
         data = kaleido.calc_fig_sync(fig, opts=opts, kopts={"path": browser, "mathjax": False, "timeout": TIMEOUT_S})
     except Exception as exc:  # kaleido and choreographer raise many kinds; the user needs one line
@@ -113,19 +116,196 @@ OKABE_ITO = {  # plotly's default colours -> Okabe & Ito (2008), distinguishable
 }
 
 
+TALK = dict(font=18, title=22, subtitle=16, ticks=16, axis_titles=18, legend=16, annotations=16)  # px
+
+
 def talk_style(fig: go.Figure) -> go.Figure:
-    """A copy with slide-sized text, thicker lines and larger markers (the Presentation mode)."""
+    """A copy with slide-sized text (``TALK``: ticks, axis titles, legend, subplot titles and
+    colour bars too, set on every axis so that no theme's 12 px survives), thicker lines,
+    larger markers and colour-blind-safe colours (the Presentation mode)."""
     out = go.Figure(fig)
-    out.update_layout(font=dict(size=18), title_font=dict(size=22), legend=dict(font=dict(size=16)),
+    out.update_layout(font=dict(size=TALK["font"]), title_font=dict(size=TALK["title"]),
+                      title_subtitle_font=dict(size=TALK["subtitle"]), legend=dict(font=dict(size=TALK["legend"])),
                       colorway=list(OKABE_ITO.values()))
+    out.update_xaxes(tickfont_size=TALK["ticks"], title_font_size=TALK["axis_titles"])
+    out.update_yaxes(tickfont_size=TALK["ticks"], title_font_size=TALK["axis_titles"])
+    out.update_coloraxes(colorbar_tickfont_size=TALK["ticks"], colorbar_title_font_size=TALK["ticks"])
+    for trace in out.data:
+        if "colorbar" in trace and trace.showscale is not False:
+            trace.update(colorbar_tickfont_size=TALK["ticks"], colorbar_title_font_size=TALK["ticks"])
     out.update_traces(line_width=3, marker_size=9, selector=dict(type="scatter"))
-    out.update_annotations(font_size=18)
+    out.update_traces(textfont_size=TALK["ticks"], selector=dict(type="bar"))
+    out.update_annotations(font_size=TALK["annotations"])
     for trace in out.data:  # the dashboard's own colours, swapped for their colour-blind-safe twins
         for part in ("marker", "line"):
             obj = getattr(trace, part, None)
             color = getattr(obj, "color", None) if obj is not None else None
             if isinstance(color, str) and color.lower() in OKABE_ITO:
                 obj.color = OKABE_ITO[color.lower()]
+    return _full_size_log_ticks(out)
+
+
+def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
+    """Put ``title`` at the top left and ``settings`` (one line: data, n, seeds, protocol) under
+    it; ``fit`` gives them, and the legend below them, room at any export size."""
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", xref="container", y=1.0, yanchor="top",
+                                 yref="container", pad=dict(t=10), subtitle=dict(text=settings or None)))
+    return _full_size_log_ticks(fig)
+
+
+def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Figure:
+    """A copy of a page's chart ready for a slide: ``title`` (default: the chart's own), the
+    settings line under it, and full-size tick labels on log axes. ``image_bytes`` then fits it
+    to the export's size."""
+    out = go.Figure(fig)
+    text = title or out.layout.title.text or ""
+    return titled(out, text, settings)
+
+
+# ---------------------------------------------------------------- the settings line
+
+def _seeds(seeds) -> str:
+    seeds = [int(s) for s in seeds or ()]
+    if not seeds:
+        return ""
+    run = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+    text = f"{seeds[0]}–{seeds[-1]}" if run and len(seeds) > 2 else ", ".join(str(s) for s in seeds)
+    return f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({text})"
+
+
+OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+NORM_NAMES = {"linf": "ℓ∞", "l2": "ℓ2"}
+
+
+def settings_line(config: dict) -> str:
+    """One line for a slide from a result's canonical config (``Result.config``): data set and
+    sizes, seeds, training protocol and, where there is one, the attack. Missing parts are left
+    out, so any experiment's config (or ``{}``) gives a line."""
+    config = config or {}
+    parts = []
+    data = config.get("data") or {}
+    if data:
+        name = str(data.get("dataset", ""))
+        if name.lower().endswith(".npz"):
+            name = Path(name).name
+        size = f"n = {data.get('n')}"
+        if data.get("n_test", 1) > 1:
+            size += f" ({data.get('n_test')} test)"
+        parts.append(f"{name}, {size}")
+    elif "kappas" in config:  # the scaling law's own synthetic draws
+        parts.append(f"synthetic, n = {config.get('n')}, d = {config.get('d')}, κ dialled")
+    if config.get("widths") and len(config["widths"]) <= 6:
+        parts.append("m = " + ", ".join(str(w) for w in config["widths"]))
+    elif config.get("width"):
+        parts.append(f"m = {config['width']}")
+    if _seeds(config.get("seeds")):
+        parts.append(_seeds(config.get("seeds")))
+    train = config.get("train") or {}
+    if train:
+        opt = OPTIMIZER_NAMES.get(train.get("optimizer"), train.get("optimizer"))
+        bits = [f"{opt} lr {train.get('lr'):g}" if train.get("lr") is not None else str(opt)]
+        if train.get("weight_decay"):
+            bits.append(f"wd {train['weight_decay']:g}")
+        bits.append(f"{train.get('epochs')} epochs")
+        if train.get("param") and train["param"] != "ntk":
+            bits.append(train["param"])
+        parts.append(", ".join(bits))
+    attack = config.get("attack") or {}
+    if attack and config.get("attacks"):
+        space = {"raw": "pixels", "normalized": "unit rows"}.get(config.get("space"), config.get("space"))
+        parts.append(f"{NORM_NAMES.get(attack.get('norm'), attack.get('norm'))} attacks on {space}, "
+                     f"{attack.get('steps')} steps")
+    if config.get("attention") and config.get("attention") != "linear":
+        parts.append(f"attention {config['attention']}")
+    return " · ".join(p for p in parts if p)
+
+
+# ---------------------------------------------------------------- fitting a chart to its canvas
+
+TITLE_GAP_PX = 12   # from the canvas's top edge to the title's
+CHAR_EM = 0.62      # average advance of a glyph of the chart font, in em (conservative for digits and capitals)
+LINE_EM = 1.3       # plotly's line height for <br> breaks
+
+
+def _text_px(text: str, size: float) -> float:
+    return len(text) * size * CHAR_EM
+
+
+def _wrap(text: str, size: float, width: float) -> str:
+    """``text`` with <br> breaks so that no line is wider than ``width`` pixels at ``size``."""
+    lines = []
+    for para in str(text).split("<br>"):
+        line = ""
+        for word in para.split(" "):
+            trial = f"{line} {word}".strip()
+            if line and _text_px(trial, size) > width:
+                lines.append(line)
+                line = word
+            else:
+                line = trial
+        lines.append(line)
+    return "<br>".join(lines)
+
+
+def _lines(text) -> int:
+    return 0 if not text else str(text).count("<br>") + 1
+
+
+def _legend_rows(fig: go.Figure, size: float, width: float) -> int:
+    """Rows of a horizontal legend across ``width`` pixels (entries of symbol + name)."""
+    names = [t.name for t in fig.data if t.name and t.showlegend is not False]
+    if not names:
+        return 0
+    rows, used = 1, 0.0
+    for name in names:
+        w = 40 + _text_px(name, size) + 10
+        if used and used + w > width:
+            rows, used = rows + 1, 0.0
+        used += w
+    return rows
+
+
+def fit(fig: go.Figure, width: int, height: int) -> go.Figure:
+    """A copy sized for a ``width`` × ``height`` canvas (CSS pixels): the title and its settings
+    line wrap to the width, the top margin holds them, a legend above the plot (in as many rows
+    as its entries need) and any annotation above the plot (subplot titles); every axis grows
+    the margins for its tick labels and title (``automargin``). Charts without a title keep
+    their layout apart from the automargins."""
+    out = go.Figure(fig)
+    base = float(out.layout.font.size or 12)
+    out.update_xaxes(automargin=True)
+    out.update_yaxes(automargin=True)
+    title = out.layout.title
+    left = float(out.layout.margin.l if out.layout.margin.l is not None else 80)
+    room = width - 0.02 * width - 20
+    top = 0.0
+    sub = title.subtitle.text if title.subtitle else None
+    if title.text or sub:
+        size = float(title.font.size or base * 1.4)
+        sub_size = float((title.subtitle.font.size if title.subtitle else None) or base)
+        text = _wrap(title.text or "", size, room)
+        top = TITLE_GAP_PX + _lines(text) * size * LINE_EM + 8
+        update = dict(text=text, x=0.01, xanchor="left", xref="container", y=1.0 - TITLE_GAP_PX / height,
+                      yanchor="top", yref="container")
+        if sub:
+            sub = _wrap(sub, sub_size, room)
+            update["subtitle"] = dict(text=sub)
+            top += _lines(sub) * sub_size * LINE_EM + 6
+        out.update_layout(title=update)
+    legend = out.layout.legend
+    horizontal_above = legend.orientation == "h" and (legend.y is None or legend.y >= 1.0)
+    if horizontal_above and out.layout.showlegend is not False:
+        size = float(legend.font.size or base)
+        rows = _legend_rows(out, size, width - left - 40)
+        top += rows * max(size * LINE_EM, 20) + 10
+        out.update_layout(legend=dict(y=1.0, yanchor="bottom", yref="paper"))
+    above = 0.0
+    for a in out.layout.annotations or ():
+        if a.yref == "paper" and a.y is not None and a.y >= 0.99 and (a.yanchor in (None, "bottom", "auto")):
+            above = max(above, _lines(a.text) * float(a.font.size or base) * LINE_EM + 8)
+    if title.text or sub or horizontal_above:
+        top = top + (above if not horizontal_above else max(0.0, above - 10)) + 8
+        out.update_layout(margin=dict(t=int(min(top, 0.6 * height))))
     return out
 
 
@@ -139,11 +319,7 @@ def titled(fig: go.Figure, title: str) -> go.Figure:
 
 # ---------------------------------------------------------------- a page's main chart
 
-def _where(config: dict) -> str:
-    data = config.get("data") or {}
-    if not data:
-        return ""
-    return f" ({data.get('dataset')}, n = {data.get('n')})"
+NTK_DEFAULT = "prediction_gap_init"  # the NTK page opens on it too
 
 
 def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
@@ -165,20 +341,21 @@ def spectrum_figure(result, metric: str | None = None) -> go.Figure:
     summ = result.meta["summary"]
     data = plots.spectrum_data(result.arrays["eig_G"], result.arrays["eig_attention"])
     fig = plots.spectrum_fig(data, summ["rank_tol"], summ["attention"])
-    return titled(fig, "Eigenvalues of G and of the attention features' Gram" + _where(result.config))
+    return titled(fig, "Eigenvalues of G and of the attention features' Gram", settings_line(result.config))
 
 
 def ntk_figure(result, metric: str | None = None) -> go.Figure:
-    """One sweep metric against width (an ``ntk-sweep`` result; default kernel_dist_init)."""
+    """One sweep metric against width (an ``ntk-sweep`` result; default ``NTK_DEFAULT``, the
+    prediction gap: the Frobenius distance is blind to the conditioning the paper is about)."""
     from . import plots
 
-    metric = metric or "kernel_dist_init"
+    metric = metric or NTK_DEFAULT
     rows = result.frames["rows"]
     if metric not in rows:
         raise BadInput(f"unknown metric {metric!r} for ntk-sweep; allowed: "
                        f"{', '.join(m for m in plots.METRICS if m in rows)}")
     fig = plots.distance_fig(plots.distance_data(rows, metric), metric)
-    return titled(fig, plots.METRICS.get(metric, (metric,))[0] + _where(result.config))
+    return titled(fig, plots.METRICS.get(metric, (metric,))[0], settings_line(result.config))
 
 
 def malleability_figure(result, metric: str | None = None) -> go.Figure:
@@ -188,10 +365,9 @@ def malleability_figure(result, metric: str | None = None) -> go.Figure:
     cfg = result.config
     summary = tables.percent(result.frames["summary"], ["flip_rate", "pair_flip_rate"])
     eps = float(summary["eps"].astype(float).max())
-    units = "pixel units" if cfg.get("space") == "raw" else "unit-row units"  # as the page labels it
-    label = f"ε ({(cfg.get('attack') or {}).get('norm', '')} radius, {units})"
+    label = plots.eps_label((cfg.get("attack") or {}).get("norm", "linf"), cfg.get("space", "raw"))
     fig = plots.flip_bars_fig(summary, eps, eps_label=label)
-    return titled(fig, f"Influence sign flips under attack, ε = {eps:g}" + _where(cfg))
+    return titled(fig, f"Influence sign flips under attack, ε = {eps:g}", settings_line(cfg))
 
 
 def scaling_figure(result, metric: str | None = None) -> go.Figure:
@@ -200,7 +376,7 @@ def scaling_figure(result, metric: str | None = None) -> go.Figure:
 
     frames = result.frames
     fig = plots.scaling_fig(plots.scaling_data(frames["widths"], frames["fit"]), result.config["max_width"])
-    return titled(fig, "Width needed to stay near K∞ against the condition number κ" + _where(result.config))
+    return titled(fig, "Width needed to stay near K∞ against the condition number κ", settings_line(result.config))
 
 
 DYNAMICS_METRICS = ("lin_gap", "pattern_change", "k_inf_gap", "weight_movement")
@@ -218,4 +394,4 @@ def dynamics_figure(result, metric: str | None = None) -> go.Figure:
         raise BadInput(f"{metric} was not measured in this run (k_inf_gap needs MSE and SGD)")
     fig = plots.regime_width_fig(plots.regime_width_data(final, metric), metric)
     title = f"{plots.REGIME_LABELS[metric][0]} after {result.config['train']['epochs']} epochs"
-    return titled(fig, title + _where(result.config))
+    return titled(fig, title, settings_line(result.config))

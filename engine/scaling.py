@@ -124,6 +124,17 @@ def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
     return loglog_slope([k for k, _ in pts], [w for _, w in pts])
 
 
+def exponent_resolution(kappas, per_octave: int) -> float | None:
+    """The smallest change of a fitted exponent the width grid can show: one grid step (a
+    factor 2^(1/per_octave) in width) at one end of the κ range moves the slope by
+    log 2^(1/per_octave) / log(κ_max / κ_min). A bootstrap interval narrower than this (say
+    [0.30, 0.30]) is the grid's artefact, not a measurement that exact. None for < 2 κ values."""
+    ks = [float(k) for k in kappas if k is not None and not pd.isna(k)]
+    if len(set(ks)) < 2:
+        return None
+    return math.log(2.0) / per_octave / math.log(max(ks) / min(ks))
+
+
 def _distance(cfg, K, K_ref) -> float:
     if cfg.metric == "whitened":
         return whitened_distance(K, K_ref, cfg.ridge)
@@ -238,4 +249,5 @@ def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
             low, high = (float(v) for v in np.percentile(slopes, [2.5, 97.5]))
     return {"arch": arch, "attention": label, "points": int((~mine.censored).sum()), "exponent": slope,
             "exponent_low": low, "exponent_high": high, "intercept": icpt,
+            "resolution": exponent_resolution(mine.kappa[~mine.censored].tolist(), cfg.per_octave),
             "theory_exponent": theory_exponent(arch, attention)}

@@ -71,6 +71,8 @@ with c2:
                 "influence on its prediction.")
 
 labels = [names[int(c)] for c in y]
+bad = render.training_gate(res.frames["summary"], len(names), by=("arch",), what="influences")
+render.accuracy_table(res.frames["summary"], bad)
 for arch in archs:
     data = plots.influence_grid_data(res.arrays[f"{arch}_I"][i], labels, k, arch)
     st.subheader(plots.arch_label(arch, cfg.attention))
@@ -78,7 +80,9 @@ for arch in archs:
         st.info("No training point has a nonzero influence on this test image.")
         continue
     render.chart(plots.influence_grid_fig(X, shape, data), data, f"{arch} most positive and negative",
-                 "Top row: training images with the largest positive influence (removing one would lower the "
+                 title=f"{plots.arch_label(arch, cfg.attention)}: most positive and negative influence on test #{i}",
+                 config=res.config,
+                 how_to_read="Top row: training images with the largest positive influence (removing one would lower the "
                  "outputs most); bottom row: the most negative; the number under each index is its influence.")
 
 st.header("Distribution of influence")
@@ -87,16 +91,18 @@ with c1:
     data = pd.concat([pd.DataFrame({"arch": a, "train_index": np.arange(len(labels)), "label": labels,
                                     "influence": res.arrays[f"{a}_I"][i]}) for a in archs], ignore_index=True)
     render.chart(plots.influence_hist_fig(data, title=f"Influence on test image #{i}", attention=cfg.attention), data,
-                 f"influence on test {i}",
-                 "How many training points have each influence on this test image; a wider spread means a "
+                 f"influence on test {i}", config=res.config,
+                 how_to_read="How many training points have each influence on this test image; a wider spread means a "
                  "few points decide the prediction.")
 with c2:
     if "aggregate" in res.frames:
         data = plots.influence_hist_data(res.frames["aggregate"])
         render.chart(plots.influence_hist_fig(data, title="Influence averaged over all test points",
                                              attention=cfg.attention),
-                     data, "aggregate influence",
-                     "Each training point's influence averaged over the test points; the points at either tail are "
+                     data, "aggregate influence", config=res.config,
+                     how_to_read="Each training point's influence averaged over the test points; the points at either tail are "
                      "the top-τ by magnitude that the malleability attacks target.")
 render.settings(res.config)
+with st.expander("The same view from the command line"):
+    render.command(cfg)
 render.cached_note(res)

@@ -12,6 +12,11 @@ from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, shared
 from ui.runner import obtain_together
 
+PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
+               "influence": "which training images decide a prediction", "malleability": "influence under attacks",
+               "scaling": "width needed against κ", "dynamics": "real against linearised training",
+               "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here"}
+
 s = shared()
 st.title("Influence malleability in linearized attention")
 st.markdown(f"*{paper.PAPER}* — " + " ".join(paper.CLAIM))
@@ -82,20 +87,18 @@ st.caption(f"Measured on {s.describe()}; networks trained {sweep_cfg.train.epoch
 if sweep is not None and key in paper.NTK_DISTANCE:
     measured = plots.distance_data(sweep.frames["rows"], "function_dist")
     data = plots.paper_trend_data(measured, paper.ntk_distance_table(key))
-    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper",
-                 "Each line is the distance to the NTK prediction divided by its value at the smallest width: "
+    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper", config=sweep.config,
+                 title="Distance to the NTK prediction against width, relative to the smallest width",
+                 how_to_read="Each line is the distance to the NTK prediction divided by its value at the smallest width: "
                  "below 1 means the net approaches its kernel limit as it widens, above 1 means it moves away.")
 
 st.header("Pages")
-links = [("pages/spectrum.py", "Spectrum: κ, κ³ and the width needed", ":material/bar_chart:"),
-         ("pages/ntk.py", "NTK convergence against width", ":material/show_chart:"),
-         ("pages/influence.py", "Influence of training images", ":material/image_search:"),
-         ("pages/malleability.py", "Malleability under attacks", ":material/bolt:"),
-         ("pages/scaling.py", "Scaling law: width needed against κ", ":material/trending_up:"),
-         ("pages/reproduction.py", "Reproduction: paper vs here", ":material/fact_check:")]
+# the navigation's own list (app.py), so a new page shows here without a second list to keep in step
+pages = [p for p in st.session_state.get("nav.pages", ()) if p.url_path]  # the default (this page) has none
 cols = st.columns(3)
-for i, (page, label, icon) in enumerate(links):
-    cols[i % 3].page_link(page, label=label, icon=icon)
+for i, page in enumerate(pages):
+    what = PAGE_BLURBS.get(page.url_path)
+    cols[i % 3].page_link(page, label=f"{page.title}: {what}" if what else page.title, icon=page.icon)
 
 st.header("Data sets")  # full width: the reasons and folders are long
 infos = pd.DataFrame(dataset_infos(data_dir()))[["name", "available", "reason", "where"]]

@@ -11,15 +11,39 @@ from engine.dynamics import PRESETS, CoordCheckConfig, DynamicsConfig, run_coord
 from engine.errors import EngineError
 from engine.training import TrainSpec
 from ui import configs, render
-from ui.common import ARCH_LABELS, require, shared
+from ui.common import ARCH_LABELS, available_names, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
 QUICK = PRESETS["dynamics"]["quick"]
+BINARY = PRESETS["dynamics"]["binary-mse"]  # 3 vs 8, MSE, plain SGD: the set-up that tells the two nets apart
 CC_QUICK = PRESETS["coord-check"]["quick"]
 LR_CHOICES = (1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0)
 PARAM_LABELS = {"ntk": "NTK (m^-½, the paper's)", "mup": "μP (m^-1, SGD lr × m)"}
 OPTIMIZERS = configs.choices_of(TrainSpec, "optimizer")
+
+
+def use_binary_preset() -> None:
+    """Button callback: the sidebar and this page's controls set to the ``binary-mse`` preset
+    (the data set stays the one chosen when it is not MNIST: its classes 3 and 8 are used)."""
+    base, _, pair = BINARY.data.dataset.partition(":")
+    if base in available_names():
+        st.session_state["data"] = base
+    t = BINARY.train
+    st.session_state.update({
+        "classes": pair, "n": BINARY.data.n, "n_test": BINARY.data.n_test, "widths": list(BINARY.widths),
+        "regime.epochs": t.epochs, "regime.seeds": len(BINARY.seeds), "regime.optimizer": t.optimizer,
+        "regime.lr": t.lr, "regime.param": t.param, "regime.every": BINARY.record_every})
+
+
+def preset_ui() -> None:
+    c1, c2 = st.columns([1, 3], vertical_alignment="center")
+    c1.button("3 vs 8 with MSE", key="regime.binary", on_click=use_binary_preset, icon=":material/tune:",
+              help="Sets the sidebar and the controls below to the `binary-mse` preset of `python -m engine "
+                   "dynamics`: MNIST 3 vs 8, n = 200, MSE, plain SGD lr 1, 50 epochs, widths 64 … 4096, 3 seeds.")
+    c2.caption("On 10 classes with cross-entropy both nets' gaps fall near the lazy rate. The binary task with "
+               "MSE (where the closed-form K∞ gradient flow applies) is the set-up that separates them: 2L-ReLU's "
+               "gap falls like m^-½, MLP-Attn's hardly moves.")
 
 
 def controls_ui() -> tuple[int, int, str, float, str, int]:
@@ -75,6 +99,7 @@ st.markdown(
     f"Settings: {s.describe()}, attention `{s.attention}`.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
+preset_ui()
 epochs, n_seeds, optimizer, lr, param, every = controls_ui()
 try:
     cfg = dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every)
@@ -91,23 +116,23 @@ if res is not None:
     with c1:
         data = plots.regime_epoch_data(summary, "lin_gap")
         render.chart(plots.regime_epoch_fig(data, "lin_gap"), data, "gap to the linearised net",
-                     "‖f_t − f_lin,t‖ / ‖f_lin,t‖ on the test points during training, mean over seeds, one line "
+                     config=res.config, how_to_read="‖f_t − f_lin,t‖ / ‖f_lin,t‖ on the test points during training, mean over seeds, one line "
                      "per width (darker = wider); lines that drop with width mean wider nets stay lazier.")
     with c2:
         data = plots.regime_epoch_data(summary, "pattern_change")
         render.chart(plots.regime_epoch_fig(data, "pattern_change"), data, "activation signs flipped",
-                     "Share of the training set's activation signs 1[w_r·φ(x_i) > 0] that differ from init; "
+                     config=res.config, how_to_read="Share of the training set's activation signs 1[w_r·φ(x_i) > 0] that differ from init; "
                      "the linearised net keeps every sign, so this is where the two part ways.")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.regime_width_data(final, "lin_gap")
         render.chart(plots.regime_width_fig(data, "lin_gap"), data, "final gap against width",
-                     f"The gap after {epochs} epochs against width, mean ± sd over seeds; the dotted lines fall "
+                     config=res.config, how_to_read=f"The gap after {epochs} epochs against width, mean ± sd over seeds; the dotted lines fall "
                      "like m^-½ from the smallest width: the lazy regime's rate.")
     with c2:
         data = plots.regime_width_data(final, "pattern_change")
         render.chart(plots.regime_width_fig(data, "pattern_change"), data, "final sign flips against width",
-                     "The share of flipped activation signs after training against width, with the same "
+                     config=res.config, how_to_read="The share of flipped activation signs after training against width, with the same "
                      "m^-½ reference.")
     slopes = dynamics.width_slopes(final)
     slopes.insert(0, "model", [ARCH_LABELS.get(a, a) for a in slopes["arch"]])
@@ -122,7 +147,7 @@ if res is not None:
         data = plots.regime_epoch_data(summary, "k_inf_gap")
         eta, beta, per_epoch = res.meta["flow"]
         render.chart(plots.regime_epoch_fig(data, "k_inf_gap"), data, "gap to the K-infinity gradient flow",
-                     f"‖f_t − f_K∞,t‖ / ‖f_K∞,t‖: the trained net against kernel regression with K∞ run for the "
+                     config=res.config, how_to_read=f"‖f_t − f_K∞,t‖ / ‖f_K∞,t‖: the trained net against kernel regression with K∞ run for the "
                      f"same time in closed form (η' = 2η/(n·c) = {eta:.3g}, decay ηλ = {beta:.3g}, "
                      f"{per_epoch} steps per epoch).")
     else:
@@ -134,6 +159,9 @@ if res is not None:
     with st.expander("All measurements, one row per seed and epoch"):
         st.dataframe(res.frames["rows"], hide_index=True)
     render.settings(res.config, "Settings of the comparison")
+    with st.expander("The same view from the command line"):
+        render.command(cfg)
+        render.command(cfg, figure="regime.png")
     render.cached_note(res)
 
 st.header("Coordinate check: NTK against μP")
@@ -153,7 +181,7 @@ cres = obtain_planned(run_coord_check, ccfg, "Coordinate check", button="Run the
 if cres is not None:
     data = plots.coord_data(cres.frames["summary"])
     render.chart(plots.coord_fig(data), data, "coordinate check",
-                 "RMS change of the outputs (left) and pre-activations (right) after t steps against width, "
+                 config=cres.config, how_to_read="RMS change of the outputs (left) and pre-activations (right) after t steps against width, "
                  "mean over seeds, darker = later step; flat lines keep their size as the net widens.")
     fit = cres.frames["fit"].pivot_table(index=["param", "quantity", "theory"], columns="step",
                                          values="slope").reset_index()

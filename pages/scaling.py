@@ -66,7 +66,8 @@ if res is None:
     st.stop()
 
 data = plots.scaling_data(res.frames["widths"], res.frames["fit"])
-render.chart(plots.scaling_fig(data, cfg.max_width), data, "width needed against kappa",
+render.chart(plots.scaling_fig(data, cfg.max_width), data, "width needed against kappa", config=res.config,
+             title="Width needed to stay near K∞ against the condition number κ", how_to_read=
              "Filled points are the widths needed (crosses: the criterion held at a smaller width and failed "
              "again above it), solid lines their power-law fit, dotted lines the theory's slope through the "
              "first point, open triangles κ values that needed more than the largest width tried.")
@@ -78,11 +79,16 @@ fit.insert(0, "model", [plots.model_label(a, t) for a, t in zip(fit["arch"], fit
 if (fit["exponent"].dropna() < -0.005).any():  # below what the table shows as -0.00
     st.warning("A fitted exponent is negative: the width needed falls with κ over this range, against every "
                "bound; check the interval, the seeds and the non-monotone points before reading it.")
-st.dataframe(fit[["model", "exponent", "exponent_low", "exponent_high", "theory_exponent", "points"]],
+columns = ["model", "exponent", "exponent_low", "exponent_high", "resolution", "theory_exponent", "points"]
+st.dataframe(fit[[c for c in columns if c in fit]],
              hide_index=True,
              column_config={"exponent": st.column_config.NumberColumn("fitted p", format="%.2f"),
                             "exponent_low": st.column_config.NumberColumn("95 % low", format="%.2f"),
                             "exponent_high": st.column_config.NumberColumn("95 % high", format="%.2f"),
+                            "resolution": st.column_config.NumberColumn(
+                                "grid step ±", format="%.2f",
+                                help="The smallest change of p the width grid can show (one grid step at one end "
+                                     "of the κ range); a 95 % interval narrower than this is the grid's artefact."),
                             "theory_exponent": st.column_config.NumberColumn("theory p", format="%g"),
                             "points": st.column_config.NumberColumn("κ values fitted")})
 st.caption(f"{cfg.train.optimizer}, lr {cfg.train.lr:g}, batch {cfg.train.batch_size}, weight decay "
@@ -90,5 +96,12 @@ st.caption(f"{cfg.train.optimizer}, lr {cfg.train.lr:g}, batch {cfg.train.batch_
            f"grid: {', '.join(str(w) for w in res.meta['grid'])}.")
 with st.expander("Every width evaluated"):
     st.dataframe(res.frames["evaluations"], hide_index=True)
+if "resolution" in fit and ((fit["exponent_high"] - fit["exponent_low"]) < fit["resolution"]).any():
+    st.caption("An interval narrower than the grid step (e.g. [0.30, 0.30]) does not mean the exponent is exact: "
+               "every bootstrap draw found the same grid widths, and the grid cannot show a change of p smaller "
+               "than its step. Use more widths per doubling (`--per-octave`) or a wider κ range to resolve it.")
 render.settings(res.config)
+with st.expander("The same view from the command line"):
+    render.command(cfg)
+    render.command(cfg, figure="scaling.png")
 render.cached_note(res)

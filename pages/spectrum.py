@@ -61,6 +61,7 @@ with left:
     st.subheader("Eigenvalues")
     data = plots.spectrum_data(res.arrays["eig_G"], res.arrays["eig_attention"])
     render.chart(plots.spectrum_fig(data, summ["rank_tol"], summ["attention"]), data, "eigenvalue spectrum",
+                 title="Eigenvalues of G and of the attention features' Gram", config=res.config, how_to_read=
                  "Each line lists a Gram matrix's eigenvalues from largest to smallest on a log scale; "
                  + (f"with {summ['attention']} attention the condition number becomes {formula}, so the attention "
                     "line falls more steeply." if formula else
@@ -68,17 +69,23 @@ with left:
 with right:
     st.subheader("Width needed for the kernel regime")
     data = plots.width_needed_data(summ["width_threshold_log10"], summ["attention"])
-    render.chart(plots.width_needed_fig(data), data, "width needed",
+    render.chart(plots.width_needed_fig(data, d=summ["d"]), data, "width needed",
+                 title="Width the paper's bounds ask for (log10 hidden units)", config=res.config, how_to_read=
                  "Bars give log10 of the width each bound asks for; anything right of the green band "
-                 "(1e3–1e5 units) is untrainable, and right of the dashed line beyond the largest models.")
+                 "(1e3–1e5 units) is untrainable, and right of the dashed line wider than a net of this input "
+                 "size with as many parameters as the largest models (1e12).")
 
 st.subheader("How κ grows with n")
 growth = res.frames["growth"]
 data = plots.kappa_growth_data(growth)
 render.chart(plots.kappa_growth_fig(data), data, "kappa against n",
+             title="Condition number κ against the number of training points n", config=res.config, how_to_read=
              f"κ(G) of the first n training points (log scale) and the measured κ of the {summ['attention']} attention "
              "features (open circles); " + (f"the dashed line is the theory's {formula}, which they should follow "
                                             "until float64 can no longer resolve them (~1e15)." if formula else
                                             "this variant has no closed-form theory, so no line is drawn."))
 render.settings(res.config)
+with st.expander("The same view from the command line"):
+    render.command(cfg)
+    render.command(cfg, figure="spectrum.png")
 render.cached_note(res)

@@ -162,3 +162,15 @@ def test_measures_and_metrics_against_a_direct_computation(measure, metric):
 def test_bad_configs(kwargs, match):
     with pytest.raises(BadInput, match=match):
         ScalingConfig(**kwargs)
+
+
+def test_the_exponent_resolution_is_one_grid_step_over_the_kappa_range():
+    """One grid step (2^(1/p) in width) at one end of the κ range moves the fitted slope by exactly it."""
+    from engine.scaling import exponent_resolution, fit_exponent
+
+    kappas, widths = [2.0, 4.0, 16.0], [64, 128, 512]
+    base, _ = fit_exponent(kappas[::2], widths[::2])
+    for per_octave in (1, 2, 4):
+        moved, _ = fit_exponent(kappas[::2], [widths[0], widths[2] * 2 ** (1 / per_octave)])
+        assert exponent_resolution(kappas, per_octave) == pytest.approx(moved - base, rel=1e-12)
+    assert exponent_resolution([8.0], 1) is None and exponent_resolution([8.0, 8.0], 2) is None

@@ -256,3 +256,29 @@ def test_metric_slots_hold_one_metric_each():
 
     at = AppTest.from_function(script).run()
     assert [m.label for m in at.metric] == ["κ(G)", "κ(G)³ (theory, linear)", "κ of attention Gram (linear, measured)"]
+
+
+def test_bad_link_values_are_named_with_what_is_used_instead(env):
+    """n = 999999, an unknown width and device: one visible line each, naming the value, what is
+    allowed and what the page uses instead (the widgets alone drop them with only a red "!")."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({**SMALL, "n": "999999", "widths": ["16", "99999"], "device": "tpu"})
+    at = settle(at)
+    assert not at.exception
+    texts = [w.value for w in at.warning]
+    hi = int(DataSpec.__dataclass_fields__["n"].metadata["setting"].hi)
+    assert any("n = 999999" in t and f"from 10 to {hi}" in t and "uses 200 instead" in t for t in texts), texts
+    assert any("widths 99999" in t and "uses 16 instead" in t for t in texts), texts
+    assert any("device tpu" in t and "uses auto instead" in t for t in texts), texts
+    assert at.number_input(key="n").value == 200 and at.multiselect(key="widths").value == [16]
+    at.number_input(key="n").set_value(60)
+    settle(at)
+    assert not any("This link" in w.value for w in at.warning)  # gone once the user sets the value
+
+
+def test_without_data_one_line_says_the_pages_run_on_synthetic_data(env):
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(SMALL)
+    at = settle(at)
+    (note,) = [i for i in at.info if "synthetic data" in i.value]
+    assert "python -m engine datasets --fetch mnist" in note.value and "ENGINE_DATA_DIR" in note.value

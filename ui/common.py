@@ -220,6 +220,58 @@ def linked_data(names: list[str]) -> str | None:
     return f"This link asks for the data set “{wanted}”, which is not available here, so the page shows {names[0]} instead."
 
 
+def _shown(value) -> str:
+    return ", ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def link_problems(spec: dict) -> list[str]:
+    """One visible line per query parameter of a link that its widget will not take.
+
+    A bound widget silently drops a value outside its bounds or options (n = 999999 opens
+    with the default n and only a red "!"), so the page says what was asked, what is allowed
+    and what is used instead. ``spec``: key -> (label, allowed, default) with ``allowed`` a
+    ``(lo, hi)`` pair of integers or a tuple of options (a list-valued widget keeps the
+    allowed entries of a list).
+    """
+    out = []
+    for key, (label, allowed, default) in spec.items():
+        values = st.query_params.get_all(key)
+        if not values:
+            continue
+        used = st.session_state.get(key, default)
+        if isinstance(allowed, tuple) and len(allowed) == 2 and all(isinstance(a, int) for a in allowed) \
+                and not isinstance(default, (list, tuple)):
+            lo, hi = allowed
+            text = values[-1]
+            try:
+                ok = lo <= int(text) <= hi
+            except ValueError:
+                ok = False
+            if not ok:
+                out.append(f"This link's {label} = {text} is not allowed (a whole number from {lo} to {hi}), so the "
+                           f"page uses {_shown(used)} instead.")
+            continue
+        options = {str(o) for o in allowed}
+        bad = [v for v in values if v not in options]
+        if bad:
+            kept = [v for v in values if v in options]
+            out.append(f"This link's {label} {_shown(bad)} {'is' if len(bad) == 1 else 'are'} not among the options "
+                       f"({_shown(allowed)}), so the page uses {_shown(kept) if kept else _shown(used)} instead.")
+    return out
+
+
+def synthetic_note(base: str) -> str | None:
+    """One line when the pages run on synthetic data: their numbers are not the paper's, and
+    how to get MNIST where it is missing."""
+    if base != "synthetic":
+        return None
+    text = "The pages run on **synthetic data**, so their numbers are not comparable with the paper's MNIST ones. "
+    if "mnist" in available_names():
+        return text + "MNIST is here: pick it under “Data set” in the sidebar."
+    return text + ("Get MNIST with `python -m engine datasets --fetch mnist` (or under “Data sets here” in the "
+                   "sidebar), or point ENGINE_DATA_DIR at a folder that holds it.")
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def npz_rows(path: str) -> tuple[int, int | None]:
     """Rows of X and of X_test (None without one) in an .npz, read from the array headers only."""

@@ -8,10 +8,12 @@ import re
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import streamlit as st
 
-from engine import export
+from engine import export, gates
 
+PAGE_WIDTH_PX = 600  # a half-width column at 1280 px: titles wrap and legends stack for it (full width has room)
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 STATUS_BADGES = {"agrees": ":green-badge[agrees]", "partly": ":orange-badge[partly]",
                  "disagrees": ":red-badge[disagrees]", "not measured": ":gray-badge[not measured]"}
@@ -21,30 +23,45 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "data"
 
 
-def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False) -> None:
+def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False, title: str | None = None,
+          config: dict | None = None) -> None:
     """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
     PNG and SVG where a Chromium can render them).
 
-    The sentence and the buttons share a row that sizes each button to its label and gives
-    the sentence the rest; in a narrow column the buttons wrap to a line of their own instead
-    of being squeezed (fixed column ratios cut a button to "C…" in half-width columns)."""
+    Every chart has a title: ``title``, else the figure's own, else ``name`` capitalised. The
+    PNG and SVG carry a settings line under it (``engine.export.settings_line`` of ``config``,
+    the result's canonical config; else the sidebar's data and n) and are fitted to their
+    canvas, so nothing is clipped on a slide. The sentence and the buttons share a row that
+    sizes each button to its label and gives the sentence the rest; in a narrow column the
+    buttons wrap to a line of their own instead of being squeezed."""
     slug = _slug(name)
+    heading = title or fig.layout.title.text or name[:1].upper() + name[1:]
+    fig = export.titled(go.Figure(fig), heading)
     if st.session_state.get("presentation"):
         fig = export.talk_style(fig)
-    st.plotly_chart(fig, key=f"chart.{slug}", config=PLOTLY_CONFIG)
+    on_page = export.fit(fig, PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
+    st.plotly_chart(on_page, key=f"chart.{slug}", config=PLOTLY_CONFIG)
     row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=True)
     row.caption(how_to_read, width="stretch")
     row.download_button("CSV", data.to_csv(index=index).encode(), file_name=f"{slug}.csv",
                         mime="text/csv", key=f"csv.{slug}", on_click="ignore", icon=":material/download:",
                         help=f"Download the data of “{name}” as CSV", width="content")
     if export.browser_path() is not None:  # static images for slides, rendered only when clicked
+        line = export.settings_line(config) if config else _sidebar_line()
+        still = export.slide(fig, line)
         for fmt in ("png", "svg"):
-            row.download_button(fmt.upper(), _image(fig, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],
+            row.download_button(fmt.upper(), _image(still, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],
                                 key=f"{fmt}.{slug}", on_click="ignore", width="content",
                                 help=f"Download “{name}” as {fmt.upper()} (for slides)")
 
 
 IMAGE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
+
+
+def _sidebar_line() -> str:
+    from ui.common import shared
+
+    return shared().describe()
 
 
 def _image(fig, fmt: str):
@@ -88,3 +105,66 @@ def verdicts(table: pd.DataFrame) -> None:
 def cached_note(result) -> None:
     if result is not None and getattr(result, "cached", False):
         st.caption("Read from the disk cache.")
+
+
+# ---------------------------------------------------------------- nets that did not train
+
+GREY = "color: #9e9e9e"  # the numbers of a net at chance: still there, visibly not to be read
+
+
+def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("arch", "width"),
+                  what: str = "numbers") -> pd.DataFrame:
+    """A banner naming every net whose worst seed trains to within ``engine.gates.CHANCE_POINTS``
+    of chance (``engine.gates.untrained``); returns those groups (empty when every net trained).
+    ``rows``: one row per net with ``train_acc``; ``what``: the page's numbers, for the banner."""
+    from ui.common import ARCH_LABELS
+
+    bad = gates.untrained(rows, n_classes, by)
+    if bad.empty:
+        return bad
+    chance = float(bad["chance"].iloc[0])
+    names = "; ".join(f"{ARCH_LABELS.get(r.arch, r.arch)}" + (f" at m = {r.width}" if "width" in bad else "")
+                      + f" {r.worst:.0%}" + (f" (mean {r.mean:.0%})" if r.nets > 1 else "")
+                      for r in bad.itertuples())
+    st.warning(f"Near chance: these nets train to within {gates.CHANCE_POINTS:.0%} of chance ({chance:.0%}) on "
+               f"the training set, worst seed: {names}. Their {what} describe nets that have not learned the "
+               "task and are greyed below; train longer or with a larger learning rate.", icon=":material/warning:")
+    return bad
+
+
+def greyed(table: pd.DataFrame, bad: pd.DataFrame, by: tuple[str, ...] = ("arch", "width")):
+    """``table`` for ``st.dataframe`` with the rows of the ``bad`` groups (``training_gate``) in grey."""
+    keys = [k for k in by if k in table and k in bad]
+    if bad.empty or not keys:
+        return table
+    flagged = set(map(tuple, bad[keys].astype(str).to_numpy()))
+    mask = [tuple(map(str, r)) in flagged for r in table[keys].to_numpy()]
+    return table.style.apply(lambda row: [GREY if mask[row.name] else ""] * len(row), axis=1) \
+        if table.index.equals(pd.RangeIndex(len(table))) else table
+
+
+def accuracy_table(summary: pd.DataFrame, bad: pd.DataFrame, by: tuple[str, ...] = ("arch",)) -> None:
+    """Train and test accuracy of every trained net shown (and the K∞ ridge baseline when present),
+    greyed where ``training_gate`` flagged the net."""
+    from ui.common import ARCH_LABELS
+
+    cols = [c for c in (*by, "seed", "train_acc", "test_acc", "test_acc_ntk") if c in summary]
+    shown = summary[cols].reset_index(drop=True)
+    labels = {"train_acc": "train accuracy", "test_acc": "test accuracy", "test_acc_ntk": "K∞ ridge test accuracy"}
+    config = {c: st.column_config.NumberColumn(label, format="percent") for c, label in labels.items() if c in shown}
+    if "arch" in shown:
+        config["arch"] = st.column_config.TextColumn("model")
+        shown = shown.assign(arch=shown["arch"].map(lambda a: ARCH_LABELS.get(a, a)))
+        bad = bad.assign(arch=bad["arch"].map(lambda a: ARCH_LABELS.get(a, a))) if "arch" in bad else bad
+    st.dataframe(greyed(shown, bad, by), hide_index=True, column_config=config)
+
+
+# ---------------------------------------------------------------- the same view from the command line
+
+def command(cfg, figure: str | None = None) -> None:
+    """"Copy as CLI command": the ``python -m engine`` line that computes this view's result (the
+    same cache key, so it reads the dashboard's cached result), or with ``figure`` the line that
+    draws the experiment's main chart to ``figure`` (a file name)."""
+    from engine.commands import command_line
+
+    st.code(command_line(cfg, figure=figure), language="bash", wrap_lines=True)

@@ -11,10 +11,10 @@ the shared labels and layout of ``style``; every public name is re-exported here
 write ``plots.spectrum_fig``.
 """
 
-from .style import (ARCH_COLORS, ARCH_LABELS, ATTACK_DASH, HEIGHT, LARGEST_LOG10, MAX_SIDE, METRICS,
-                    PRACTICAL_LOG10, SUPERSCRIPTS, arch_label, pretty_formula)
-from .kernels import (block_average, distance_data, distance_fig, kappa_growth_data, kappa_growth_fig,
-                      kernel_diff_data, kernel_heatmaps_fig, loss_data, loss_fig, matrix_data,
+from .style import (ARCH_COLORS, ARCH_LABELS, ATTACK_DASH, HEIGHT, LARGEST_LOG10, LARGEST_PARAMS_LOG10, MAX_SIDE,
+                    METRICS, PRACTICAL_LOG10, SUPERSCRIPTS, arch_label, eps_label, pretty_formula)
+from .kernels import (block_average, class_boundaries, distance_data, distance_fig, kappa_growth_data, kappa_growth_fig,
+                      kernel_diff_data, kernel_heatmaps_fig, largest_width_log10, loss_data, loss_fig, matrix_data,
                       paper_trend_data, paper_trend_fig, spectrum_data, spectrum_fig, trajectory_data,
                       trajectory_fig, width_needed_data, width_needed_fig)
 from .influence import (before_after_fig, compare_bars_fig, eps_sweep_fig, flip_bars_fig, image_grid_fig,
@@ -26,12 +26,13 @@ from .regime import (PARAM_COLORS, REGIME_LABELS, coord_data, coord_fig, regime_
                      regime_width_data, regime_width_fig)
 
 __all__ = [
-    "ARCH_COLORS", "arch_label", "ARCH_LABELS", "ATTACK_DASH", "before_after_fig", "block_average",
-    "compare_bars_fig", "coord_data", "coord_fig", "distance_data", "distance_fig", "eps_sweep_fig",
+    "ARCH_COLORS", "arch_label", "ARCH_LABELS", "ATTACK_DASH", "before_after_fig", "block_average", "class_boundaries",
+    "compare_bars_fig", "coord_data", "coord_fig", "distance_data", "distance_fig", "eps_label", "eps_sweep_fig",
     "flip_bars_fig", "HEIGHT", "image_grid_fig", "influence_bar_fig", "influence_extremes",
     "influence_grid_data", "influence_grid_fig", "influence_hist_data", "influence_hist_fig",
     "influence_shift_fig", "interventions_fig", "kappa_growth_data", "kappa_growth_fig",
-    "kernel_diff_data", "kernel_heatmaps_fig", "LARGEST_LOG10", "loss_data", "loss_fig",
+    "kernel_diff_data", "kernel_heatmaps_fig", "LARGEST_LOG10", "LARGEST_PARAMS_LOG10", "largest_width_log10",
+    "loss_data", "loss_fig",
     "matrix_data", "MAX_SIDE", "METRICS", "model_label", "paper_trend_data", "paper_trend_fig",
     "PARAM_COLORS", "PRACTICAL_LOG10", "pretty_formula", "regime_epoch_data", "regime_epoch_fig",
     "REGIME_LABELS", "regime_width_data", "regime_width_fig", "scaling_data", "scaling_fig",

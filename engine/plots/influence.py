@@ -164,18 +164,28 @@ def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct
     ``{value}_sd`` error bars (a summary from ``engine.tables``; nothing is averaged here)."""
     d = summary[np.isclose(summary["eps"].astype(float), eps)]
     fig = go.Figure()
+    top = 0.0
     for arch, da in by_arch(d):
         label = arch_label(arch, attention)
         mean, sd = da[f"{value}_mean"], da[f"{value}_sd"].fillna(0)
-        fig.add_trace(go.Bar(x=[a.upper() for a in da["attack"]], y=mean, name=label,
+        x = [a.upper() for a in da["attack"]]
+        fig.add_trace(go.Bar(x=x, y=mean, name=label, offsetgroup=arch,
                              marker_color=ARCH_COLORS.get(arch, "black"),
                              error_y=dict(type="data", array=sd, visible=True),
-                             text=[format(v, fmt) for v in mean], textposition="outside",
                              customdata=np.stack([sd, da["n_seeds"]], axis=1),
                              hovertemplate=(f"{label}<br>%{{x}}<br>%{{y:.2f}} ± %{{customdata[0]:.2f}}"
                                             " (sd over %{customdata[1]} seeds)<extra></extra>")))
-    fig.update_layout(barmode="group")
-    return styled(fig, f"attack ({eps_label} = {eps:g})", y_title)
+        # the value above the error bar's cap, in the bar's own slot: no error bar strikes through it
+        fig.add_trace(go.Scatter(x=x, y=mean + sd, mode="text", text=[format(v, fmt) for v in mean],
+                                 textposition="top center", offsetgroup=arch, showlegend=False,
+                                 hoverinfo="skip", cliponaxis=False, textfont=dict(color="#333")))
+        top = max(top, float(np.nanmax((mean + sd).to_numpy(float))) if len(mean) else 0.0)
+    fig.update_layout(barmode="group", scattermode="group")
+    if top > 0:
+        fig.update_yaxes(range=[0, top * 1.18])  # room for the labels above the tallest cap
+    at = eps_label.replace("ε", f"ε = {eps:g}", 1) if "ε" in eps_label else f"{eps_label} = {eps:g}"
+    x_title = f"attack, at {at}"
+    return styled(fig, x_title, y_title)
 
 
 def eps_sweep_fig(summary: pd.DataFrame, value: str = "flip_rate_pct",

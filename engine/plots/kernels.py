@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import (ARCH_COLORS, LARGEST_LOG10, MAX_SIDE, METRICS, PRACTICAL_LOG10, arch_label, attention_of,
+from .style import (ARCH_COLORS, LARGEST_PARAMS_LOG10, MAX_SIDE, METRICS, PRACTICAL_LOG10, arch_label, attention_of,
                     by_arch, for_log_axis, log_ticks, pretty_formula, styled, width_ticks)
 
 
@@ -46,10 +46,18 @@ def kernel_diff_data(K_m: np.ndarray, K_inf: np.ndarray, max_side: int = MAX_SID
     return matrix_data(np.asarray(K_m, np.float64) - np.asarray(K_inf, np.float64), max_side)
 
 
+def class_boundaries(y) -> list[int]:
+    """Indices k where the label changes between points k−1 and k (labels sorted into blocks)."""
+    y = np.asarray(y).ravel()
+    return [int(k) for k in np.flatnonzero(y[1:] != y[:-1]) + 1]
+
+
 def kernel_heatmaps_fig(K_m: np.ndarray, K_inf: np.ndarray, width: int, arch: str,
                         y: np.ndarray | None = None, max_side: int = MAX_SIDE,
                         attention: str | None = None) -> go.Figure:
-    """K_m, K∞ and K_m − K∞ side by side (shared scale for the two kernels)."""
+    """K_m, K∞ and K_m − K∞ side by side (shared scale for the two kernels), each axis exactly
+    the n training points; with labels ``y`` (sorted into class blocks) thin lines mark where
+    one class ends and the next begins."""
     A, b = block_average(K_m, max_side)
     B, _ = block_average(K_inf, max_side)
     D, _ = block_average(np.asarray(K_m, np.float64) - np.asarray(K_inf, np.float64), max_side)
@@ -69,10 +77,22 @@ def kernel_heatmaps_fig(K_m: np.ndarray, K_inf: np.ndarray, width: int, arch: st
                         colorbar=dict(title="K_m − K∞", x=1.01, xanchor="left", len=0.9, thickness=12)))
     styled(fig, "", "", title=f"{arch_label(arch, attention)} kernels on training points sorted by label{note}",
            height=420)
+    n = np.asarray(K_m).shape[0]
+    edge = (-b / 2, (A.shape[0] - 0.5) * b)  # the cells' outer edges: no empty band around the matrix
     for col in (1, 2, 3):
-        fig.update_xaxes(title_text="training point j (index)", row=1, col=col)
-        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{'' if col == 1 else col}", row=1, col=col,
+        fig.update_xaxes(title_text="training point j (index)", range=list(edge), showgrid=False, zeroline=False,
+                         row=1, col=col)
+        fig.update_yaxes(range=[edge[1], edge[0]], showgrid=False, zeroline=False, row=1, col=col,  # fills its panel
                          title_text="training point i (index)" if col == 1 else None, showticklabels=col == 1)
+    if y is not None and len(y) == n:
+        for k in class_boundaries(y):
+            at = k - b / 2  # between the block holding point k−1 and the one holding k (block means: approximate)
+            for col in (1, 2, 3):
+                xref, yref = ("x", "y") if col == 1 else (f"x{col}", f"y{col}")
+                for x0, y0, x1, y1 in ((at, edge[0], at, edge[1]), (edge[0], at, edge[1], at)):
+                    fig.add_shape(type="line", x0=x0, y0=y0, x1=x1, y1=y1, xref=xref, yref=yref,
+                                  line=dict(color="rgba(255,255,255,0.8)" if col < 3 else "rgba(0,0,0,0.45)",
+                                            width=1))
     return fig
 
 
@@ -116,8 +136,15 @@ def width_needed_data(thresholds: dict[str, float | None], attention: str = "lin
     return pd.DataFrame(rows, columns=["bound", "key", "log10_width"])
 
 
-def width_needed_fig(data: pd.DataFrame) -> go.Figure:
-    """log10 of the width each bound asks for, against practical widths and the largest models.
+def largest_width_log10(d: int, n_out: int = 10) -> float:
+    """log10 of the hidden width at which this two-layer head, d inputs and n_out outputs, has as
+    many parameters as the largest models (``LARGEST_PARAMS_LOG10``): m (d + n_out) = 10^12."""
+    return LARGEST_PARAMS_LOG10 - math.log10(max(1, int(d) + int(n_out)))
+
+
+def width_needed_fig(data: pd.DataFrame, d: int = 784, n_out: int = 10) -> go.Figure:
+    """log10 of the width each bound asks for, against practical widths and the largest models,
+    the latter in hidden units of this net (``largest_width_log10``: d inputs, n_out outputs).
 
     Bound names sit above their bars and values inside the bars' ends, so no label crosses a
     bar, the shaded band or the dashed line, at any chart width."""
@@ -128,16 +155,18 @@ def width_needed_fig(data: pd.DataFrame) -> go.Figure:
                            hovertemplate="%{y}<br>log10 m = %{x:.2f}<extra></extra>"))
     fig.add_vrect(x0=PRACTICAL_LOG10[0], x1=PRACTICAL_LOG10[1], fillcolor="green", opacity=0.15,
                   line_width=0, layer="below")
-    fig.add_vline(x=LARGEST_LOG10, line_dash="dash", line_color="black", layer="below")
-    for x, text, anchor in ((PRACTICAL_LOG10[1], "practical<br>1e3–1e5 ", "right"),
-                            (LARGEST_LOG10, " largest models<br> ~1e12 params", "left")):
+    largest = largest_width_log10(d, n_out)
+    fig.add_vline(x=largest, line_dash="dash", line_color="black", layer="below")
+    for x, text, anchor in ((PRACTICAL_LOG10[1], "practical<br>1e3–1e5 units ", "right"),
+                            (largest, f" as many parameters as the largest models<br> (1e12): 10^{largest:.1f} units",
+                             "left")):
         fig.add_annotation(x=x, y=1.0, xref="x", yref="paper", text=text, showarrow=False, xanchor=anchor,
                            yanchor="bottom", align=anchor, font=dict(size=11, color="#444"))
     for i, bound in enumerate(data["bound"]):  # the name just above its bar, not on a crowded y axis
         fig.add_annotation(x=0, y=i - 0.3, xref="x", yref="y", text=bound, showarrow=False, xanchor="left",
                            yanchor="bottom", font=dict(size=11, color="#333"), bgcolor="rgba(255,255,255,0.85)",
                            borderpad=1)
-    top = max([LARGEST_LOG10 + 4] + [v + 2 for v in data["log10_width"]])
+    top = max([largest + 4] + [v + 2 for v in data["log10_width"]])
     fig.update_xaxes(range=[0, top])
     fig.update_yaxes(autorange="reversed", showticklabels=False)  # first bound on top
     styled(fig, "log10 of width m needed (hidden units)", "bound (architecture, paper version)")

@@ -47,10 +47,12 @@ def regime_epoch_data(summary: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def regime_epoch_fig(data: pd.DataFrame, metric: str) -> go.Figure:
-    """One panel per arch (own log y: their scales differ by orders of magnitude): the metric
-    against epochs, one line per width (darker = wider). Zeros (epoch 0 of a gap) leave gaps."""
+    """One panel per arch on one shared log y-axis (separate axes would make a curve 10× higher
+    look the same): the metric against epochs, one line per width (darker = wider). Zeros
+    (epoch 0 of a gap) leave gaps."""
     archs = [a for a in ARCH_COLORS if a in set(data["arch"])]
-    fig = make_subplots(1, len(archs), subplot_titles=[arch_label(a) for a in archs], horizontal_spacing=0.1)
+    fig = make_subplots(1, len(archs), subplot_titles=[arch_label(a) for a in archs], horizontal_spacing=0.06,
+                        shared_yaxes=True)
     widths = sorted(data["width"].unique())
     for col, arch in enumerate(archs, start=1):
         for i, w in enumerate(widths):

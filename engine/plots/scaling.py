@@ -34,6 +34,7 @@ def scaling_data(widths: pd.DataFrame, fit: pd.DataFrame) -> pd.DataFrame:
                      "kappa": w["kappa"], "width_needed": w["width_needed"], "censored": bool(w["censored"]),
                      "fitted_width": fitted, "exponent": f["exponent"],
                      "exponent_low": f.get("exponent_low"), "exponent_high": f.get("exponent_high"),
+                     "resolution": f.get("resolution"),
                      "monotone": bool(w.get("monotone", True)), "theory_exponent": f["theory_exponent"]})
     return pd.DataFrame(rows)
 
@@ -48,7 +49,10 @@ def scaling_fig(data: pd.DataFrame, max_width: int) -> go.Figure:
         ok, cens = d[~d["censored"]], d[d["censored"]]
         p, theory = d["exponent"].iloc[0], d["theory_exponent"].iloc[0]
         lo, hi = d["exponent_low"].iloc[0], d["exponent_high"].iloc[0]
+        res = d["resolution"].iloc[0] if "resolution" in d else None
         interval = f" [{lo:.2f}, {hi:.2f}] 95 %" if pd.notna(lo) and pd.notna(hi) else ""
+        if interval and res is not None and pd.notna(res):  # the grid cannot resolve the exponent finer than this
+            interval += f", grid step ± {res:.2f}"
         label = f"{model}: fitted p = {p:.2f}{interval}" if pd.notna(p) else f"{model}: too few points to fit"
         fig.add_trace(go.Scatter(x=ok["kappa"], y=ok["width_needed"], mode="markers", name=label,
                                  marker=dict(color=color, size=9,

@@ -14,7 +14,8 @@ ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 ARCH_COLORS = {"relu": "#1f77b4", "attn": "#d62728"}
 ATTACK_DASH = {"fgsm": "solid", "pgd": "dash", "mim": "dot"}
 PRACTICAL_LOG10 = (3.0, 5.0)   # widths people train: 1e3 .. 1e5 hidden units
-LARGEST_LOG10 = 12.0           # the largest models: about 1e12 parameters
+LARGEST_PARAMS_LOG10 = 12.0    # the largest models: about 1e12 parameters (not hidden units)
+LARGEST_LOG10 = LARGEST_PARAMS_LOG10  # old name, kept for one release
 HEIGHT = 400
 
 METRICS = {  # column -> (chart title, axis title with units)
@@ -40,6 +41,13 @@ METRICS = {  # column -> (chart title, axis title with units)
 
 
 SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+NORM_SYMBOLS = {"linf": "ℓ∞", "l2": "ℓ2"}
+SPACE_UNITS = {"raw": "pixel units", "normalized": "units of the unit-norm rows"}
+
+
+def eps_label(norm: str, space: str) -> str:
+    """A human axis title for the attack radius: "ℓ∞ radius ε, pixel units"."""
+    return f"{NORM_SYMBOLS.get(norm, norm)} radius ε, {SPACE_UNITS.get(space, space)}"
 
 
 def arch_label(arch: str, attention: str | None = None) -> str:

@@ -1,0 +1,183 @@
+"""Exports that go on a slide as they are: every figure kind rendered by Chromium at 16:9 and
+4:3, plain and in Presentation mode, with every text box inside the canvas and the title and
+its settings line clear of the other text.
+
+Text boxes come from the SVG itself: each ``<text>`` element's x/y with every enclosing
+``translate`` and its own ``rotate`` (the y-axis titles), and a conservative size of font size
+× characters × ``CHAR_EM`` (wider than the chart font's average glyph) by the number of lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine import export, plots
+from engine.registry import EXPERIMENTS
+
+needs_browser = pytest.mark.skipif(export.browser_path() is None,
+                                   reason="no Chromium or Chrome here (apt-get install chromium)")
+SIZES = {"16:9": (1280, 720), "4:3": (1024, 768)}
+CHAR_EM = 0.62  # px per character per px of font size: Open Sans' widest average (capitals, digits ~0.57)
+NUM = r"-?[\d.]+(?:e-?\d+)?"
+SETTINGS = "mnist, n = 1000 (500 test) · m = 16, 64, 256, 1024 · 3 seeds (0–2) · Adam lr 0.001, wd 0.001, 500 epochs"
+
+
+# ---------------------------------------------------------------- text boxes of an SVG
+
+def _translate(transform: str | None) -> tuple[float, float]:
+    x = y = 0.0
+    for m in re.finditer(rf"translate\(\s*({NUM})(?:[ ,]+({NUM}))?\s*\)", transform or ""):
+        x, y = x + float(m.group(1)), y + float(m.group(2) or 0)
+    return x, y
+
+
+def text_boxes(svg: bytes) -> tuple[float, float, list[dict]]:
+    """(width, height, boxes): one box [x0, y0, x1, y1] per visible text element, in canvas pixels."""
+    root = ET.fromstring(svg)
+    out: list[dict] = []
+
+    def walk(el, dx: float, dy: float) -> None:
+        tag = el.tag.split("}")[-1]
+        style = el.get("style") or ""
+        if "display: none" in style or re.search(r"(^|;)\s*opacity:\s*0(;|$)", style):
+            return
+        tx, ty = _translate(el.get("transform"))
+        if tag != "text":
+            for child in el:
+                walk(child, dx + tx, dy + ty)
+            return
+        lines = [t for t in el.iter() if t.tag.split("}")[-1] == "tspan" and "line" in (t.get("class") or "")]
+        texts = [t for t in (["".join(t.itertext()) for t in lines] or ["".join(el.itertext())]) if t.strip()]
+        if not texts:
+            return
+        m = re.search(rf"font-size:\s*({NUM})px", style)
+        size = float(m.group(1)) if m else 12.0
+        x, y = float(el.get("x") or 0) + dx + tx, float(el.get("y") or 0) + dy + ty
+        w, h = max(len(t) for t in texts) * size * CHAR_EM, size * (1 + 1.3 * (len(texts) - 1))
+        x0 = x - {"start": 0.0, "middle": w / 2, "end": w}[el.get("text-anchor") or "start"]
+        box = [x0, y - 0.8 * size, x0 + w, y - 0.8 * size + h]  # ascent ~0.8 em above the baseline
+        rot = re.search(rf"rotate\(\s*({NUM})[ ,]+({NUM})[ ,]+({NUM})\s*\)", el.get("transform") or "")
+        if rot and abs(abs(float(rot.group(1))) - 90) < 1:  # a y-axis title, turned about its anchor
+            cx, cy = float(rot.group(2)) + dx, float(rot.group(3)) + dy
+            bw, bh = box[2] - box[0], box[3] - box[1]
+            box = [cx - bh / 2, cy - bw / 2, cx + bh / 2, cy + bw / 2]
+        out.append({"text": " / ".join(texts), "box": box, "class": el.get("class") or ""})
+
+    walk(root, 0.0, 0.0)
+    return float(root.get("width")), float(root.get("height")), out
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def problems(svg: bytes, slack: float = 1.0) -> list[str]:
+    """Text outside the canvas, and text that overlaps the title or its settings line."""
+    W, H, boxes = text_boxes(svg)
+    out = [f"outside {W:g}x{H:g}: {b['text'][:60]!r} at {[round(v) for v in b['box']]}" for b in boxes
+           if b["box"][0] < -slack or b["box"][1] < -slack or b["box"][2] > W + slack or b["box"][3] > H + slack]
+    heads = [b for b in boxes if b["class"] in ("gtitle", "gtitle-subtitle")]
+    for h in heads:
+        for b in boxes:
+            if b is not h and b not in heads and _overlap(h["box"], b["box"]):
+                out.append(f"{b['text'][:40]!r} overlaps the title block {h['text'][:40]!r}")
+    return out
+
+
+def _svg(title_at: str) -> bytes:
+    return ('<svg xmlns="http://www.w3.org/2000/svg" width="200" height="100">'
+            f'<g transform="translate({title_at})"><text class="gtitle" x="0" y="20" style="font-size: 20px">'
+            'Too long</text></g><text x="0" y="30" class="legendtext" style="font-size: 12px">legend</text>'
+            '<text class="ytitle" transform="rotate(-90,110,50)" x="110" y="50" text-anchor="middle" '
+            'style="font-size: 12px">a y title that is far too long</text></svg>').encode()
+
+
+def test_the_box_estimate_finds_clipped_and_overlapping_text():
+    """The checker itself: a title past the right edge, a rotated y title taller than the canvas
+    and a legend under the title are found; text well inside is not."""
+    found = problems(_svg("150,0"))   # "Too long" at 20 px: about 99 px wide from x = 150
+    assert len(found) == 2 and "Too long" in found[0] and "a y title" in found[1], found
+    found = problems(_svg("0,0"))     # inside, but over the legend's line
+    assert len(found) == 2 and "a y title" in found[0] and "'legend' overlaps the title" in found[1], found
+    found = problems(_svg("0,60"))    # inside and clear of the legend: only the y title is left
+    assert len(found) == 1 and "a y title" in found[0], found
+
+
+# ---------------------------------------------------------------- every figure kind
+
+def _page_figures() -> dict:
+    """Page charts with what the main figures lack: subplots, colour bars, annotations above the plot."""
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((60, 8))
+    K = A @ A.T / 8
+    y = np.repeat(np.arange(3), 20)
+    summary = pd.DataFrame([{"arch": a, "width": w, "epoch": e, "lin_gap_mean": 0.5 / (1 + e) * w ** -0.5 * (3 if a == "attn" else 1),
+                             "lin_gap_sd": 0.01} for a in ("relu", "attn") for w in (16, 64, 256, 1024) for e in range(0, 50, 5)])
+    thresholds = {"attn_v1": 31.2, "attn_v2": 24.5, "relu_v1": 9.1, "relu_v2": 8.0}
+    return {
+        "kernel heatmaps": (plots.kernel_heatmaps_fig(K, K + 0.01 * rng.standard_normal(K.shape), 1024, "attn", y=y),
+                            None),
+        "regime against epochs": (plots.regime_epoch_fig(plots.regime_epoch_data(summary, "lin_gap"), "lin_gap"),
+                                  "Gap to the linearised net during training"),
+        "width needed": (plots.width_needed_fig(plots.width_needed_data(thresholds)),
+                         "Width needed for the kernel regime, by bound"),
+    }
+
+
+def _kinds(tmp_path) -> dict:
+    from tests.test_export import _results
+
+    results = _results(tmp_path)
+    assert set(results) == {n for n, e in EXPERIMENTS.items() if e.figure}
+    figs = {kind: export.main_figure(kind, res) for kind, res in results.items()}
+    figs.update({name: export.slide(fig, SETTINGS, title) for name, (fig, title) in _page_figures().items()})
+    return figs
+
+
+async def _render(jobs: list[tuple[str, object, dict]]) -> dict:
+    """SVG bytes of every (name, figure, opts), in one browser (one per figure would take minutes)."""
+    import kaleido
+
+    out = {}
+    async with kaleido.Kaleido(path=export.browser_path(), mathjax=False, timeout=export.TIMEOUT_S) as k:
+        for name, fig, opts in jobs:
+            out[name] = await k.calc_fig(fig, opts=opts)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+@needs_browser
+def test_every_figure_kind_fits_a_slide_at_16_9_and_4_3(tmp_path):
+    jobs = []
+    for kind, fig in _kinds(tmp_path).items():
+        assert fig.layout.title.text and fig.layout.title.subtitle.text, kind  # a title and a settings line
+        for talk in (False, True):
+            shown = export.talk_style(fig) if talk else fig
+            for ratio, (w, h) in SIZES.items():
+                name = f"{kind} at {ratio}{' (Presentation)' if talk else ''}"
+                jobs.append((name, export.fit(shown, w, h), {"format": "svg", "width": w, "height": h}))
+    svgs = asyncio.run(_render(jobs))
+    found = {name: problems(svg) for name, svg in svgs.items()}
+    assert not {k: v for k, v in found.items() if v}, found
+
+
+@pytest.mark.browser
+@needs_browser
+def test_image_bytes_fits_a_long_title_and_settings_line_to_the_canvas():
+    """image_bytes itself wraps what would run off a 4:3 canvas and makes room above the plot."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(go.Scatter(x=[16, 64, 256], y=[0.3, 0.15, 0.08], name="2L-ReLU"))
+    fig = plots.style.styled(fig, "width m (hidden units, log scale)", "a long y-axis title (unitless)", logx=True)
+    long = "Kernel-regression prediction gap at init: ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖, MLP-Attn and 2L-ReLU"
+    svg = export.image_bytes(export.talk_style(export.slide(fig, SETTINGS, long)), "svg", 1024, 768)
+    assert problems(svg) == []
+    _, _, boxes = text_boxes(svg)
+    assert any("mnist, n = 1000" in b["text"] for b in boxes)  # the settings line is drawn
