@@ -161,6 +161,36 @@ class Budget:
 
 DEFAULT_BUDGET = Budget()
 UNLIMITED = Budget(seconds=math.inf, bytes=2**62)
+MAX_GIB = 1e6  # a --max-gib above a million GiB (an exbibyte) is a typo, not a machine
+
+
+def _number(value, what: str, allowed: str) -> float:
+    if isinstance(value, (bool, bytes)) or value is None:
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise BadInput(f"{what} must be {allowed}, got {value!r}") from None
+
+
+def gib_limit(value, what: str = "--max-gib") -> int:
+    """A memory limit given in GiB (``--max-gib``) as bytes: finite, > 0 and at most
+    ``MAX_GIB``; one-line ``BadInput`` naming the value otherwise (NaN, inf, 1e300, text)."""
+    allowed = f"a number of GiB > 0 and <= {MAX_GIB:g}"
+    gib = _number(value, what, allowed)
+    if not (math.isfinite(gib) and 0 < gib <= MAX_GIB):
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    return max(1, int(gib * GIB))
+
+
+def seconds_limit(value, what: str = "--max-seconds") -> float:
+    """A time limit in seconds (``--max-seconds``): > 0, ``inf`` meaning no limit; one-line
+    ``BadInput`` for NaN (which would compare false with every estimate), zero or less, or text."""
+    allowed = "a number of seconds > 0 (inf: no limit)"
+    s = _number(value, what, allowed)
+    if not s > 0:  # NaN too
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    return s
 
 
 def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", device=None) -> None:

@@ -157,9 +157,10 @@ def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
 
 
 def _run(exp: Experiment, cfg, a, progress):
-    limit = None if a.max_gib is None else int(a.max_gib * B.GIB)
+    limit = None if a.max_gib is None else B.gib_limit(a.max_gib)  # NaN, inf, 1e300: one line, exit 2
+    budget = B.Budget(B.seconds_limit(a.max_seconds), limit)
     cache = None if a.no_cache else Cache(a.cache_dir)
-    return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=B.Budget(a.max_seconds, limit))
+    return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=budget)
 
 
 def run_command(name: str, a, progress) -> dict:
@@ -251,6 +252,11 @@ def _add_grid(sub) -> None:
                    help="local: a pool of worker processes here (default); ray: one task per cell on a cluster")
     p.add_argument("--address", help="ray: the cluster, auto or HOST:PORT of its head (default: start a "
                                      "local Ray instance)")
+    from .grid_backends import CONNECT_TIMEOUT_S
+
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
+                   help=f"ray: seconds to reach the cluster at --address before failing in one line "
+                        f"(default: {CONNECT_TIMEOUT_S:g})")
     p.add_argument("--workers", type=int, help="local: worker processes (default: cores / threads); "
                                                "ray: most cells in flight (default: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per cell, the same on both "
@@ -291,7 +297,8 @@ def cmd_grid(a) -> int:
             return 0
         with contextlib.redirect_stdout(sys.stderr):  # stdout holds the result only; Ray prints notes there
             outcomes = G.run_grid(spec, cache, a.data_dir, a.backend, a.address, a.workers, a.device,
-                                  a.threads, a.retries, a.max_seconds, None if a.quiet else G.stderr_line)
+                                  a.threads, a.retries, a.max_seconds, None if a.quiet else G.stderr_line,
+                                  connect_timeout=a.connect_timeout)
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -349,7 +356,8 @@ def cmd_figure(a, progress) -> dict:
     from . import export
 
     exp = get(a.kind)
-    fmt = export.format_of(a.out)  # a bad suffix fails before any work
+    out = export.check_output_path(a.out)  # a bad suffix, folder or unwritable place fails before any work
+    fmt = export.format_of(out)
     cfg = config_from_args(exp, a)
     if a.estimate:
         return _estimate_only(exp, cfg)

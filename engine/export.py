@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import plotly.graph_objects as go
 
+from .data.folders import expand_path, writable
 from .errors import BadInput, EngineError
 
 FORMATS = ("png", "svg", "pdf")
@@ -100,13 +103,69 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
     return bytes(data)
 
 
+def check_output_path(path: str | os.PathLike) -> Path:
+    """The image file ``path`` names (``~`` expanded), checked before any work is done: a
+    known suffix (``format_of``), names within the file system's limits, not an existing
+    folder, FIFO or device, and a parent that is (or can be created as) a writable folder.
+    One-line ``BadInput`` naming the path otherwise. Where the parent exists, a probe file is
+    created and removed there, so places that refuse files whatever their mode says (``/proc``,
+    a read-only mount) are found now, not after the computation. Creates no folder."""
+    p = expand_path(path, "output file")
+    format_of(p)
+    if p.name in ("", ".", ".."):
+        raise BadInput(f"output file {str(path)!r} names no file; give a file name ending in .png, .svg or .pdf")
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        above = next((q for q in p.parents if q.exists()), p.parent)
+        raise BadInput(f"output file {p}: {above} is a file, not a folder; choose another place") from None
+    except OSError as exc:  # a loop of links, no permission
+        raise BadInput(f"output file {p}: cannot be written there ({exc.strerror or exc})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise BadInput(f"output file {p} is {kind}; give a file name ending in .png, .svg or .pdf")
+    if st is not None and not (os.access(p, os.W_OK) and st.st_mode & 0o222):
+        raise BadInput(f"output file {p} exists and is read-only; choose another name or make it writable")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"output file {p}: {parent} is a file, not a folder; choose another place")
+    if not writable(parent):
+        raise BadInput(f"output file {p}: the folder {parent} is not writable; choose another place")
+    if parent == p.parent:
+        try:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".engine-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise BadInput(f"output file {p}: no file can be created in {parent} ({exc.strerror or exc}); "
+                           "choose another place") from None
+    return p
+
+
 def write_image(fig: go.Figure, path: str | os.PathLike, width: int | None = None, height: int | None = None,
                 scale: float = SCALE) -> Path:
-    """Render to ``path`` (format from its suffix); creates missing parent folders."""
-    path = Path(path).expanduser()
+    """Render to ``path`` (format from its suffix; checked by ``check_output_path`` first);
+    creates missing parent folders. The file is written beside its name and renamed into
+    place, so a failed write leaves no partial image. Raises ``BadInput`` for a bad path."""
+    path = check_output_path(path)
     data = image_bytes(fig, format_of(path), width, height, scale)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:40]}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:  # the place changed since the check, or the disk is full
+        raise BadInput(f"output file {path}: cannot be written ({exc.strerror or exc})") from None
     return path
 
 

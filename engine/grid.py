@@ -29,12 +29,14 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .budget import GIB, duration
+from .budget import GIB, duration, seconds_limit
 from .cache import Cache, Result, canonical, provenance_of, code_fingerprint, config_key
 from .calibration import estimate
 from .registry import EXPERIMENTS
+from .data.folders import expand_path
 from .errors import BadInput, DataMissing, EngineError
-from .grid_backends import BACKENDS, Backend, _Job
+from .grid_backends import BACKENDS, CONNECT_TIMEOUT_S, Backend, _Job
+from .grid_backends import connect_timeout as check_timeout
 from .grid_spec import Cell, Grid, load_spec
 from .grid_spec import grids_dir, parse_spec, spec_files  # noqa: F401  (re-exported: callers use engine.grid)
 
@@ -156,7 +158,8 @@ def run_grid(grid: Grid, cache: Cache | None, data_dir=None, backend: Backend | 
              address: str | None = None, workers: int | None = None, device: str = "auto",
              threads: int = 1, retries: int = 3, max_seconds: float = math.inf,
              progress: Callable[[float, str], None] | None = None, cancel=None,
-             on_cell: Callable[..., None] | None = None) -> list[Outcome]:
+             on_cell: Callable[..., None] | None = None,
+             connect_timeout: float = CONNECT_TIMEOUT_S) -> list[Outcome]:
     """Run every cell not yet in ``cache`` and store its result there; one ``Outcome`` per
     cell, in cell order.
 
@@ -164,15 +167,20 @@ def run_grid(grid: Grid, cache: Cache | None, data_dir=None, backend: Backend | 
         threads``) or ``Backend.RAY`` (``address`` of a cluster, or a local instance; at most
         ``workers`` tasks in flight when given). threads: torch threads per cell (the same on
         both backends, so CPU results agree bit for bit). retries: times a cell whose worker
-        died runs again. max_seconds: refuse cells estimated above it.
+        died runs again. max_seconds: refuse cells estimated above it. connect_timeout:
+        seconds to reach the Ray cluster at ``address`` before failing in one line naming it.
     progress(frac, line): one line per finished cell with the ETA over the cells left.
     cancel: ``.is_set()`` stops the grid (cells running are killed; nothing partial is kept).
     on_cell(cell, state, error): "cached", "running", "computed" or "failed" as they happen.
     A cell whose data are missing fails at once; the others still run.
     """
+    if backend not in [b.value for b in Backend]:  # a str enum: members and their values both match
+        raise BadInput(f"unknown backend {backend!r}; allowed: {', '.join(b.value for b in Backend)}")
     backend = Backend(backend)
     if threads < 1 or retries < 0 or (workers is not None and workers < 1):
         raise BadInput("threads and workers must be at least 1, retries at least 0")
+    max_seconds = seconds_limit(max_seconds)
+    connect_timeout = check_timeout(connect_timeout)
     note = on_cell or (lambda *a: None)
     say = progress or (lambda f, s: None)
     code = code_fingerprint()
@@ -201,8 +209,8 @@ def run_grid(grid: Grid, cache: Cache | None, data_dir=None, backend: Backend | 
             say(len(outcomes) / max(n, 1), f"[{o.cell.index + 1:>3}/{n}] failed   {o.cell.label}: {o.error}")
     if todo:
         t0, est_done = time.monotonic(), 0.0
-        where = None if data_dir is None else str(Path(data_dir).expanduser().resolve())  # workers' cwd differs
-        job = _Job(where, device, threads, max_seconds)
+        where = None if data_dir is None else str(expand_path(data_dir, "data folder").resolve())  # workers' cwd differs
+        job = _Job(where, device, threads, max_seconds, connect_timeout)
         run = BACKENDS[backend]
         for cell, ok, payload in run(todo, job, workers if backend is Backend.RAY else slots, retries,
                                      address, cancel, lambda c: note(c, "running")):

@@ -11,8 +11,11 @@ import enum
 import logging
 import multiprocessing
 import os
+import math
 import shutil
+import socket
 import tempfile
+import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -32,6 +35,88 @@ class Backend(str, enum.Enum):
 
     LOCAL = "local"   # a pool of worker processes on this machine
     RAY = "ray"       # one task per cell on a Ray cluster (an existing one, or a local instance)
+
+
+CONNECT_TIMEOUT_S = 30.0   # seconds to reach a Ray cluster's head; ray.init alone retries for minutes
+MAX_CONNECT_TIMEOUT_S = 3600.0
+RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start` notes the address "auto" means
+# An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its
+# client server) answers with a SETTINGS frame of its own at once; anything else does not.
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def connect_timeout(value) -> float:
+    """A connect timeout in seconds, checked: finite, > 0 and at most ``MAX_CONNECT_TIMEOUT_S``."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = math.nan
+    if isinstance(value, bool) or not (math.isfinite(t) and 0 < t <= MAX_CONNECT_TIMEOUT_S):
+        raise BadInput(f"connect timeout must be a number of seconds > 0 and <= {MAX_CONNECT_TIMEOUT_S:g}, "
+                       f"got {value!r}")
+    return t
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    text = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadInput(f"--address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT with a port "
+                       "in 1-65535")
+    return host, int(port)
+
+
+def _target(address: str | None) -> str | None:
+    """The HOST:PORT ray.init will connect to for ``address``, or None where it starts a local
+    instance (or "auto" finds no note of a running cluster: it then fails at once by itself)."""
+    if address and address != "auto":
+        return address
+    env = os.environ.get("RAY_ADDRESS")  # ray.init(None) and ray.init("auto") both follow it
+    if env and env != "auto":
+        return env
+    if address == "auto":
+        try:
+            return RAY_CURRENT_CLUSTER.read_text().strip() or None
+        except OSError:
+            return None
+    return None
+
+
+def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within ``timeout`` seconds and in one line naming it, a Ray address where no Ray
+    head answers: nothing listens, the host is unknown or unreachable, or what listens is no gRPC
+    server. ray.init itself retries silently for minutes against a closed port and without end
+    against a listener that never speaks. With ``RAY_USE_TLS`` set, only the TCP connect is tried."""
+    host, port = _host_port(address)
+    deadline = time.monotonic() + timeout
+    connected, later = False, ""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            connected = True
+            if os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true"):
+                return
+            s.sendall(_H2_HELLO)
+            got = b""
+            while len(got) < 9:
+                s.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = s.recv(9 - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        if len(got) == 9 and got[3] == 4:  # the frame type of SETTINGS
+            return
+        why = "something listens there, but no Ray head: it does not answer in gRPC"
+    except socket.gaierror as exc:
+        why = f"the host {host!r} is unknown ({exc.strerror or exc})"
+    except TimeoutError:  # socket.timeout
+        why = (f"something listens there but gave no gRPC answer within {timeout:g} s" if connected
+               else f"no answer within {timeout:g} s")
+        later = " (or raise --connect-timeout for a slow network)"
+    except OSError as exc:  # refused, unreachable, reset
+        why = f"{'the connection broke' if connected else 'nothing listens there'} ({exc.strerror or exc})"
+    raise BadInput(f"cannot reach a Ray cluster at {address}: {why}; start its head (ray start --head "
+                   f"prints the address) or fix --address{later}")
 
 
 
@@ -65,6 +150,7 @@ class _Job:
     device: str
     threads: int
     max_seconds: float
+    connect_timeout: float = CONNECT_TIMEOUT_S  # the driver's only: seconds to reach a Ray cluster
 
     def args(self, cell: Cell, device: str | None = None) -> tuple:
         return (cell.kind, cell.config, self.data_dir, device or self.device, self.threads, self.max_seconds)
@@ -133,6 +219,9 @@ def _ray(todo: list[Cell], job: _Job, workers: int | None, retries: int, address
     the driver's code (with ``py_modules`` instead, Ray would put the driver's current folder
     first on the path of workers on its own node). GPU cells ask for one GPU each."""
     ray = _import_ray()
+    target = _target(address)
+    if target is not None:
+        check_address(target, job.connect_timeout)
     with tempfile.TemporaryDirectory(prefix="engine-grid-") as folder:
         shutil.copytree(ENGINE_DIR, Path(folder) / "engine", ignore=shutil.ignore_patterns("__pycache__"))
         if tree_fingerprint(Path(folder) / "engine") != code_fingerprint():

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import tomllib
 import typing
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import ENGINE_DIR, canonical
+from .data.folders import read_regular
 from .registry import EXPERIMENTS
 from .errors import BadInput
 from .settings import meta
@@ -36,6 +38,10 @@ from .settings import meta
 GRIDS_DIR = ENGINE_DIR.parent / "grids"   # the specs the dashboard lists ($ENGINE_GRIDS_DIR overrides)
 SPEC_KEYS = ("name", "description", "grid")
 BLOCK_KEYS = ("kind", "preset", "base", "axes", "exclude", "label")
+MAX_SPEC_BYTES = 1 << 20  # a spec is a few hundred bytes; a file near this size is not one
+MAX_DEPTH = 10            # tables and arrays within one another; the deepest a spec needs is 8
+MAX_CELLS = 10_000        # cells of one spec: the product of each block's axis lengths, summed
+MAX_RULES = 256           # exclude rules of one block (each is checked against every cell)
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,32 @@ def _build(cls, base, values: dict):
     return dataclasses.replace(base, **top) if top else base
 
 
+def _check_shape(doc) -> None:
+    """Refuse, before anything is expanded, a document nested deeper than ``MAX_DEPTH`` (counted
+    without recursion, so no depth can overflow Python's stack)."""
+    stack = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadInput(f"tables or arrays nest more than {MAX_DEPTH} deep; a spec needs a few levels "
+                           "(e.g. [[grid]] > axes > data.seed = [0, 1])")
+        inner = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()
+        stack.extend((e, depth + 1) for e in inner if isinstance(e, (dict, list)))
+
+
+def _count_cells(axes: dict, w: str, room: int) -> int:
+    """The cells a block's axes make (the product of their lengths, exclusions not counted),
+    refused above ``room`` before any of them is formed."""
+    lengths = [len(v) if isinstance(v, list) else 1 for v in axes.values()]
+    count = math.prod(lengths)
+    if count > room:
+        limit = f"the {MAX_CELLS:,} a spec may hold" + (f" ({room:,} left after the blocks before)"
+                                                         if room < MAX_CELLS else "")
+        raise BadInput(f"{w}axes: {' x '.join(map(str, lengths))} = {count:,} cells, more than {limit}; "
+                       "use fewer values or split the spec")
+    return count
+
+
 def _block_cells(block: dict, w: str) -> list[tuple[str, tuple, Any]]:
     """(kind, choices, config) of every cell of one block, in axis order."""
     if not isinstance(block.get("label", ""), str):
@@ -190,6 +222,8 @@ def _block_cells(block: dict, w: str) -> list[tuple[str, tuple, Any]]:
         rules = [rules]
     if not isinstance(rules, list):
         raise BadInput(f"{w}exclude must be a list of rules ([[exclude]] tables), got {rules!r}")
+    if len(rules) > MAX_RULES:
+        raise BadInput(f"{w}exclude: {len(rules)} rules, more than the {MAX_RULES} a block may hold")
     excludes = []
     for j, rule in enumerate(rules):
         rule = _flat(rule, f"{w}exclude[{j}]")
@@ -216,7 +250,14 @@ def _block_cells(block: dict, w: str) -> list[tuple[str, tuple, Any]]:
 
 
 def parse_spec(doc: dict, name: str = "grid", path: str = "", sha: str = "") -> Grid:
-    """A ``Grid`` from a parsed TOML document; raises ``BadInput`` (one line naming the key)."""
+    """A ``Grid`` from a parsed TOML document; raises ``BadInput`` (one line naming the key).
+    Depth, types and the cell count (at most ``MAX_CELLS``) are checked before cells are formed."""
+    if not isinstance(doc, dict):
+        raise BadInput(f"a spec is a table of keys, got {type(doc).__name__}")
+    _check_shape(doc)
+    for k in ("name", "description"):
+        if k in doc and not isinstance(doc[k], str):
+            raise BadInput(f"{k}: must be text, got {doc[k]!r}")
     unknown = sorted(set(doc) - set(SPEC_KEYS) - set(BLOCK_KEYS))
     if unknown:
         raise BadInput(f"{unknown[0]}: unknown key; a spec takes {', '.join(SPEC_KEYS + BLOCK_KEYS)}")
@@ -231,29 +272,29 @@ def parse_spec(doc: dict, name: str = "grid", path: str = "", sha: str = "") -> 
     else:
         named = [("", top)]
     cells, seen = [], set()
+    counted = 0
+    for w, block in named:  # every block's count, before any cell or value is formed
+        counted += _count_cells(_flat(block.get("axes", {}), f"{w}axes"), w, MAX_CELLS - counted)
     for w, block in named:
         for kind, choices, cfg in _block_cells(block, w):
             ident = json.dumps([kind, canonical(cfg)], sort_keys=True, default=str)
             if ident not in seen:  # the same config twice (two blocks) is one cell
                 seen.add(ident)
                 cells.append(Cell(len(cells), kind, choices, cfg, block.get("label", "")))
-    for k in ("name", "description"):
-        if k in doc and not isinstance(doc[k], str):
-            raise BadInput(f"{k}: must be text, got {doc[k]!r}")
     return Grid(str(doc.get("name", name)), str(doc.get("description", "")), path, sha, tuple(cells))
 
 
 def load_spec(path: str | os.PathLike) -> Grid:
-    """Read and check a grid spec file; raises ``BadInput`` with one line naming the bad key."""
+    """Read and check a grid spec file; raises ``BadInput`` with one line naming the bad key.
+    Only a regular file of at most ``MAX_SPEC_BYTES`` is read (a FIFO is refused, not waited on)."""
     p = Path(path)
-    try:
-        text = p.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"grid spec {p}: cannot be read ({exc.strerror or exc})") from None
+    text = read_regular(p, "grid spec", MAX_SPEC_BYTES)
     try:
         doc = tomllib.loads(text.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"grid spec {p}: not valid TOML ({' '.join(str(exc).split())})") from None
+    except RecursionError:  # tomllib reads nested arrays and inline tables recursively
+        raise BadInput(f"grid spec {p}: arrays or inline tables nest more than {MAX_DEPTH} deep") from None
     try:
         return parse_spec(doc, p.stem, str(p), hashlib.sha256(text).hexdigest())
     except BadInput as exc:

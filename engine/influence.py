@@ -32,7 +32,7 @@ import torch
 
 from . import budget as B
 from .errors import BadInput
-from .ntk import empirical_ntk
+from .ntk import check_ridge, check_solution, empirical_ntk, ridge_factor
 
 INFLUENCE_TARGETS = ("true", "margin", "sum")
 DEFAULT_TARGET = "true"  # what configs and pages should use; "sum" ignores one-hot labels
@@ -50,27 +50,24 @@ def factor_bytes(n: int, n_test: int, c: int) -> int:
 def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float, per_test_row: int = 0):
     """kM = K_test M (n_test, n), α = M Y (n, c) and diag M (n,), M = (K + λI)⁻¹, float64,
     from one Cholesky factor L (M itself is never formed). ``per_test_row``: further bytes
-    per (test point, training point) the caller will allocate, checked with the rest."""
-    if not ridge > 0:
-        raise BadInput(f"ridge λ must be > 0, got {ridge!r}")
+    per (test point, training point) the caller will allocate, checked with the rest. A singular
+    or non-finite kernel is one ``BadInput`` line naming the step, n and the ridge."""
+    what = "the leave-one-out influence factorisation"
+    ridge = check_ridge(ridge, what)
     n = K.shape[0]
     Y = Y.double().reshape(n, -1)
     nt, c = K_test.shape[0], Y.shape[1]
     B.require(factor_bytes(n, nt, c) + per_test_row * nt * n, K.device, f"the leave-one-out factorisation of a "
               f"{n} x {n} kernel (float64) for {nt} test points",
               lambda k: factor_bytes(k, nt, c) + per_test_row * nt * k, n)
-    lam = ridge * float(K.diagonal().double().mean())
-    # K is symmetric, so its transpose view has LAPACK's column-major layout: the
-    # factorisation runs in place in this one n x n copy, and sub-blocks of L stay BLAS-ready.
-    L = K.mT.to(dtype=torch.float64, copy=True)
-    L.diagonal().add_(lam)
-    try:
-        torch.linalg.cholesky(L, out=L)
-    except torch.linalg.LinAlgError as exc:
-        raise BadInput(f"K + λI is not positive definite at ridge {ridge!r}; use a larger ridge") from exc
-    alpha = torch.cholesky_solve(Y, L)                           # (n, c)
-    kM = torch.cholesky_solve(K_test.double().T, L).T.contiguous()  # (n_test, n); M is symmetric
-    return kM, alpha, _inverse_diagonal(L)
+    if not bool(torch.isfinite(K_test).all()):
+        raise BadInput(f"{what}: the {nt} x {n} test kernel holds NaN or infinite values; the net diverged "
+                       "or the inputs overflow: lower the learning rate or the init scale")
+    # One n x n copy of K, factored in place; sub-blocks of L stay BLAS-ready.
+    L, _ = ridge_factor(K, ridge, what)
+    alpha = check_solution(torch.cholesky_solve(Y, L), what, ridge)                       # (n, c)
+    kM = check_solution(torch.cholesky_solve(K_test.double().T, L).T.contiguous(), what, ridge)  # (n_test, n)
+    return kM, alpha, check_solution(_inverse_diagonal(L), what, ridge)
 
 
 def _inverse_diagonal(L: torch.Tensor, block: int | None = None) -> torch.Tensor:

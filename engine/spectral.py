@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import budget as B
+from .errors import BadInput
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -49,6 +50,9 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     B.require(spectrum_bytes(n, d), F.device, f"the spectrum of a {n} x {d} Gram (float64)",
               lambda k: spectrum_bytes(k, d), n)
     F64 = F.double()
+    if not bool(torch.isfinite(F64).all()):  # eigvalsh would fail to converge, or return NaN
+        raise BadInput(f"the spectrum of a {n} x {d} Gram: its rows hold NaN or infinite values; rescale the "
+                       "data or use another attention variant")
     if n > d:
         lam = torch.linalg.eigvalsh(F64.T @ F64).cpu().numpy()
         lam = np.concatenate([lam, np.zeros(n - d)])  # eig_spectrum's default rtol counts all n

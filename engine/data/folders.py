@@ -11,29 +11,130 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import BadInput, DataCorrupt, DataMissing
+
+NAME_MAX = 255    # bytes in one file or folder name (Linux file systems)
+PATH_MAX = 4096   # bytes in a whole path, its terminating NUL included
+
+
+def _short(text: str, keep: int = 60) -> str:
+    return text if len(text) <= keep else text[:keep - 1] + "…"
+
+
+def expand_path(path: str | os.PathLike, what: str) -> Path:
+    """``path`` with a leading ``~`` or ``~user`` expanded, checked against the file system's
+    name limits; ``BadInput`` (one line naming ``what`` and the path) for an unknown user,
+    a NUL byte, a name over ``NAME_MAX`` bytes or a path over ``PATH_MAX``. Touches no file."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise BadInput(f"{what} {_short(text)!r} holds a NUL byte; give a file system path")
+    try:
+        p = Path(text).expanduser()
+    except RuntimeError:  # "~nosuchuser/...", or "~" with neither $HOME nor a password entry
+        head = text.split("/", 1)[0]
+        raise BadInput(f"{what} {_short(text)!r}: cannot expand {head} (no such user, or no home "
+                       "folder known here); write the full path") from None
+    raw = os.fsencode(p)
+    if len(raw) >= PATH_MAX:
+        raise BadInput(f"{what} {_short(text)!r} is {len(raw)} bytes long; a path holds at most "
+                       f"{PATH_MAX - 1}")
+    for part in raw.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise BadInput(f"{what}: the name {_short(os.fsdecode(part))!r} is {len(part)} bytes "
+                           f"long; a file or folder name holds at most {NAME_MAX}")
+    return p
+
+
+def _what_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def regular_file(path: str | os.PathLike, what: str, missing: type = DataMissing) -> Path:
+    """``path`` (expanded by ``expand_path``) when it names a regular file, symbolic links
+    followed. One line otherwise: ``missing`` (default ``DataMissing``) when nothing is there,
+    ``BadInput`` for a folder, FIFO, socket or device (reading a FIFO would wait for a writer
+    forever) or a path that cannot be looked at. Opens nothing."""
+    p = expand_path(path, what)
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing(f"{what} {p}: no such file") from None
+    except OSError as exc:
+        raise BadInput(f"{what} {p}: cannot be looked at ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{what} {p} is {_what_kind(st.st_mode)}, not a regular file; give a file's path")
+    return p
+
+
+def read_regular(path: str | os.PathLike, what: str, limit: int, missing: type = BadInput) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; one-line ``BadInput`` (or
+    ``missing`` when absent) otherwise. Opened without blocking and checked on the open file,
+    so a FIFO swapped in after a check cannot make the read wait for a writer."""
+    p = expand_path(path, what)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise missing(f"{what} {p}: no such file") from None
+    except OSError as exc:
+        raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{what} {p} is {_what_kind(st.st_mode)}, not a regular file; give a file's path")
+        if st.st_size > limit:
+            raise BadInput(f"{what} {p} is {st.st_size:,} bytes; the limit is {limit:,}")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc})") from None
+    if len(data) > limit:
+        raise BadInput(f"{what} {p} grew past the limit of {limit:,} bytes while it was read")
+    return data
+
 
 def user_cache_dir() -> Path:
     """``($XDG_CACHE_HOME or ~/.cache)/influence-malleability/datasets``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "influence-malleability" / "datasets"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except (RuntimeError, KeyError):
+            raise BadInput("cannot find a home folder for the data sets ($HOME is unset and this user "
+                           "has no home); give --data-dir or set ENGINE_DATA_DIR") from None
+    return expand_path(base, "$XDG_CACHE_HOME") / "influence-malleability" / "datasets"
 
 
 def engine_data_dir() -> Path:
     """The engine's own folder for unpacked copies: ``$ENGINE_CACHE_DIR/datasets`` when that is
     set (next to the result cache, e.g. in the container), else ``user_cache_dir()``."""
     cache = os.environ.get("ENGINE_CACHE_DIR")
-    return Path(cache).expanduser().resolve() / "datasets" if cache else user_cache_dir()
+    return expand_path(cache, "$ENGINE_CACHE_DIR").resolve() / "datasets" if cache else user_cache_dir()
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The data folder: ``data_dir``, else ``$ENGINE_DATA_DIR``, else
     ``($XDG_CACHE_HOME or ~/.cache)/influence-malleability/datasets``. Nothing is created."""
-    chosen = data_dir if data_dir not in (None, "") else os.environ.get("ENGINE_DATA_DIR")
-    return Path(chosen).expanduser().resolve() if chosen else user_cache_dir()
+    given = data_dir not in (None, "")
+    chosen = data_dir if given else os.environ.get("ENGINE_DATA_DIR")
+    if not chosen:
+        return user_cache_dir()
+    root = expand_path(chosen, "data folder" if given else "$ENGINE_DATA_DIR").resolve()
+    if root.exists() and not root.is_dir():
+        raise BadInput(f"{'data folder' if given else '$ENGINE_DATA_DIR'} {root} is not a folder; "
+                       "give a folder that holds (or may hold) the data sets")
+    return root
 
 
 def writable(path: str | os.PathLike) -> bool:
@@ -99,6 +200,8 @@ def file_sha256(path: str | os.PathLike) -> str:
     could otherwise keep its size, mtime and inode and return a stale hash."""
     p = Path(path).resolve()
     st = p.stat()
+    if not stat.S_ISREG(st.st_mode):  # opening a FIFO would wait for a writer forever
+        raise DataCorrupt(f"{p} is {_what_kind(st.st_mode)}, not a regular file; replace it with the data file")
     key = (str(p), st.st_size, st.st_mtime_ns, st.st_ino)
     if key in _HASHES:
         return _HASHES[key]

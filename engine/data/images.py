@@ -13,6 +13,7 @@ import gzip
 import os
 import pickle
 import socket
+import stat
 import tempfile
 import zlib
 from pathlib import Path
@@ -49,6 +50,7 @@ def image_files(base: str, data_dir=None, allow_download: bool = True) -> list[P
 def locate(base: str, root: Path, allow_download: bool) -> Path:
     """The data folder holding `base`'s files: root, or the engine's folder for unpacked
     copies. Raises DataMissing (one line naming the files and folder) when there is none."""
+    _refuse_odd_files(base, root)
     if present(base, root):
         return root
     unpacked = _unpack_system_copy(base, root)
@@ -64,6 +66,20 @@ def locate(base: str, root: Path, allow_download: bool) -> Path:
     folder, files = FILES[base]
     raise DataMissing(f"{base} not found: put {', '.join(files)} in {root / folder} (or point "
                       f"--data-dir / ENGINE_DATA_DIR at a folder holding {folder}); {reason}")
+
+
+def _refuse_odd_files(base: str, root: Path) -> None:
+    """DataCorrupt for one of `base`'s files that is there but is no regular file: reading a
+    FIFO would wait for a writer forever, and a download would write through it."""
+    folder, files = FILES[base]
+    for f in files:
+        try:
+            st = os.stat(root / folder / f)
+        except OSError:  # absent: found elsewhere, unpacked or downloaded
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise DataCorrupt(f"{root / folder / f} is not a regular file (a folder, FIFO or device); "
+                              "replace it with the data file, or remove it to download again")
 
 
 def _unpack_system_copy(base: str, root: Path) -> Path | None:

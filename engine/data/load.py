@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
-from ..errors import DataMissing
-from .folders import file_sha256
+from .folders import file_sha256, regular_file
 from .images import image_files, load_images
 from .npz import load_npz
 from .spec import DATASETS, DataSpec, Sample, parse_dataset
@@ -29,7 +27,7 @@ def load_sample(spec: DataSpec, data_dir: str | os.PathLike | None = None,
     if base == "synthetic":
         return load_synthetic(spec, pair)
     if base not in DATASETS:
-        return load_npz(spec, Path(base).expanduser())
+        return load_npz(spec, regular_file(base, ".npz file"))
     return load_images(spec, base, pair, data_dir, allow_download)
 
 
@@ -51,10 +49,7 @@ def data_fingerprint(spec: DataSpec, data_dir: str | os.PathLike | None = None,
     if base == "synthetic":
         return "synthetic"
     if base not in DATASETS:
-        path = Path(base).expanduser()
-        if not path.is_file():
-            raise DataMissing(f"no such .npz file: {path}")
-        return file_sha256(path)
+        return file_sha256(regular_file(base, ".npz file"))
     h = hashlib.sha256(base.encode())
     for f in image_files(base, data_dir, allow_download):
         h.update(f"\0{f.name}\0{file_sha256(f)}".encode())

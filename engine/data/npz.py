@@ -21,7 +21,8 @@ import numpy as np
 import numpy.lib.format as npy
 import torch
 
-from ..errors import BadInput, DataCorrupt, DataMissing
+from ..errors import BadInput, DataCorrupt
+from .folders import regular_file
 from .spec import DataSpec, Sample, draw
 
 MAX_NPZ_BYTES = 200 * 2**20  # the file itself, and all its arrays once unpacked
@@ -83,8 +84,7 @@ def check_npz_sizes(source: str | os.PathLike | IO[bytes], name: str) -> dict[st
 
 def _read(path: Path) -> dict[str, np.ndarray]:
     """The arrays X, y and (if present) X_test, y_test, after the size checks."""
-    if not path.is_file():
-        raise DataMissing(f"no such .npz file: {path}")
+    path = regular_file(path, ".npz file")  # a FIFO would block np.load
     if path.stat().st_size > MAX_NPZ_BYTES:
         raise BadInput(f"{path} is {_mb(path.stat().st_size)}; the limit is {_mb(MAX_NPZ_BYTES)}")
     declared = check_npz_sizes(path, str(path))

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 
 from ..errors import BadInput
 from ..settings import setting, validate
+from .folders import expand_path
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")  # plus a path to a user .npz
 DECAYS = ("geometric", "linear", "power")  # eigenvalue profiles of the synthetic Gram
@@ -26,10 +29,22 @@ CLASSES = {  # fashion-mnist as torchvision's FashionMNIST.classes; cifar10 as b
 }
 
 
-def _nonempty(text: str) -> None:
+def _check_dataset(text: str) -> None:
+    """A name, or a .npz path the file system could hold: ``~user`` known, names within the
+    length limits, and not an existing folder, FIFO or device (a FIFO would block every reader,
+    the run's estimate included). A missing file is left to ``load_sample`` (DataMissing)."""
     if not text.strip():
         raise BadInput(f"dataset must name a data set ({', '.join(DATASETS)}, NAME:a-b for two "
                        "classes, or a path to a .npz file); got an empty string")
+    if text.strip().lower().endswith(".npz"):
+        path = expand_path(text.strip(), "dataset")
+        try:
+            st = os.stat(path)
+        except OSError:  # absent (DataMissing when it is read), or unreadable: said when read
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"dataset {path} is not a regular file (a folder, FIFO or device); "
+                           "give the path of a .npz file")
 
 
 @dataclass(frozen=True)
@@ -38,7 +53,7 @@ class DataSpec:
 
     dataset: str = setting(      # name in DATASETS, "name:a-b" for two classes, or a .npz path
         "mnist", "data set: one of mnist, fashion-mnist, cifar10, synthetic; NAME:a-b for two "
-        "classes (e.g. mnist:3-8); or a path to a .npz file holding X and y", check=_nonempty)
+        "classes (e.g. mnist:3-8); or a path to a .npz file holding X and y", check=_check_dataset)
     n: int = setting(            # training points drawn from the train split
         400, "training points drawn from the train split", unit="points", lo=2, hi=60000)
     n_test: int = setting(       # test points drawn from the test split (never overlaps train)

@@ -1,0 +1,188 @@
+"""Fault injection on grid specs and the Ray backend: each hostile spec or address ends in one
+line and exit 2, in bounded time, with the cache untouched (``refused`` from
+test_faults_cli); the spec checks themselves in process, where they are cheap."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+
+from engine.errors import BadInput
+from engine.grid_spec import MAX_CELLS, MAX_DEPTH, MAX_SPEC_BYTES, load_spec, parse_spec
+from test_faults_cli import private_cache, refused
+
+BASE = 'kind = "spectrum"\n[base]\n"data.dataset" = "synthetic"\n"data.n" = 20\n'
+
+
+def spec(tmp_path, text: str, name: str = "spec.toml"):
+    path = tmp_path / "specs" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture()
+def cache(tmp_path):
+    return private_cache(tmp_path / "cache")
+
+
+def _nested(depth: int, leaf=1) -> dict:
+    """{"a": {"a": ... leaf}} ``depth`` tables deep, built without recursion."""
+    doc = leaf
+    for _ in range(depth):
+        doc = {"a": doc}
+    return doc
+
+
+# ---------------------------------------------------------------- in process
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 5000])
+def test_a_deep_document_is_refused_before_it_is_walked(depth):
+    doc = {"kind": "spectrum", "base": _nested(depth)}
+    with pytest.raises(BadInput, match=f"more than {MAX_DEPTH} deep"):
+        parse_spec(doc)
+
+
+def test_deep_arrays_are_refused_without_recursion():
+    arr = 1
+    for _ in range(5000):
+        arr = [arr]
+    with pytest.raises(BadInput, match="deep"):
+        parse_spec({"kind": "spectrum", "axes": {"data": {"seed": arr}}})
+
+
+def test_the_cell_count_is_checked_from_the_axis_lengths():
+    # 10^4 x 10^4 = 10^8 cells: forming them would take minutes and gigabytes; the count alone refuses
+    axes = {"data": {"seed": list(range(10_000)), "n": list(range(2, 10_002))}}
+    with pytest.raises(BadInput, match=r"10000 x 10000 = 100,000,000 cells, more than the 10,000"):
+        parse_spec({"kind": "spectrum", "axes": axes})
+
+
+def test_the_cell_count_is_summed_over_blocks():
+    block = {"kind": "spectrum", "base": {"data": {"dataset": "synthetic"}},
+             "axes": {"data": {"seed": list(range(MAX_CELLS // 2 + 1))}}}
+    with pytest.raises(BadInput, match=r"grid\[1\]\.axes: .* left after the blocks before"):
+        parse_spec({"grid": [block, block]})
+
+
+def test_a_spec_within_the_limits_still_reads():
+    grid = parse_spec({"kind": "spectrum", "base": {"data": {"dataset": "synthetic", "n": 20}},
+                       "axes": {"data": {"seed": [0, 1]}}, "exclude": [{"data": {"seed": 1}}]})
+    assert [c.settings for c in grid.cells] == ["data.seed=0"]
+
+
+@pytest.mark.parametrize("key, value", [("preset", ["quick"]), ("kind", ["spectrum"]), ("label", 3),
+                                        ("name", ["x"]), ("description", {"a": 1})])
+def test_keys_of_the_wrong_type_are_one_line(key, value):
+    doc = {"kind": "spectrum", key: value}
+    with pytest.raises(BadInput) as info:
+        parse_spec(doc)
+    assert key in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_fifo_spec_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(BadInput, match="named pipe"):  # opening it for reading would block
+        load_spec(fifo)
+
+
+def test_a_spec_over_the_size_limit_is_refused(tmp_path):
+    path = spec(tmp_path, BASE + "# " + "x" * MAX_SPEC_BYTES + "\n")
+    with pytest.raises(BadInput, match="the limit is"):
+        load_spec(path)
+
+
+# ---------------------------------------------------------------- as a user runs it
+
+@pytest.mark.slow
+def test_cli_deep_dotted_key_is_one_line(tmp_path, cache):
+    path = spec(tmp_path, 'kind = "spectrum"\n[base]\n' + ".".join(["a"] * 400) + " = 1\n")
+    assert "deep" in refused(2, "grid", path, "--dry-run", cache=cache, data=path.parent)
+
+
+def test_cli_million_cells_are_refused_at_once(tmp_path, cache):
+    seeds = ",".join(map(str, range(1000)))
+    path = spec(tmp_path, BASE.replace('"data.n" = 20\n', "") + f'[axes]\n"data.seed" = [{seeds}]\n'
+                f'"data.n" = [{",".join(map(str, range(2, 1002)))}]\n')
+    line = refused(2, "grid", path, "--dry-run", cache=cache, data=path.parent, timeout=60)
+    assert "1,000,000 cells" in line
+
+
+def test_cli_fifo_spec_is_refused(tmp_path, cache):
+    fifo = tmp_path / "specs" / "pipe.toml"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    assert "regular file" in refused(2, "grid", fifo, "--dry-run", cache=cache, data=fifo.parent, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", [
+    'kind = "spectrum"\n[axes]\n"data.seed" = ' + "[" * 1000 + "1" + "]" * 1000 + "\n",
+    'kind = "spectrum"\n[base]\nx = ' + "{a = " * 1000 + "1" + "}" * 1000 + "\n",
+    'kind = "spectrum"\npreset = ["quick"]\n',
+    'kind = ["spectrum"]\n',
+    BASE.replace('"data.n" = 20', '"data.dataset" = "' + "x" * 300 + '.npz"').replace('"data.dataset" = "synthetic"\n', ""),
+    BASE + '[axes]\n"data.seed" = 3\n',
+], ids=["deep array", "deep inline table", "preset list", "kind list", "npz name over 255 bytes", "axis not a list"])
+def test_cli_bad_spec_is_one_line(tmp_path, cache, text):
+    path = spec(tmp_path, text)
+    refused(2, "grid", path, "--dry-run", cache=cache, data=path.parent, timeout=60)
+
+
+@pytest.mark.slow
+def test_cli_folder_as_spec_is_one_line(tmp_path, cache):
+    (tmp_path / "specs" / "dir.toml").mkdir(parents=True)
+    assert "folder" in refused(2, "grid", tmp_path / "specs" / "dir.toml", cache=cache)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, value", [("--max-seconds", "nan"), ("--connect-timeout", "nan"),
+                                         ("--connect-timeout", "0")])
+def test_cli_bad_grid_numbers_are_one_line(tmp_path, cache, flag, value):
+    path = spec(tmp_path, BASE)
+    assert flag.lstrip("-").split("-")[0] in refused(2, "grid", path, flag, value, cache=cache)
+
+
+# ---------------------------------------------------------------- Ray addresses
+
+@pytest.fixture()
+def silent_listener():
+    """A TCP port that accepts connections and never says a word: ray.init would wait on it forever."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["closed port", "silent listener"])
+def test_ray_address_with_no_head_fails_within_its_timeout(tmp_path, cache, silent_listener, where):
+    pytest.importorskip("ray", reason="ray is not installed (requirements.txt pins ray==2.60.0)")
+    address = "127.0.0.1:1" if where == "closed port" else silent_listener
+    path = spec(tmp_path, BASE)
+    # ray.init alone retried for more than 300 s here; the subprocess limit turns a hang into a failure
+    line = refused(2, "grid", path, "--backend", "ray", "--address", address, "--connect-timeout", "5",
+                   cache=cache, timeout=90, env_extra={"RAY_USAGE_STATS_ENABLED": "0"})
+    assert address in line and ("nothing listens" if where == "closed port" else "no gRPC answer within 5 s") in line
