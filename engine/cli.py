@@ -21,6 +21,7 @@ import pandas as pd
 
 from . import budget as B
 from . import doctor as _doctor
+from . import report as _report
 from .cache import Cache
 from .data import available_datasets, fetch_dataset, resolve_data_dir
 from .errors import EngineError
@@ -115,6 +116,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     _add_grid(sub)  # the grid command: see its block at the end of this file
     _add_figure(sub, preset)  # the figure command: see the figures block
     _doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
+    _report.add_parser(sub)  # a grid spec's flip rates as the README's tables (engine.report)
     return parser
 
 
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_grid(a)
     if a.command == "doctor":  # prints its own report (human lines or --json)
         return _doctor.command(a)
+    if a.command == "report":  # Markdown on stdout
+        return _report.command(a)
     try:
         if a.command == "datasets":
             out = cmd_datasets(a)

@@ -26,6 +26,7 @@ from .errors import BadInput
 from .models import Attention, Net, attention_features, features, parse_attention
 from .ntk import (empirical_ntk, infinite_ntk, kernel_regression, prediction_gap, relative_distance,
                   whitened_distance)
+from .paper import passes_gate
 from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
 from .tables import summarize
@@ -93,7 +94,12 @@ PRESETS = {  # named instances of the same dataclasses: the dashboard's quick ru
     "ntk-sweep": {"quick": SweepConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),
                                    widths=(16, 64, 256, 1024)),
               "paper": SweepConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),
-                                   widths=(16, 1024, 4096))},
+                                   widths=(16, 1024, 4096)),
+              # nets that train to their K_m baseline (engine.malleability.TRAINED): Adam without decay,
+              # centred attention features for MLP-Attn
+              "trained": SweepConfig(data=DataSpec(n=500, n_test=100),
+                                     train=TrainSpec(epochs=500, lr=1e-3, weight_decay=0.0),
+                                     widths=(256, 1024, 4096), attention="centered")},
     "kernels": {"quick": KernelConfig(data=DataSpec(n=200, n_test=1), train=TrainSpec(epochs=20)),
                 "paper": KernelConfig(data=DataSpec(n=1000, n_test=1), train=TrainSpec(epochs=500))},
 }
@@ -191,7 +197,8 @@ def run_spectrum(cfg: SpectrumConfig, data_dir, dev: torch.device, progress: Pro
 SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
                  "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
                  "function_dist", "function_dist_rel", "function_dist_rms", "f_norm", "f_ntk_norm",
-                 "test_acc", "train_acc", "test_acc_ntk", "weight_movement", "final_loss")
+                 "test_acc", "train_acc", "test_acc_ntk", "test_acc_kernel", "trained", "weight_movement",
+                 "final_loss")
 
 
 def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -236,7 +243,10 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
       - function_dist: ‖f_m(X_test) − f_NTK(X_test)‖_F (f_NTK: ridge regression on K∞ with
         the training targets), function_dist_rel = that / f_ntk_norm, function_dist_rms,
         f_norm = ‖f_m(X_test)‖_F and f_ntk_norm = ‖f_NTK(X_test)‖_F (the scales compared);
-      - test_acc, train_acc of the net, test_acc_ntk of f_NTK (the K∞ ridge baseline);
+      - test_acc, train_acc of the net, test_acc_ntk of f_NTK (the K∞ ridge baseline),
+        test_acc_kernel(_init) of ridge regression with the net's own K_m (trained; at init),
+        trained (1/0: ``engine.paper.passes_gate`` of test_acc against test_acc_kernel; NaN
+        without training);
       - weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F, final_loss, n_test, seconds.
     Frame ``summary``: mean and sd of each metric over seeds per (arch, width).
     Frame ``losses``: arch, width, seed, epoch, loss. Frame ``trajectory``: the kernel
@@ -266,9 +276,11 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
             K = empirical_ntk(net, X)
             check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
             K_t = empirical_ntk(net, Xt, X)
+            f_m = kernel_regression(K, K_t, Y, cfg.ridge)
             return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
                     f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
-                    f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge)}
+                    f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge),
+                    f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == yt).double().mean())}
 
         init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
         sub = None if progress is None else (
@@ -284,14 +296,17 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
             fdist = float(torch.linalg.norm(f_test - f_ntk))
             f_ntk_norm = float(torch.linalg.norm(f_ntk))
             W = net.mlp.W.detach()
+            test_acc = accuracy(net, Xt, yt)
             rows.append({
                 "arch": arch, "attention": cfg.attention if arch == "attn" else None,
                 "width": width, "seed": seed, **m0, **mt,
                 "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
                 "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
                 "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
-                "test_acc": accuracy(net, Xt, yt), "train_acc": accuracy(net, X, y),
+                "test_acc": test_acc, "train_acc": accuracy(net, X, y),
                 "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
+                "test_acc_kernel": mt["test_acc_kernel_trained"],
+                "trained": float(passes_gate(test_acc, mt["test_acc_kernel_trained"])) if cfg.train.epochs else math.nan,
                 "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
                 "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
             })

@@ -18,7 +18,8 @@ SEED_MAX = 2**31 - 1   # torch.manual_seed takes any 64-bit value; 31 bits keeps
 MAX_SEEDS = 50         # rows per seed are kept; 50 seeds of the quick presets still fit a dashboard table
 MAX_WIDTHS = 16        # widths of one sweep: each is a model trained in the same batched step
 
-ATTENTION_HELP = ("attention variant of MLP-Attn: linear (X Xᵀ X, the paper's), stacked:K (K layers), "
+ATTENTION_HELP = ("attention variant of MLP-Attn: linear (X Xᵀ X, the paper's), centered (linear minus the "
+                  "training set's mean attention feature: a different model), stacked:K (K layers), "
                   "truncated:R (rank-R C), softmax:T (temperature T), qkv (trainable query/key/value)")
 RIDGE_HELP = ("ridge λ of kernel regression, relative to the mean diagonal of the kernel "
               "(λ_abs = ridge · mean diag K)")
@@ -33,6 +34,25 @@ def seeds(default: tuple[int, ...] = (0, 1, 2)):
     """Network seeds: initialisation, batch order and an attack's random start; a row per seed."""
     return setting(default, "network seeds (initialisation, batch order, an attack's random start); "
                    "a row per seed and mean ± sd over them", lo=0, hi=SEED_MAX, max_len=MAX_SEEDS)
+
+
+def data_seeds(default: tuple[int, ...] = ()):
+    """Data draws to repeat a run on (``DataSpec.seed`` of each); empty: the data spec's own draw."""
+    return setting(default, "seeds of the data draw to repeat the run on (each a fresh sample of the same "
+                   "size); empty: only the data spec's own seed. Rows carry data_seed; nulls pair nets "
+                   "within a draw, intervals resample (draw, network seed) pairs", flag="--data-seeds",
+                   lo=0, hi=SEED_MAX, max_len=20)
+
+
+PRECISIONS = ("float64", "float32")
+
+
+def precision(default: str = "float64"):
+    """Precision of what happens after training: features, kernels, attacks (training stays float32)."""
+    return setting(default, "precision of everything after training: the attack's gradients and iterates, the "
+                   "features and the kernels' entries (training itself runs in float32): float64 (the "
+                   "default, on every device) or float32 (faster on GPUs, but MLP-Attn's ill-conditioned kernel makes "
+                   "its flips depend on it; rows record attack_precision and kernel_precision)", choices=PRECISIONS)
 
 
 def seed(default: int = 0):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pandas as pd
 
 PAPER = "arXiv 2603.13085 (Miñoza, Medina, Ibañez, 2026)"
@@ -52,7 +53,18 @@ CLAIM = ("Linearized attention multiplies the condition number of the data's Gra
          "small adversarial perturbations flip the sign of its most influential points far more often "
          "than for the ReLU net.")
 
-STATUSES = ("agrees", "partly", "disagrees", "not measured")
+STATUSES = ("agrees", "partly", "disagrees", "did not train", "not measured")
+
+# The malleability claim's one rule (``flip_rule``), used by the Reproduction page's verdicts,
+# the protocol table (``engine.protocols.flip_verdict``) and the README's tables (``readme_tables``).
+TRAIN_GATE = 0.10       # a net trained when its test accuracy is within this of its own K_m ridge's
+FLIP_FACTOR = 2.0       # "far more malleable": MLP-Attn's flip excess at least twice 2L-ReLU's
+FLIP_OUTCOMES = ("holds", "fails", "did not train", "uninformative")
+RULE_WORDS = (f"**holds** when MLP-Attn's flip excess (its flip rate minus the larger of the seed null and the "
+              f"random null) is at least {FLIP_FACTOR:g}× 2L-ReLU's and the lower end of its 95 % bootstrap "
+              f"interval is above zero; **did not train** when any seed of either net ends more than "
+              f"{100 * TRAIN_GATE:.0f} points below the test accuracy of ridge regression with its own kernel "
+              "K_m; **uninformative** with one network seed (no seed null); **fails** otherwise.")
 
 
 @dataclass(frozen=True)
@@ -225,43 +237,127 @@ def verdict_attn_diverges(rows: pd.DataFrame | None, dataset: str,
                    f"The distance falls ({s.iloc[0]:.3g} → {s.iloc[-1]:.3g}) at least as fast as 2L-ReLU's.")
 
 
-def _flip_means(rows: pd.DataFrame, eps: float | None) -> pd.DataFrame:
-    d = rows
-    if eps is not None:
-        d = d[(d["eps"].astype(float) - eps).abs() < 1e-9]
-    if "adversarial_training" in d:
-        d = d[~d["adversarial_training"].astype(bool)]
-    return d.groupby(["attack", "arch"])["flip_rate"].mean().unstack("arch") * 100.0
+def passes_gate(test_acc, test_acc_kernel):
+    """The training gate, per net: test accuracy ≥ its own K_m kernel-ridge test accuracy −
+    ``TRAIN_GATE``. Elementwise on arrays (bool array); ``numpy.bool_`` on scalars.
+
+    K_m is the trained net's empirical NTK: a net that trained in its kernel regime classifies
+    about as well as ridge regression with that kernel, while one whose weights barely moved
+    (or that diverged) sits far below it and fails the gate."""
+    return np.asarray(test_acc, dtype=float) >= np.asarray(test_acc_kernel, dtype=float) - TRAIN_GATE
 
 
-def verdict_flip_gap(rows: pd.DataFrame | None, dataset: str, eps: float | None = None) -> Verdict:
-    """MLP-Attn's influence flips more often than 2L-ReLU's, for every attack."""
+_RULE_COLUMNS = ("flip_excess_mean", "flip_excess_low", "flip_excess_high", "trained_mean",
+                 "null_seed_flip_rate_mean", "null_random_flip_rate_mean")
+
+
+def _num(d, arch: str, col: str) -> float:
+    v = d.at[arch, col] if col in d.columns else math.nan
+    return math.nan if v is None or pd.isna(v) else float(v)
+
+
+def _pct(v: float) -> str:
+    return "—" if not math.isfinite(v) else f"{100 * v:.0f} %"
+
+
+def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: float | None = None) -> dict:
+    """The malleability claim's verdict on a ``run_malleability`` summary at one ``attack``
+    (default pgd if present, else the first) and ``eps`` (default the first).
+
+    **holds** when MLP-Attn's ``flip_excess`` (flip rate minus the larger null, mean over nets)
+    is at least ``FLIP_FACTOR`` × 2L-ReLU's (or 2L-ReLU's is ≤ 0) and the lower end of
+    MLP-Attn's interval is above zero; **did not train** when any seed of either net fails
+    the training gate (``passes_gate``); **uninformative** when an architecture, the nulls
+    or a second network seed (the seed null) is missing; **fails** otherwise.
+
+    Returns outcome (in FLIP_OUTCOMES), why, numbers (text), attack, eps, ratio, n_seeds and
+    per arch ``{arch}_excess``, ``_low``, ``_high``, ``_flip``, ``_null_seed``, ``_null_random``,
+    ``_trained`` (share of seeds through the gate), fractions in [0, 1] (excess in [−1, 1]).
+    """
+    out = {"attack": attack, "eps": eps, "numbers": "—"}
+    if summary is None or summary.empty:
+        return {**out, "outcome": "uninformative", "why": "not measured"}
+    attacks = list(summary["attack"].unique())
+    attack = attack or ("pgd" if "pgd" in attacks else attacks[0])
+    d = summary[summary["attack"] == attack]
+    eps = (float(d["eps"].iloc[0]) if len(d) else math.nan) if eps is None else float(eps)
+    d = d[(d["eps"].astype(float) - eps).abs() < 1e-9].set_index("arch")
+    out.update(attack=attack, eps=eps)
+    if not {"relu", "attn"} <= set(d.index):
+        return {**out, "outcome": "uninformative", "why": "needs both architectures"}
+    if not set(_RULE_COLUMNS) <= set(d.columns):
+        return {**out, "outcome": "uninformative", "why": "measured without the null baselines (nulls off)"}
+    for arch in ("relu", "attn"):
+        for key, col in (("excess", "flip_excess_mean"), ("low", "flip_excess_low"), ("high", "flip_excess_high"),
+                         ("flip", "flip_rate_mean"), ("flip_sd", "flip_rate_sd"),
+                         ("null_seed", "null_seed_flip_rate_mean"), ("null_random", "null_random_flip_rate_mean"),
+                         ("trained", "trained_mean"), ("test_acc", "test_acc_mean"),
+                         ("test_acc_kernel", "test_acc_kernel_mean")):
+            out[f"{arch}_{key}"] = _num(d, arch, col)
+    a, r, low = out["attn_excess"], out["relu_excess"], out["attn_low"]
+    n_seeds = int(d["n_seeds"].min())
+    out.update(n_seeds=n_seeds, ratio=(a / r if r > 0 else (math.inf if a > 0 else math.nan)))
+    out["numbers"] = (f"flip excess MLP-Attn {_pct(a)} [{_pct(low)}, {_pct(out['attn_high'])}], 2L-ReLU "
+                      f"{_pct(r)} [{_pct(out['relu_low'])}, {_pct(out['relu_high'])}]; MLP-Attn / 2L-ReLU: flips "
+                      f"{_pct(out['attn_flip'])} / {_pct(out['relu_flip'])}, seed null {_pct(out['attn_null_seed'])}"
+                      f" / {_pct(out['relu_null_seed'])}, random null {_pct(out['attn_null_random'])} / "
+                      f"{_pct(out['relu_null_random'])}; test acc. {_pct(out['attn_test_acc'])} / "
+                      f"{_pct(out['relu_test_acc'])} (K_m ridge {_pct(out['attn_test_acc_kernel'])} / "
+                      f"{_pct(out['relu_test_acc_kernel'])})")
+    if not (math.isfinite(a) and math.isfinite(r)):
+        return {**out, "outcome": "uninformative", "why": "measured without the null baselines (nulls off)"}
+    failing = [(lbl, round((1 - out[f"{arch}_trained"]) * n_seeds)) for arch, lbl in (("attn", "MLP-Attn"),
+               ("relu", "2L-ReLU")) if not out[f"{arch}_trained"] >= 1]
+    if failing:
+        return {**out, "outcome": "did not train",
+                "why": "; ".join(f"{lbl}: {k} of {n_seeds} seed(s) more than {100 * TRAIN_GATE:.0f} points below "
+                                 f"their K_m ridge's test accuracy" for lbl, k in failing)}
+    if not all(math.isfinite(out[f"{arch}_null_seed"]) for arch in ("relu", "attn")):
+        return {**out, "outcome": "uninformative", "why": "one network seed: no seed null to compare with"}
+    if not low > 0:
+        return {**out, "outcome": "fails", "why": "MLP-Attn's flip excess is not above zero (its interval reaches "
+                f"{_pct(low)}): the nulls flip as often"}
+    if not a >= FLIP_FACTOR * max(r, 0.0):
+        return {**out, "outcome": "fails", "why": f"MLP-Attn's flip excess is {out['ratio']:.2g}× 2L-ReLU's, under "
+                f"{FLIP_FACTOR:g}×"}
+    times = "2L-ReLU's is not above zero" if r <= 0 else f"{out['ratio']:.2g}× 2L-ReLU's"
+    return {**out, "outcome": "holds", "why": f"MLP-Attn's flip excess is {times}, its interval above zero"}
+
+
+def verdict_flip_gap(summary: pd.DataFrame | None, dataset: str, eps: float | None = None) -> Verdict:
+    """MLP-Attn's influence is more malleable than 2L-ReLU's: ``flip_rule`` for every attack of
+    a ``run_malleability`` summary at ``eps`` (agrees: it holds for all; partly: for some)."""
     key = paper_key(dataset) if paper_key(dataset) in FLIP_RATE else "mnist"
     t = FLIP_RATE[key]
     claim = "MLP-Attn's influence is more malleable than 2L-ReLU's"
     paper = (f"flip % FGSM/PGD/MIM at ε = {FLIP_EPS}: ReLU {'/'.join(f'{v:g}' for v in t['relu'].values())}, "
              f"Attn {'/'.join(f'{v:g}' for v in t['attn'].values())} ({key})")
-    if rows is None or rows.empty:
+    if summary is None or summary.empty:
         return _missing(claim, paper, "Run the malleability experiment to measure flip rates.")
-    m = _flip_means(rows, eps)
-    if m.empty or not {"relu", "attn"} <= set(m.columns):
+    d = summary if eps is None else summary[(summary["eps"].astype(float) - eps).abs() < 1e-9]
+    if d.empty or not {"relu", "attn"} <= set(d["arch"]):
         return _missing(claim, paper, "Flip rates need both architectures.")
     eps_txt = f" at ε = {eps:g}" if eps is not None else ""
-    measured = ", ".join(f"{a.upper()} ReLU {r['relu']:.1f} % vs Attn {r['attn']:.1f} %" for a, r in m.iterrows())
-    higher = (m["attn"] > m["relu"]).sum()
-    ratio = (m["attn"] / m["relu"].where(m["relu"] > 0)).dropna()
-    gap = f"gap {ratio.min():.1f}–{ratio.max():.1f}×" if not ratio.empty else "ReLU flip rate 0"
+    rules = {a: flip_rule(d, a, eps) for a in d["attack"].unique()}
+    measured = "; ".join(f"{a.upper()}: {v['numbers']}" for a, v in rules.items())
+    outcomes = [v["outcome"] for v in rules.values()]
+    held = outcomes.count("holds")
     lo, hi = MALLEABILITY_GAP
-    if higher == len(m):
-        inside = not ratio.empty and lo <= ratio.min() and ratio.max() <= hi
+    if "did not train" in outcomes:
+        why = next(v["why"] for v in rules.values() if v["outcome"] == "did not train")
+        return Verdict(claim, paper, measured, "did not train",
+                       f"A net did not train ({why}), so its flip rates say nothing about the claim.")
+    if all(o == "uninformative" for o in outcomes):
+        return _missing(claim, paper, next(iter(rules.values()))["why"])
+    if held == len(rules):
         return Verdict(claim, paper, measured, "agrees",
-                       f"MLP-Attn flips more for every attack{eps_txt} ({gap}; paper "
-                       f"{lo:g}–{hi:g}×{'' if inside else ', so the size of the gap differs'}).")
-    if higher:
+                       f"Beyond both nulls, MLP-Attn's flips exceed 2L-ReLU's at least {FLIP_FACTOR:g}× for every "
+                       f"attack{eps_txt} (the paper's raw gap: {lo:g}–{hi:g}×).")
+    if held:
         return Verdict(claim, paper, measured, "partly",
-                       f"MLP-Attn flips more for {higher} of {len(m)} attacks{eps_txt}.")
-    return Verdict(claim, paper, measured, "disagrees",
-                   f"MLP-Attn does not flip more than 2L-ReLU for any attack{eps_txt}.")
+                       f"The excess over the nulls holds for {held} of {len(rules)} attacks{eps_txt}.")
+    why = "; ".join(f"{a.upper()}: {v['why']}" for a, v in rules.items())
+    return Verdict(claim, paper, measured, "disagrees", f"Not beyond the nulls for any attack{eps_txt} ({why}).")
 
 
 def verdict_adversarial(standard: pd.DataFrame | None, adversarial: pd.DataFrame | None,
@@ -296,13 +392,66 @@ def verdict_adversarial(standard: pd.DataFrame | None, adversarial: pd.DataFrame
 
 def verdicts(dataset: str, spectrum: dict | None = None, sweep: pd.DataFrame | None = None,
              malleability: pd.DataFrame | None = None, adversarial: pd.DataFrame | None = None,
-             eps: float | None = None) -> list[Verdict]:
-    """All verdicts for what was measured; missing inputs give "not measured" rows."""
+             eps: float | None = None, malleability_summary: pd.DataFrame | None = None) -> list[Verdict]:
+    """All verdicts for what was measured; missing inputs give "not measured" rows.
+
+    ``malleability`` and ``adversarial``: ``rows`` frames of ``run_malleability`` (standard and
+    adversarial training); ``malleability_summary``: the standard run's ``summary`` frame,
+    which the flip claim's rule reads (nulls and intervals)."""
     return [verdict_kappa_cubed(spectrum), verdict_kappa_size(spectrum, dataset),
             verdict_width(spectrum, dataset), verdict_relu_converges(sweep, dataset),
-            verdict_attn_diverges(sweep, dataset), verdict_flip_gap(malleability, dataset, eps),
+            verdict_attn_diverges(sweep, dataset), verdict_flip_gap(malleability_summary, dataset, eps),
             verdict_adversarial(malleability, adversarial, dataset)]
 
 
 def verdict_table(items: list[Verdict]) -> pd.DataFrame:
     return pd.DataFrame([v.as_row() for v in items], columns=["claim", "paper", "measured", "status", "words"])
+
+
+# ---------------------------------------------------------------- the README's tables
+
+def _cell_pct(v: float, digits: int = 0) -> str:
+    return "—" if not math.isfinite(v) else f"{100 * v:.{digits}f}"
+
+
+def readme_tables(results) -> str:
+    """The README's flip-rate tables in Markdown, from malleability results.
+
+    results: (label, summary) pairs in order, ``summary`` the ``summary`` frame of a
+    ``run_malleability`` result, or None for a cell not computed yet (its row says so).
+    One row per result and attack, read with ``flip_rule`` (the verdict the Reproduction
+    page and the protocol table give): each net's flip rate, its seed and random nulls, the
+    excess with its 95 % interval, test and K_m-ridge accuracy, the share of seeds through the
+    training gate, and the verdict with its reason. Percent throughout.
+    """
+    head = ("| setting | attack | 2L-ReLU flip (seed / random null) | MLP-Attn flip (seed / random null) | "
+            "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | seeds trained | "
+            "verdict |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for label, summary in results:
+        if summary is None or len(summary) == 0:
+            lines.append(f"| {label} | | not computed yet: run `python -m engine grid` on the spec | | | | | | |")
+            continue
+        for key, g in summary.groupby(["attack", "eps"], sort=False):
+            v = flip_rule(g, key[0], key[1])
+            if "relu_excess" not in v:
+                lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
+                continue
+            n = v["n_seeds"]
+
+            def flips(a):
+                return (f"{_cell_pct(v[f'{a}_flip'])} ({_cell_pct(v[f'{a}_null_seed'])} / "
+                        f"{_cell_pct(v[f'{a}_null_random'])})")
+
+            def excess(a):
+                return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
+
+            acc = (f"{_cell_pct(v['relu_test_acc'])} ({_cell_pct(v['relu_test_acc_kernel'])}) / "
+                   f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
+            trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
+                                 f" of {n}" for a in ("relu", "attn"))
+            lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | {flips('relu')} | {flips('attn')} | "
+                         f"{excess('relu')} | {excess('attn')} | {acc} | {trained} | **{v['outcome']}**: "
+                         f"{v['why']} |")
+    rule = RULE_WORDS.replace("**", "")
+    return "\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over seeds; verdict: {rule}\n"

@@ -5,16 +5,24 @@ replaced (``flip_variants``, ``kernel_variants``); each cell gets one verdict fr
 function of its result's summary frame. Nothing is tuned toward the paper's numbers: grid and
 rules are fixed in advance and every cell reports what came out. The rules (also ``RULES``):
 
-Flip rates (``flip_verdict``), on one (attack, ε), a and r the mean flip rates of MLP-Attn
-and 2L-ReLU over seeds, s_a and s_r their sds (one seed: sd counts as 0):
-**uninformative** when either net's train accuracy is at chance (≤ 1/c + 0.05, c classes) or
-both flip rates are ≥ 40 % (coin tosses); else **holds** when a − r > s_a + s_r and a ≥ 2 r;
-else **fails**.
+Flip rates (``flip_verdict``): ``engine.paper.flip_rule``, the rule the Reproduction page's
+verdicts and the README use too. On one (attack, ε): **holds** when MLP-Attn's flip excess
+over the larger null (seed null, random null) is at least 2× 2L-ReLU's and the lower end of
+its bootstrap interval is above zero; **did not train** when any seed of either net fails
+the per-seed training gate (test accuracy more than 10 points below its own K_m kernel
+ridge's); **uninformative** without both architectures, the nulls or two network seeds;
+**fails** otherwise.
 
 Kernel distance (``kernel_verdict``), the trained kernel's distance to K∞ in the sweep
-summary: **holds** when at the largest width MLP-Attn's distance is ≥ 2× 2L-ReLU's and
-2L-ReLU's is below its value at the smallest width; **fails** otherwise; **uninformative**
-when the sweep lacks an architecture, a second width, or finite values.
+summary: **did not train** when a seed of either net fails the training gate at the smallest
+or the largest width; **holds** when at the largest width MLP-Attn's distance is ≥ 2×
+2L-ReLU's and 2L-ReLU's is below its value at the smallest width; **fails** otherwise;
+**uninformative** when the sweep lacks an architecture, a second width, or finite values.
+
+Optimisers come with their own learning rate and decay (``OPTIMIZER_PRESETS``), never
+Adam's: a cell "optimizer sgd" trains with SGD's preset. Ridge and kernel cells
+(``ridge_variants``, ``kernel_choice_variants``) vary the influence's ridge and its kernel
+(the trained eNTK or K∞) on the base protocol.
 
 Each cell (``Variant``) carries the dashboard page and the URL query parameters (widget key →
 the value as the widget shows it) that reproduce it there, and ``unlinked``: settings that
@@ -33,15 +41,21 @@ import pandas as pd
 
 from .data import DataSpec
 from .experiments import SweepConfig
-from .malleability import MalleabilityConfig
+from .malleability import INFLUENCE_KERNELS, MalleabilityConfig
+from .paper import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
 from .plots import ARCH_LABELS
 from .tables import pm
 from .training import OPTIMIZERS
 
-VERDICTS = ("holds", "fails", "uninformative")
-FACTOR = 2.0            # the "far more" of both claims: at least twice
-CHANCE_MARGIN = 0.05    # train accuracy ≤ 1/c + this counts as chance level
-COIN_TOSS = 0.40        # both flip rates at or above this: the attack scrambles everything
+VERDICTS = FLIP_OUTCOMES  # holds, fails, did not train, uninformative
+FACTOR = FLIP_FACTOR    # the "far more" of both claims: at least twice
+# Each optimiser's own learning rate and decay (the adam cell keeps the base's, the paper's
+# 1e-3 with coupled L2 1e-3). adamw: decoupled decay 0.1 shrinks W by lr·wd = 1e-4 per step,
+# a decay that acts (1e-6 would be none). sgd: no decay and a step near the lazy limit n·c/λ₁
+# of MNIST's kernels (engine.training.sgd_lr_limit estimates 2·n·c/λ₁ per row).
+OPTIMIZER_PRESETS = {"adam": None, "adamw": {"lr": 1e-3, "weight_decay": 0.1},
+                     "sgd": {"lr": 10.0, "weight_decay": 0.0}}
+RIDGES = (1e-3, 1e-2, 1e-1)   # the ridge row of the flip table: near-interpolating to smooth
 GEOMETRIES = (("linf", "raw"), ("l2", "normalized"))   # attack norm × space: the two readings of ε
 TARGETS = ("true", "sum")                             # label-aware and label-free influence
 KERNEL_METRICS = {  # name -> (summary column, the NTK page's `ntk.metric` key)
@@ -59,11 +73,10 @@ NTK_METRIC_LABELS = {
 CLAIMS = {"flip": "MLP-Attn's influences flip far more often than 2L-ReLU's",
           "kernel": "MLP-Attn's kernel stays far from K∞ at large width while 2L-ReLU's converges"}
 RULES = {  # the verdict rules in words, for the page (the module docstring says the same)
-    "flip": (f"**holds** when MLP-Attn's mean flip rate exceeds 2L-ReLU's by more than the sum of their sds "
-             f"and is at least {FACTOR:g}× it; **uninformative** when either net's train accuracy is at chance "
-             f"(≤ 1/c + {CHANCE_MARGIN:g}) or both flip rates are ≥ {COIN_TOSS:.0%}; **fails** otherwise."),
-    "kernel": (f"**holds** when, at the largest width, MLP-Attn's distance to K∞ (trained kernel) is at least "
-               f"{FACTOR:g}× 2L-ReLU's and 2L-ReLU's is below its value at the smallest width; **fails** "
+    "flip": RULE_WORDS,
+    "kernel": (f"**did not train** when a seed of either net fails the training gate at the smallest or largest "
+               f"width; **holds** when, at the largest width, MLP-Attn's distance to K∞ (trained kernel) is at "
+               f"least {FACTOR:g}× 2L-ReLU's and 2L-ReLU's is below its value at the smallest width; **fails** "
                "otherwise."),
 }
 
@@ -110,6 +123,8 @@ def _mall_params(cfg: MalleabilityConfig) -> tuple[dict, dict]:
                    "mall.steps": str(cfg.attack.steps), "mall.epochs": str(cfg.train.epochs),
                    "mall.seeds": str(len(cfg.seeds)), "mall.width": str(cfg.width), "mall.tau": str(cfg.tau),
                    "mall.perturb": cfg.perturb, "mall.optimizer": cfg.train.optimizer,
+                   "mall.lr": str(cfg.train.lr), "mall.decay": str(cfg.train.weight_decay),
+                   "mall.ridge": str(cfg.ridge), "mall.kernel": cfg.influence_kernel, "mall.init": cfg.init,
                    **{k: str(v).lower() for k, v in (("mall.retrain", cfg.retrain),
                    ("mall.adv", cfg.adversarial_training), ("mall.interventions", cfg.interventions))}})
     return params, unlinked
@@ -121,28 +136,48 @@ def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
                    "ntk.seeds": str(len(cfg.seeds)), "ntk.ridge": str(cfg.ridge),
                    "ntk.optimizer": cfg.train.optimizer,
                    "ntk.metric": NTK_METRIC_LABELS[KERNEL_METRICS[metric][1]]})
+    q = SweepConfig().train  # the NTK page has no learning-rate or decay control: it uses the quick preset's
+    if (cfg.train.lr, cfg.train.weight_decay) != (q.lr, q.weight_decay):
+        unlinked["train"] = f"lr {cfg.train.lr:g}, weight decay {cfg.train.weight_decay:g}"
     return params, unlinked
 
 
+def with_optimizer(train, optimizer: str):
+    """``train`` (a TrainSpec) with ``optimizer`` and that optimiser's own lr and decay
+    (``OPTIMIZER_PRESETS``; adam keeps the base's)."""
+    preset = OPTIMIZER_PRESETS[optimizer]
+    return replace(train, optimizer=optimizer, **(preset or {}))
+
+
+def _flip_cell(cfg: MalleabilityConfig) -> Variant:
+    choices = {"attack": f"{cfg.attack.norm}, {cfg.space}", "target": cfg.target, "optimizer": cfg.train.optimizer,
+               "ridge": f"{cfg.ridge:g}", "kernel": cfg.influence_kernel}
+    return Variant("flip", choices, cfg, "malleability", *_mall_params(cfg))
+
+
 def flip_variants(base: MalleabilityConfig) -> list[Variant]:
-    """The 12 flip-rate cells: attack geometry (GEOMETRIES) × influence target (TARGETS) ×
-    optimiser (adam with coupled L2 as reported, adamw, sgd). Attacks, ε, data and the rest
-    are the base's. Raises ``BadInput`` (from the config) if the base cannot use normalized space."""
+    """The flip-rate cells. First the 12 of attack geometry (GEOMETRIES) × influence target
+    (TARGETS) × optimiser (adam with coupled L2 as reported, adamw and sgd each with its own
+    preset, ``with_optimizer``); then the ridge row (the base with each other ridge of RIDGES)
+    and the kernel row (the base with each other influence kernel). Attacks, ε, data and the
+    rest are the base's. Raises ``BadInput`` (from the config) if the base cannot use
+    normalized space."""
     out = []
     for (norm, space), target, opt in itertools.product(GEOMETRIES, TARGETS, OPTIMIZERS):
-        cfg = replace(base, attack=replace(base.attack, norm=norm), space=space, target=target,
-                      train=replace(base.train, optimizer=opt))
-        out.append(Variant("flip", {"attack": f"{norm}, {space}", "target": target, "optimizer": opt},
-                           cfg, "malleability", *_mall_params(cfg)))
+        out.append(_flip_cell(replace(base, attack=replace(base.attack, norm=norm), space=space, target=target,
+                                      train=with_optimizer(base.train, opt) if opt != base.train.optimizer
+                                      else base.train)))
+    out += [_flip_cell(replace(base, ridge=r)) for r in RIDGES if r != base.ridge]
+    out += [_flip_cell(replace(base, influence_kernel=k)) for k in INFLUENCE_KERNELS if k != base.influence_kernel]
     return out
 
 
 def kernel_variants(base: SweepConfig) -> list[Variant]:
-    """The 9 kernel-distance cells: optimiser × kernel metric. The metrics come from one sweep,
-    so the cells share 3 configs (one per optimiser)."""
+    """The 9 kernel-distance cells: optimiser (each with its own preset) × kernel metric. The
+    metrics come from one sweep, so the cells share 3 configs (one per optimiser)."""
     out = []
     for opt in OPTIMIZERS:
-        cfg = replace(base, train=replace(base.train, optimizer=opt))
+        cfg = replace(base, train=with_optimizer(base.train, opt) if opt != base.train.optimizer else base.train)
         out += [Variant("kernel", {"optimizer": opt, "metric": m}, cfg, "ntk-sweep", *_ntk_params(cfg, m), m)
                 for m in KERNEL_METRICS]
     return out
@@ -156,40 +191,12 @@ def _ratio(a: float, r: float) -> float:
     return a / r if r > 0 else (math.inf if a > 0 else math.nan)
 
 
-def flip_verdict(summary: pd.DataFrame, n_classes: int, attack: str | None = None,
-                 eps: float | None = None) -> dict:
-    """The flip claim's verdict (module docstring) on a ``run_malleability`` summary, at one
-    ``attack`` (default pgd if present, else the first) and ``eps`` (default the first).
-
-    Returns verdict (in VERDICTS), why, numbers (text), attack, eps, chance, n_seeds, ratio,
-    {relu,attn}_flip, _flip_sd and _train_acc (fractions in [0, 1])."""
-    attacks = list(summary["attack"].unique()) if len(summary) else [None]
-    attack = attack or ("pgd" if "pgd" in attacks else attacks[0])
-    d = summary[summary["attack"] == attack]
-    eps = (float(d["eps"].iloc[0]) if len(d) else math.nan) if eps is None else float(eps)
-    d = d[(d["eps"].astype(float) - eps).abs() < 1e-9].set_index("arch")
-    out = {"attack": attack, "eps": eps, "chance": 1.0 / n_classes + CHANCE_MARGIN}
-    if not {"relu", "attn"} <= set(d.index):
-        return {**out, "verdict": "uninformative", "why": "needs both architectures", "numbers": "—"}
-    for arch in ("relu", "attn"):
-        out[f"{arch}_flip"] = float(d.at[arch, "flip_rate_mean"])
-        out[f"{arch}_flip_sd"] = _sd(d.at[arch, "flip_rate_sd"])
-        out[f"{arch}_train_acc"] = float(d.at[arch, "train_acc_mean"])
-    a, r = out["attn_flip"], out["relu_flip"]
-    out.update(ratio=_ratio(a, r), n_seeds=int(d["n_seeds"].min()),
-               numbers=(f"flip MLP-Attn {pm(a, out['attn_flip_sd'], 2, 100, '%')}, 2L-ReLU "
-                        f"{pm(r, out['relu_flip_sd'], 2, 100, '%')}; train acc. MLP-Attn "
-                        f"{out['attn_train_acc']:.0%}, 2L-ReLU {out['relu_train_acc']:.0%}"))
-    if min(out["relu_train_acc"], out["attn_train_acc"]) <= out["chance"]:
-        return {**out, "verdict": "uninformative", "why": f"a net trains only to chance (≤ {out['chance']:.0%})"}
-    if a >= COIN_TOSS and r >= COIN_TOSS:
-        return {**out, "verdict": "uninformative", "why": f"both flip ≥ {COIN_TOSS:.0%}: coin tosses"}
-    times = "2L-ReLU never flips" if r == 0 else f"MLP-Attn flips {out['ratio']:.2g}× as often"
-    if a - r > out["attn_flip_sd"] + out["relu_flip_sd"] and a >= FACTOR * r:
-        return {**out, "verdict": "holds", "why": f"{times}, beyond the sds"}
-    why = ("MLP-Attn flips no more than 2L-ReLU" if a <= r else "the gap is within the sds"
-           if a - r <= out["attn_flip_sd"] + out["relu_flip_sd"] else f"{times}, under {FACTOR:g}×")
-    return {**out, "verdict": "fails", "why": why}
+def flip_verdict(summary: pd.DataFrame, attack: str | None = None, eps: float | None = None) -> dict:
+    """The flip claim's verdict on a ``run_malleability`` summary: ``engine.paper.flip_rule``
+    (module docstring) at one ``attack`` (default pgd if present, else the first) and ``eps``
+    (default the first). Returns verdict (in VERDICTS) and everything ``flip_rule`` returns."""
+    rule = flip_rule(summary, attack, eps)
+    return {**rule, "verdict": rule["outcome"]}
 
 
 def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
@@ -211,10 +218,17 @@ def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
         out[f"{arch}_large"] = float(g[f"{col}_mean"].get(hi, math.nan))
         out[f"{arch}_large_sd"] = _sd(g[f"{col}_sd"].get(hi))
         out[f"{arch}_train_acc"] = float(g["train_acc_mean"].get(hi, math.nan))
+        for w in (lo, hi):  # share of seeds through the training gate (NaN: no training, or no column)
+            out[f"{arch}_trained_{w}"] = float(g["trained_mean"].get(w, math.nan)) if "trained_mean" in g else math.nan
     a, r, r0 = out["attn_large"], out["relu_large"], out["relu_small"]
     out["ratio"] = _ratio(a, r)
     out["numbers"] = (f"at m = {hi}: MLP-Attn {pm(a, out['attn_large_sd'])}, 2L-ReLU {pm(r, out['relu_large_sd'])}"
                       f"; 2L-ReLU at m = {lo}: {r0:.3g}")
+    untrained = [f"{ARCH_LABELS[arch]} at m = {w}" for arch in ("attn", "relu") for w in (lo, hi)
+                 if out[f"{arch}_trained_{w}"] < 1]  # NaN compares False: untrained sweeps (epochs 0) pass
+    if untrained:
+        return {**out, "verdict": "did not train",
+                "why": f"a seed fails the training gate: {', '.join(untrained)}"}
     if not all(math.isfinite(v) for v in (a, r, r0)):
         return {**out, "verdict": "uninformative", "why": "non-finite distances"}
     far, falls = a >= FACTOR * r, r < r0
@@ -225,11 +239,10 @@ def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
     return {**out, "verdict": "fails", "why": "; ".join(why)}
 
 
-def cell(variant: Variant, summary: pd.DataFrame | None, n_classes: int | None = None) -> dict:
+def cell(variant: Variant, summary: pd.DataFrame | None) -> dict:
     """One table row: the cell's choices, its verdict, why and numbers ("not run" without a summary)."""
     row = {**variant.choices}
     if summary is None:
         return {**row, "verdict": "not run", "why": "", "numbers": ""}
-    v = (flip_verdict(summary, int(n_classes)) if variant.claim == "flip"
-         else kernel_verdict(summary, variant.metric))
+    v = flip_verdict(summary) if variant.claim == "flip" else kernel_verdict(summary, variant.metric)
     return {**row, "verdict": v["verdict"], "why": v["why"], "numbers": v["numbers"]}

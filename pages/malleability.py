@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine import plots, tables
+from engine import plots, protocols, tables
 from engine.attacks import AttackSpec
 from engine.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.plots.nulls import excess_fig, nulls_fig
+from engine.settings import meta
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
@@ -18,7 +22,16 @@ BOUND = configs.BOUND
 ATTACKS = configs.choices_of(MalleabilityConfig, "attacks")
 EPS_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 WIDTHS = (64, 256, 1024, 4096)
+RIDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 QUICK = configs.QUICK["malleability"]
+
+
+def _float_input(container, label: str, cls, name: str, key: str, value: float):
+    """A float input shown with %g (1e-3 stays readable); bounds and help from the setting."""
+    m = meta(cls, name)
+    lo = None if m.lo is None else (1e-6 if m.lo_open and m.lo == 0 else float(m.lo))
+    return container.number_input(label, min_value=lo, max_value=None if m.hi is None else float(m.hi),
+                                  value=float(value), format="%g", key=key, help=configs.help_of(cls, name), **BOUND)
 
 
 def controls_ui() -> dict:
@@ -56,10 +69,22 @@ def controls_ui() -> dict:
                           help=configs.help_of(MalleabilityConfig, "adversarial_training"))
         interventions = st.checkbox("Interventions", key="mall.interventions", **BOUND,
                                     help=configs.help_of(MalleabilityConfig, "interventions"))
+    c1, c2, c3, c4, c5 = st.columns(5)
+    ridge = c1.select_slider("Ridge λ (relative)", RIDGES, value=QUICK.ridge, key="mall.ridge", **BOUND,
+                             format_func=lambda r: f"{r:g}", help=configs.help_of(MalleabilityConfig, "ridge"))
+    kernel = c2.radio("Influence kernel", configs.choices_of(MalleabilityConfig, "influence_kernel"),
+                      horizontal=True, key="mall.kernel", **BOUND,
+                      help=configs.help_of(MalleabilityConfig, "influence_kernel"))
+    init = c3.radio("Initialisation", configs.choices_of(MalleabilityConfig, "init"), key="mall.init", **BOUND,
+                    help=configs.help_of(MalleabilityConfig, "init"))
+    lr = _float_input(c4, "Learning rate", TrainSpec, "lr", key="mall.lr", value=QUICK.train.lr)
+    decay = _float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
+                         value=QUICK.train.weight_decay)
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
                 steps=int(steps), epochs=int(epochs), width=int(width), tau=float(tau), perturb=perturb,
                 retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
-                norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer)
+                norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer,
+                ridge=float(ridge), influence_kernel=kernel, init=init, lr=float(lr), weight_decay=float(decay))
 
 
 s = shared()
@@ -74,7 +99,9 @@ st.markdown(
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
+lr, decay = opts.pop("lr"), opts.pop("weight_decay")
 cfg = configs.malleability_config(s, **opts)
+cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay))
 res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()
@@ -82,23 +109,49 @@ if res is None:
 st.caption(f"Influence on **{cfg.target}** outputs; attack in **{cfg.attack.norm}**, **{cfg.space}** space; "
            f"{'**adversarially trained** nets' if cfg.adversarial_training else 'nets trained on clean data'}"
            f"{', retrained after the attack' if cfg.retrain else ''}; {len(cfg.seeds)} seed(s); flip rates over "
-           f"the top {int(res.frames['rows']['n_top'].iloc[0])} points.")
-summary = tables.percent(res.frames["summary"], ["flip_rate", "test_acc", "train_acc", "test_acc_ntk"])
-base = summary.drop_duplicates("arch")[["arch", "n_seeds", "train_acc_pct_mean", "test_acc_pct_mean",
-                                         "test_acc_ntk_pct_mean"]]
-st.dataframe(base, hide_index=True, column_config={
-    "train_acc_pct_mean": st.column_config.NumberColumn("train acc. (%)", format="%.1f"),
-    "test_acc_pct_mean": st.column_config.NumberColumn("test acc. (%)", format="%.1f"),
-    "test_acc_ntk_pct_mean": st.column_config.NumberColumn("K∞ ridge test acc. (%)", format="%.1f",
-                                                            help="Kernel ridge regression with K∞ on the same "
-                                                                 "features: what the architecture can reach")})
+           f"the top {int(res.frames['rows']['n_top'].iloc[0])} points; influence kernel **{cfg.influence_kernel}** "
+           f"at ridge {cfg.ridge:g}; {cfg.init} init; attack and kernels in "
+           f"{res.frames['rows']['attack_precision'].iloc[0]} / {res.frames['rows']['kernel_precision'].iloc[0]}.")
+PCT = {k: st.column_config.NumberColumn(v, format="%.1f") for k, v in tables.FLIP_TABLE.items() if k != "trained"}
 eps_label = f"ε ({cfg.attack.norm} radius, {'pixel units' if cfg.space == 'raw' else 'unit-row units'})"
 summary = tables.percent(res.frames["summary"], ["flip_rate", "pair_flip_rate"])
 eps_list = sorted(summary["eps"].astype(float).unique())
 shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=len(eps_list) - 1,
                                         key="mall.shown_eps", **BOUND, format_func=lambda e: f"{e:g}")
+verdict = protocols.flip_verdict(res.frames["summary"], eps=shown)
+st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
+            f"Rule: {protocols.RULES['flip']}")
+st.dataframe(tables.flip_table(res.frames["summary"]), hide_index=True, column_config={
+    **PCT, "arch": st.column_config.TextColumn("net"), "attack": "attack", "eps": "ε",
+    "trained": st.column_config.TextColumn(tables.FLIP_TABLE["trained"], help=(
+        "Seeds whose test accuracy is within 10 points of ridge regression with their own trained kernel K_m "
+        "(the training gate); a net below it did not train, and its flip rates compare two unrelated "
+        "predictors.")),
+    "null_seed": st.column_config.NumberColumn(tables.FLIP_TABLE["null_seed"], format="%.1f", help=(
+        "No attack: the net of the next network seed against this one, on this net's top-τ points.")),
+    "null_random": st.column_config.NumberColumn(tables.FLIP_TABLE["null_random"], format="%.1f", help=(
+        "A random perturbation of the same ℓ2 size per moved row, in the same space, instead of the attack.")),
+    "excess": st.column_config.NumberColumn(tables.FLIP_TABLE["excess"], format="%.1f", help=(
+        "Flip rate minus the larger null, with a 95 % bootstrap interval over seeds and tracked points.")),
+    "test_acc_after": st.column_config.NumberColumn(tables.FLIP_TABLE["test_acc_after"], format="%.1f", help=(
+        "Test accuracy with the perturbed training set (MLP-Attn's attention moves every test feature).")),
+    "test_acc_kernel": st.column_config.NumberColumn(tables.FLIP_TABLE["test_acc_kernel"], format="%.1f", help=(
+        "Kernel ridge regression with the trained net's own kernel K_m: what a net of this width can reach.")),
+    "test_acc_ntk": st.column_config.NumberColumn(tables.FLIP_TABLE["test_acc_ntk"], format="%.1f", help=(
+        "Kernel ridge regression with K∞ on the same features: what the architecture can reach at infinite "
+        "width."))})
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]
+with c1:
+    render.chart(nulls_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip rates and nulls",
+                 "Per net and attack: the attack's flip rate (solid) beside the seed null (another network seed, no "
+                 "attack) and the random null (a random perturbation of the same size), means over seeds; a flip "
+                 "rate no higher than its nulls says nothing about the attack.")
+with c2:
+    render.chart(excess_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip excess",
+                 "The flip rate minus the larger null, with its 95 % bootstrap interval over seeds and tracked "
+                 "points; the claim needs MLP-Attn's bar at least twice 2L-ReLU's and its interval above zero.")
+c1, c2 = st.columns(2)
 with c1:
     render.chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",
                  "Share of the top-τ training points whose influence changes sign under each attack, mean ± sd "
@@ -159,7 +212,7 @@ shape = res.meta.get("image_shape") if cfg.space == "raw" else None
 m = st.columns(3)
 m[0].metric("influence before", f"{before[j]:+.4g}")
 m[1].metric("influence after", f"{after[j]:+.4g}", delta=f"{after[j] - before[j]:+.3g}")
-m[2].metric("sign flipped", "yes" if tables.sign_flipped(before[j], after[j]) else "no")
+m[2].metric("sign flipped", "yes" if tables.flip_rate(before[j], after[j]) == 1.0 else "no")
 clean = res.arrays[example_key(arch, attack, eps, "X_clean")][pos]
 pert = res.arrays[example_key(arch, attack, eps, "X_pert")][pos]
 data = pd.DataFrame({"pixel": np.arange(clean.size), "clean": clean, "perturbed": pert})

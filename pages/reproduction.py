@@ -69,8 +69,7 @@ def sensitivity_ui(claim: str, variants: list[protocols.Variant], what: str) -> 
                 st.caption(f"Not available: {exc}")
                 return
         res, job = results[v.config], jobs[v.config]
-        n_classes = len(res.meta.get("class_names") or ()) if res is not None and claim == "flip" else None
-        row = protocols.cell(v, None if res is None else res.frames["summary"], n_classes)
+        row = protocols.cell(v, None if res is None else res.frames["summary"])
         if res is None and job is not None and not job.done:
             row["verdict"] = f"running ({job.frac:.0%})" if job.state is JobState.RUNNING else "queued"
         elif res is None and job is not None and job.error:
@@ -175,6 +174,11 @@ if mall is not None:
                  "flip rates, paper and here",
                  "Pale bars are the paper's flip rates and solid bars this run's, per attack; the claim is "
                  "that red (MLP-Attn) stands well above blue (2L-ReLU).")
+    st.caption("Each flip rate beside its nulls (another network seed without attack; a random perturbation "
+               "of the same size), the excess over the larger one with its 95 % interval, and the accuracies "
+               "that say whether the nets trained (percent; means over seeds).")
+    st.dataframe(tables.flip_table(mall.frames["summary"]).rename(columns=tables.FLIP_TABLE), hide_index=True,
+                 width="stretch")
 st.subheader("Adversarial training")
 acfg = configs.malleability_config(s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
                                    adversarial_training=True)
@@ -185,7 +189,8 @@ if adv is not None:
     adv_rows, adv_cfg = adv.frames["rows"], adv.config
 
 st.header("Verdicts")
-table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS))
+table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS,
+                                            mall.frames["summary"] if mall is not None else None))
 render.verdicts(table)
 st.download_button("Verdicts (CSV)", table.to_csv(index=False).encode(), "verdicts.csv", "text/csv",
                    key="csv.verdicts", on_click="ignore", icon=":material/download:")
@@ -200,10 +205,14 @@ sensitivity_ui("flip", protocols.flip_variants(configs.malleability_config(
     s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
     n_seeds=len(configs.QUICK["malleability"].seeds))),
     f"PGD at ε = {paper.FLIP_EPS} (τ = {paper.TAU}); attack geometry (norm, space) × influence target × "
-    "optimiser (adam with coupled L2 as the paper reports, adamw, sgd).")
+    "optimiser (adam with coupled L2 as the paper reports; adamw and sgd each with its own learning rate and "
+    f"decay: {protocols.OPTIMIZER_PRESETS['adamw']}, {protocols.OPTIMIZER_PRESETS['sgd']}); then a ridge row "
+    f"(ridge {', '.join(f'{r:g}' for r in protocols.RIDGES)}) and a kernel row (the trained eNTK or K∞ of the "
+    "same features). A cell whose nets fail the per-seed training gate says **did not train**.")
 sensitivity_ui("kernel", protocols.kernel_variants(sweep_cfg),
-               "The NTK sweep at m = 16 / 1024 / 4096 above, per optimiser; the three distances come from "
-               "the same sweep.")
+               "The NTK sweep at m = 16 / 1024 / 4096 above, per optimiser (each with its own learning rate and "
+               "decay); the three distances come from the same sweep. A cell whose nets fail the per-seed "
+               "training gate says **did not train**.")
 
 st.header("Settings used")
 used = {"spectrum": spec.config if spec is not None else None,

@@ -35,6 +35,9 @@ ATOL32_ONE_PASS = 1e-6
 # initialisation that stays small; training lets Adam amplify it over the epochs.
 RTOL_DEVICES_INIT = 1e-3
 RTOL_DEVICES_TRAINED = 1e-2
+# Monte-Carlo means against their analytic value (e.g. eNTKs over seeds against K∞): allowed
+# error in standard errors of the mean, computed from the number of independent draws.
+MC_SIGMAS = 5.0
 
 
 def pytest_configure(config):

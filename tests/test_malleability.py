@@ -13,7 +13,7 @@ import pytest
 import scipy.stats
 import torch
 
-from conftest import ATOL32, ATOL64, RTOL32, RTOL64
+from conftest import ATOL32, ATOL64, RTOL32, RTOL64, RTOL64_CHAIN
 from engine.attacks import AttackSpec, training_loss
 from engine.data import DataSpec
 from engine.errors import BadInput
@@ -256,3 +256,198 @@ def test_influence_run_shapes_and_aggregate():
         np.testing.assert_allclose(agg, I.mean(0), rtol=RTOL64)
     assert len(res.frames["summary"]) == 4 and res.meta["target"] == "true"
     assert res.arrays["X"].shape == (24, 8) and res.meta["image_shape"] is None
+
+
+# ---------------------------------------------------------------- null baselines
+
+def _reference_clean(cfg, arch, seed, p):
+    """Aggregate influence (n,) and top-τ indices of a net trained here, independently of the run
+    (its own Net and train call; numpy float64 features, eNTK and leave-one-out refits)."""
+    net = Net(arch, p.X, cfg.width, n_outputs(p.c), seed, cfg.init_std, cfg.attention, cfg.data.normalize)
+    train(net, p.X, p.y, p.c, cfg.train, seed)
+    X, Xt = p.X.double().numpy(), p.Xt.double().numpy()
+    W = net.mlp.W.detach().double().numpy()
+    agg = _influences(X, Xt, W, np.eye(p.c)[p.y.numpy()], p.yt.numpy(), arch, cfg.ridge).mean(axis=0)
+    return agg, np.argsort(-np.abs(agg))[:round(cfg.tau * len(X))], W
+
+
+def test_seed_null_is_the_sign_disagreement_of_two_independently_trained_nets():
+    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1, 2), attacks=("fgsm",), eps=(0.1,),
+                             tau=0.5)
+    res = run_malleability(cfg)
+    rows = res.frames["rows"]
+    p = prepare(cfg.data, None, "cpu", None, None)
+    assert res.meta["null_seed_pairs"] == {0: 1, 1: 2, 2: 0}
+    seen = []
+    for arch in cfg.archs:
+        clean = {s: _reference_clean(cfg, arch, s, p)[:2] for s in cfg.seeds}
+        for s, partner in ((0, 1), (1, 2), (2, 0)):
+            (agg, top), (other, _) = clean[s], clean[partner]
+            row = rows[(rows.arch == arch) & (rows.seed == s)].iloc[0]
+            assert row.null_seed_partner == partner
+            want = np.mean(np.sign(agg[top]) != np.sign(other[top]))   # on this seed's own top-τ points
+            assert row.null_seed_flip_rate == want
+            assert row.null_seed_spearman == pytest.approx(scipy.stats.spearmanr(agg, other).statistic, rel=1e-9)
+            seen.append(want)
+    assert max(seen) > 0   # the seeds disagree somewhere: the comparison is not vacuous
+
+
+def test_one_seed_has_no_seed_null_and_nulls_can_be_switched_off():
+    one = run_malleability(MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",),
+                                              eps=(0.1,), tau=0.5))
+    rows = one.frames["rows"]
+    assert rows.null_seed_flip_rate.isna().all() and rows.null_seed_partner.isna().all()
+    assert rows.null_random_flip_rate.notna().all()
+    np.testing.assert_array_equal(rows.flip_excess, rows.flip_rate - rows.null_random_flip_rate)
+    off = run_malleability(MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1), attacks=("fgsm",),
+                                              eps=(0.1,), tau=0.5, nulls=False))
+    cols = ["null_seed_flip_rate", "null_random_flip_rate", "flip_excess", "flip_excess_low"]
+    assert off.frames["rows"][cols].isna().all().all() and off.frames["summary"].flip_excess_low.isna().all()
+    from engine.paper import flip_rule
+    assert "nulls off" in flip_rule(off.frames["summary"])["why"]
+
+
+def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_random():
+    from engine.malleability import random_perturbation
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(20, 7, generator=g, dtype=torch.float64)
+    Xp = X.clone()
+    Xp[:5] += 0.3 * torch.randn(5, 7, generator=g, dtype=torch.float64)  # rows 5.. do not move
+    Xr = random_perturbation(X, Xp, seed=11)
+    np.testing.assert_allclose((Xr - X).norm(dim=1).numpy(), (Xp - X).norm(dim=1).numpy(), rtol=RTOL64, atol=0)
+    assert torch.equal(Xr[5:], X[5:])
+    cos = torch.nn.functional.cosine_similarity(Xr[:5] - X[:5], Xp[:5] - X[:5], dim=1)
+    assert cos.abs().max() < 0.99                       # not the attack's direction
+    assert torch.equal(random_perturbation(X, Xp, seed=11), Xr)
+    assert not torch.equal(random_perturbation(X, Xp, seed=12), Xr)
+    X32 = X.float()
+    assert random_perturbation(X32, Xp.float(), 1).dtype == torch.float32
+
+
+def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
+    from engine.malleability import _null_seed, random_perturbation
+
+    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",), eps=(0.1, 0.5),
+                             tau=0.5, attack=AttackSpec(norm="l2"))
+    res = run_malleability(cfg)
+    rows = res.frames["rows"]
+    p = prepare(cfg.data, None, "cpu", None, None)
+    X, Xt = p.X.double().numpy(), p.Xt.double().numpy()
+    Y = np.eye(p.c)[p.y.numpy()]
+    flips = []
+    for arch in cfg.archs:
+        agg0, top, W = _reference_clean(cfg, arch, 0, p)
+        for j, e in enumerate(cfg.eps):
+            key = lambda what: example_key(arch, "fgsm", e, what)  # noqa: E731
+            Xp = X.copy()
+            Xp[res.arrays[key("top_idx")]] = res.arrays[key("X_pert")]
+            Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), _null_seed(0, j)).numpy()
+            np.testing.assert_allclose(np.linalg.norm(Xr - X, axis=1)[top], e, rtol=RTOL32)  # FGSM ℓ2: ‖δ‖ = ε
+            agg_r = _influences(Xr, Xt, W, Y, p.yt.numpy(), arch, cfg.ridge).mean(axis=0)
+            row = rows[(rows.arch == arch) & (rows.eps == e)].iloc[0]
+            assert row.null_random_flip_rate == np.mean(np.sign(agg0[top]) != np.sign(agg_r[top]))
+            assert row.null_random_spearman == pytest.approx(scipy.stats.spearmanr(agg0, agg_r).statistic, rel=1e-6)
+            flips.append(row.null_random_flip_rate)
+    zero = run_malleability(replace_cfg(cfg, eps=(0.0,))).frames["rows"]
+    assert (zero.null_random_flip_rate == 0).all() and np.allclose(zero.null_random_spearman, 1.0)
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+
+    return replace(cfg, **kw)
+
+
+def test_flip_excess_is_the_flip_rate_over_the_larger_null_with_an_interval_around_it():
+    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "pgd"),
+                             eps=(0.3,), seeds=(0, 1, 2))
+    res = run_malleability(cfg)
+    rows, summary = res.frames["rows"], res.frames["summary"]
+    nulls = np.maximum(rows.null_seed_flip_rate, rows.null_random_flip_rate)
+    np.testing.assert_allclose(rows.flip_excess, rows.flip_rate - nulls, rtol=0, atol=1e-15)
+    assert (rows.flip_excess_low <= rows.flip_excess + 1e-12).all()
+    assert (rows.flip_excess + 1e-12 >= rows.flip_excess_low).all() and (rows.flip_excess_high >= rows.flip_excess - 1e-12).all()
+    assert (rows.flip_excess_high - rows.flip_excess_low).max() > 0   # points do vary
+    for _, s in summary.iterrows():
+        group = rows[(rows.arch == s.arch) & (rows.attack == s.attack)]
+        assert s.flip_excess_mean == pytest.approx(group.flip_excess.mean(), abs=ATOL64)
+        assert s.flip_excess_low <= s.flip_excess_mean + 1e-12 <= s.flip_excess_high + 2e-12
+        assert s.trained_mean == pytest.approx(group.trained.mean())
+
+
+def test_data_seeds_repeat_the_run_on_fresh_draws():
+    from dataclasses import replace
+
+    base = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1), attacks=("fgsm",), eps=(0.1,), tau=0.5)
+    both = run_malleability(replace(base, data_seeds=(0, 5))).frames
+    assert sorted(both["rows"].data_seed.unique()) == [0, 5] and int(both["summary"].n_seeds.iloc[0]) == 4
+    alone = run_malleability(replace(base, data=replace(TINY, seed=5))).frames["rows"]
+    got = both["rows"][both["rows"].data_seed == 5].reset_index(drop=True)
+    cols = ["arch", "seed", "flip_rate", "null_seed_flip_rate", "null_random_flip_rate", "test_acc", "flip_excess"]
+    assert got[cols].equals(alone[cols])   # the draw-5 rows are that draw's own run; nulls pair within a draw
+
+
+# ---------------------------------------------------------------- kernels, baselines, precision
+
+def test_test_acc_kernel_is_kernel_ridge_with_the_trained_nets_own_kernel():
+    from engine.paper import passes_gate
+    from reference import ridge_predict
+
+    cfg = InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0, 1))
+    summary = run_influence(cfg).frames["summary"]
+    p = prepare(cfg.data, None, "cpu", None, None)
+    X, Xt = p.X.double().numpy(), p.Xt.double().numpy()
+    Y = np.eye(p.c)[p.y.numpy()]
+    for arch in cfg.archs:
+        for seed in cfg.seeds:
+            net = Net(arch, p.X, cfg.width, n_outputs(p.c), seed)
+            train(net, p.X, p.y, p.c, cfg.train, seed)
+            W = net.mlp.W.detach().double().numpy()
+            P, Pt = _features(X, X, arch), _features(Xt, X, arch)
+            K = _ntk(P, P, W)
+            pred = ridge_predict(K, _ntk(Pt, P, W), Y, cfg.ridge * np.mean(np.diag(K))).argmax(axis=1)
+            row = summary[(summary.arch == arch) & (summary.seed == seed)].iloc[0]
+            assert row.test_acc_kernel == np.mean(pred == p.yt.numpy())
+            assert row.trained == passes_gate(row.test_acc, row.test_acc_kernel)
+            assert row.sgd_lr_limit == pytest.approx(2 * 24 * 3 / np.linalg.eigvalsh(K)[-1], rel=1e-5)
+
+
+def test_influence_kernel_kinf_is_loo_with_the_infinite_width_kernel_of_the_same_features():
+    from reference import arccos_ntk
+
+    cfg = InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0,), influence_kernel="kinf")
+    res = run_influence(cfg)
+    entk = run_influence(InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0,)))
+    p = prepare(cfg.data, None, "cpu", None, None)
+    X, Xt = p.X.double().numpy(), p.Xt.double().numpy()
+    Y = np.eye(p.c)[p.y.numpy()]
+    for arch in cfg.archs:
+        P, Pt = _features(X, X, arch), _features(Xt, X, arch)
+        K = arccos_ntk(P, P)
+        np.fill_diagonal(K, (P * P).sum(axis=1) / 2)  # θ = 0 exactly: arccos(1 − ulp) would cost 1e-8
+        want = _loo_true(K, arccos_ntk(Pt, P), Y, p.yt.numpy(), cfg.ridge)
+        np.testing.assert_allclose(res.arrays[f"{arch}_I"], want, rtol=0, atol=RTOL64_CHAIN * np.abs(want).max())
+        assert not np.allclose(res.arrays[f"{arch}_I"], entk.arrays[f"{arch}_I"])   # another kernel
+    s = res.frames["summary"]
+    assert (s.influence_kernel == "kinf").all() and s.test_acc_kernel.equals(entk.frames["summary"].test_acc_kernel)
+
+
+@pytest.mark.parametrize("precision,storage,attack,kernel", [("float64", "float64", "float64", "float64"),
+                                                             ("float64", "float32", "float64", "float32"),
+                                                             ("float32", "float64", "float32", "float32")])
+def test_rows_record_the_precision_of_the_attack_and_of_the_kernel(precision, storage, attack, kernel):
+    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",), eps=(0.1,),
+                             precision=precision, storage=storage, influence_kernel="kinf", ridge=1e-2)
+    rows = run_malleability(cfg).frames["rows"]
+    assert (rows.attack_precision == attack).all() and (rows.kernel_precision == kernel).all()
+    assert (rows.influence_kernel == "kinf").all() and (rows.ridge == 1e-2).all()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"influence_kernel": "ntk"}, "influence_kernel"),
+                                          ({"precision": "float16"}, "precision"),
+                                          ({"init": "antisymmetric", "width": 31}, "even"),
+                                          ({"data_seeds": (-1,)}, "data_seeds")])
+def test_bad_new_settings(kwargs, match):
+    with pytest.raises(BadInput, match=match):
+        MalleabilityConfig(data=SYN, **kwargs)

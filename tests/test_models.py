@@ -127,3 +127,88 @@ def test_truncated_rank_too_large():
 def test_unknown_arch():
     with pytest.raises(BadInput, match="arch"):
         Net("cnn", _rand(3, 2), 4, 1)
+
+
+# ---------------------------------------------------------------- initialisation
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+@pytest.mark.parametrize("n_out,param", [(1, "ntk"), (10, "ntk"), (3, "mup")])
+def test_antisymmetric_init_gives_f0_exactly_zero(arch, n_out, param):
+    X = _rand(40, 12).float()
+    net = Net(arch, X, 256, n_out, seed=4, init="antisymmetric", param=param)
+    out = net(X).detach()
+    assert out.shape == (40, n_out) and torch.count_nonzero(out) == 0
+    gauss = Net(arch, X, 256, n_out, seed=4, param=param)
+    assert torch.count_nonzero(gauss(X).detach()) == out.numel()   # the gaussian head is not zero
+
+
+def test_antisymmetric_init_mirrors_the_gaussian_net_of_half_the_width():
+    X = _rand(9, 5)
+    anti = TwoLayerReLU(5, 64, 3, seed=7, init="antisymmetric", dtype=torch.float64)
+    half = TwoLayerReLU(5, 32, 3, seed=7, dtype=torch.float64)
+    W, a = anti.W.detach(), anti.a
+    assert torch.equal(W[:32], half.W.detach()) and torch.equal(W[32:], half.W.detach())
+    assert torch.equal(a[:32], half.a) and torch.equal(a[32:], -half.a)
+    W_np, a_np = W.numpy(), a.numpy()  # the formula of the gaussian head, with its own weights
+    np.testing.assert_allclose(anti(X).detach().numpy(), np.maximum(X.numpy() @ W_np.T, 0) @ a_np / math.sqrt(64),
+                               atol=ATOL64)
+    with torch.no_grad():  # once the twins differ, forward is the same formula as the gaussian head's
+        anti.W[32:] += 0.1 * torch.randn(32, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    W_np = anti.W.detach().numpy()
+    np.testing.assert_allclose(anti(X).detach().numpy(), np.maximum(X.numpy() @ W_np.T, 0) @ a_np / math.sqrt(64),
+                               rtol=RTOL64, atol=ATOL64)
+
+
+def test_antisymmetric_init_has_the_entk_law_of_the_gaussian_init():
+    """Same K∞ in the mean (Monte-Carlo over seeds, against the arc-cosine kernel), and the
+    antisymmetric eNTK at width m is exactly the gaussian eNTK at width m/2 of the same seed."""
+    from conftest import MC_SIGMAS
+    from engine.ntk import empirical_ntk
+    from reference import arccos_ntk
+
+    X = _rand(6, 4)
+    P = _unit(X)
+    K_inf = arccos_ntk(P, P)
+    m, seeds = 256, 40
+    mean = {"gaussian": 0.0, "antisymmetric": 0.0}
+    for s in range(seeds):
+        for init in mean:
+            mean[init] = mean[init] + empirical_ntk(Net("relu", X, m, 1, seed=s, init=init,
+                                                        dtype=torch.float64), X).numpy() / seeds
+        half = empirical_ntk(Net("relu", X, m // 2, 1, seed=s, dtype=torch.float64), X).numpy()
+        anti = empirical_ntk(Net("relu", X, m, 1, seed=s, init="antisymmetric", dtype=torch.float64), X).numpy()
+        np.testing.assert_allclose(anti, half, rtol=RTOL64, atol=ATOL64)
+    # each entry is ⟨p, q⟩ times a mean of Bernoulli indicators (sd ≤ 1/2 each) over the independent units
+    units = {"gaussian": m * seeds, "antisymmetric": m // 2 * seeds}
+    for init, K in mean.items():
+        tol = MC_SIGMAS * 0.5 / math.sqrt(units[init]) * np.abs(P @ P.T)
+        assert np.all(np.abs(K - K_inf) <= tol), init
+    assert not np.allclose(mean["gaussian"], K_inf, rtol=0, atol=1e-6)  # a real Monte-Carlo estimate
+
+
+@pytest.mark.parametrize("width,init,match", [(33, "antisymmetric", "even"), (32, "zero", "init")])
+def test_bad_init(width, init, match):
+    with pytest.raises(BadInput, match=match):
+        Net("relu", _rand(3, 2), width, 1, init=init)
+
+
+# ---------------------------------------------------------------- centred attention
+
+def test_centered_attention_is_C_times_the_centred_rows_then_normalised():
+    X, Xt = _rand(15, 6, seed=1), _rand(4, 6, seed=2)
+    Z, Zt = _unit(X), _unit(Xt)
+    C, mean = Z.T @ Z, Z.mean(axis=0)
+    want = (Z - mean) @ C
+    np.testing.assert_allclose(attention_features(X, X, "centered").numpy(), want, rtol=RTOL64_CHAIN,
+                               atol=ATOL64_CHAIN)
+    np.testing.assert_allclose(want.mean(axis=0), 0.0, atol=ATOL64_CHAIN)  # centred over the training set
+    for A, rows in ((X, Z), (Xt, Zt)):  # test points: the training set's C and mean
+        ref = (rows - mean) @ C
+        ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+        np.testing.assert_allclose(features(A, X, "attn", "centered").numpy(), ref, rtol=RTOL64_CHAIN,
+                                   atol=ATOL64_CHAIN)
+    linear = features(X, X, "attn", "linear").numpy()
+    assert np.abs(linear - features(X, X, "attn", "centered").numpy()).max() > 0.1  # another model
+    assert str(parse_attention("centered")) == "centered"
+    with pytest.raises(BadInput, match="no parameter"):
+        parse_attention("centered:2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -149,14 +150,71 @@ def test_ntk_trends():
     assert paper.verdict_relu_converges(one, "mnist").status == "not measured"
 
 
+def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, nulls=(0.0, 0.0)):
+    """A malleability summary row per arch: (excess, low, high) of relu and attn, the share of
+    seeds through the gate and the seed nulls (NaN: one seed)."""
+    return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_excess_mean": e, "flip_excess_low": lo,
+                          "flip_excess_high": hi, "flip_rate_mean": e + 0.05, "flip_rate_sd": 0.01,
+                          "null_seed_flip_rate_mean": ns, "null_random_flip_rate_mean": 0.05,
+                          "trained_mean": tr, "test_acc_mean": 0.8, "test_acc_kernel_mean": 0.82, "n_seeds": seeds}
+                         for a, (e, lo, hi), tr, ns in (("relu", relu, trained[0], nulls[0]),
+                                                        ("attn", attn, trained[1], nulls[1]))])
+
+
+@pytest.mark.parametrize("relu,attn,kw,want,why", [
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {}, "holds", "6.2× 2L-ReLU's"),
+    ((-0.02, -0.05, 0.0), (0.10, 0.02, 0.18), {}, "holds", "2L-ReLU's is not above zero"),
+    ((0.04, 0.0, 0.08), (0.25, 0.0, 0.38), {}, "fails", "not above zero"),           # interval reaches 0
+    ((0.04, 0.0, 0.08), (0.25, -0.1, 0.38), {}, "fails", "not above zero"),
+    ((0.15, 0.1, 0.2), (0.25, 0.12, 0.38), {}, "fails", "1.7× 2L-ReLU's, under 2×"),  # above zero, under 2×
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (1.0, 2 / 3)}, "did not train", "MLP-Attn: 1 of 3"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (0.0, 1.0)}, "did not train", "2L-ReLU: 3 of 3"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"seeds": 1, "nulls": (math.nan, math.nan)}, "uninformative",
+     "one network seed"),
+])
+def test_flip_rule_on_hand_made_summaries(relu, attn, kw, want, why):
+    v = paper.flip_rule(_excess(relu, attn, **kw))
+    assert v["outcome"] == want and why in v["why"], v["why"]
+    assert v["attn_excess"] == attn[0] and v["relu_low"] == relu[1] and v["attack"] == "pgd" and v["eps"] == 0.3
+    assert "MLP-Attn" in v["numbers"] and "%" in v["numbers"]
+
+
+def test_flip_rule_picks_its_attack_and_eps_and_needs_both_nets_and_the_nulls():
+    s = pd.concat([_excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), attack="fgsm"),
+                   _excess((0.2, 0.1, 0.3), (0.2, 0.1, 0.3)),
+                   _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), eps=0.05)], ignore_index=True)
+    assert paper.flip_rule(s)["outcome"] == "fails"                      # pgd, first ε (0.3)
+    assert paper.flip_rule(s, "fgsm")["outcome"] == "holds"
+    assert paper.flip_rule(s, eps=0.05)["outcome"] == "holds"
+    assert paper.flip_rule(s.iloc[:1])["outcome"] == "uninformative"     # one architecture
+    assert paper.flip_rule(None)["outcome"] == "uninformative"
+    no_nulls = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38)).drop(columns=["flip_excess_low"])
+    assert "nulls" in paper.flip_rule(no_nulls)["why"]
+
+
+def test_training_gate_is_per_net_and_relative_to_the_kernel_baseline():
+    assert paper.passes_gate(0.80, 0.89) and paper.passes_gate(0.79, 0.89)
+    assert not paper.passes_gate(0.78, 0.89)
+    assert paper.passes_gate([0.5, 0.9], [0.55, 0.99]).tolist() == [True, True]
+    assert paper.passes_gate([0.1, 0.9], [0.85, 0.85]).tolist() == [False, True]
+
+
 def test_flip_gap():
-    v = paper.verdict_flip_gap(_flips((0.04, 0.03, 0.03), (0.35, 0.29, 0.22)), "mnist", 0.3)
-    assert v.status == "agrees" and "every attack" in v.words and "34.6" in v.paper
-    assert paper.verdict_flip_gap(_flips((0.1, 0.3, 0.1), (0.2, 0.2, 0.2)), "mnist").status == "partly"
-    assert paper.verdict_flip_gap(_flips((0.3, 0.3, 0.3), (0.1, 0.1, 0.1)), "mnist").status == "disagrees"
+    good = pd.concat([_excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), attack=a) for a in ("fgsm", "pgd", "mim")])
+    v = paper.verdict_flip_gap(good, "mnist", 0.3)
+    assert v.status == "agrees" and "every attack" in v.words and "34.6" in v.paper and "PGD:" in v.measured
+    partly = pd.concat([good.iloc[:4], _excess((0.2, 0.1, 0.3), (0.2, 0.1, 0.3), attack="mim")])
+    assert paper.verdict_flip_gap(partly, "mnist").status == "partly"
+    bad = pd.concat([_excess((0.3, 0.2, 0.4), (0.1, -0.05, 0.2), attack=a) for a in ("fgsm", "pgd")])
+    assert paper.verdict_flip_gap(bad, "mnist").status == "disagrees"
+    untrained = pd.concat([_excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), attack=a, trained=(1, 0))
+                           for a in ("fgsm", "pgd")])
+    v = paper.verdict_flip_gap(untrained, "mnist")
+    assert v.status == "did not train" and "did not train" in v.words
+    one_seed = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), seeds=1, nulls=(math.nan, math.nan))
+    assert paper.verdict_flip_gap(one_seed, "mnist").status == "not measured"
     assert paper.verdict_flip_gap(None, "mnist").status == "not measured"
-    other_eps = paper.verdict_flip_gap(_flips((0.04,) * 3, (0.3,) * 3, eps=0.05), "mnist", 0.3)
-    assert other_eps.status == "not measured"
+    assert paper.verdict_flip_gap(good, "mnist", 0.05).status == "not measured"   # no rows at that ε
 
 
 def test_adversarial_training():
@@ -173,3 +231,35 @@ def test_verdict_table_has_one_row_per_claim():
     assert list(table.columns) == ["claim", "paper", "measured", "status", "words"]
     assert len(table) == 7 and set(table["status"]) == {"not measured"}
     assert set(table["status"]) <= set(paper.STATUSES)
+
+
+def test_readme_tables_read_every_cell_with_the_flip_rule():
+    good = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38))
+    untrained = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), trained=(1.0, 0.0))
+    text = paper.readme_tables([("ℓ2 0.3", good), ("Adam", untrained), ("later", None)])
+    lines = text.splitlines()
+    assert lines[0].startswith("| setting | attack |") and lines[1].startswith("|---|")
+    assert "| ℓ2 0.3 | PGD ε = 0.3 |" in lines[2] and "**holds**" in lines[2] and "25 [12, 38]" in lines[2]
+    assert "9 (0 / 5)" in lines[2]                 # 2L-ReLU's flip rate with its seed and random nulls
+    assert "**did not train**" in lines[3] and "3 of 3 / 0 of 3" in lines[3]
+    assert "not computed yet" in lines[4]
+    assert paper.RULE_WORDS.replace("**", "") in text
+
+
+def test_the_readme_grid_and_its_report_command(capsys):
+    from engine import cli, report
+    from engine.grid import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "grids" / "readme.toml")
+    cells = [c for c in spec.cells if c.kind == "malleability"]
+    assert len(cells) == len(spec.cells) >= 10
+    assert all(c.config.data.dataset == "mnist" and c.config.data.n == 500 and c.config.width == 1024 and
+               c.config.nulls and len(c.config.seeds) == 3 for c in cells)
+    assert {c.config.influence_kernel for c in cells} == {"entk", "kinf"}
+    assert {c.config.attention for c in cells} == {"linear", "centered"}
+    assert {c.config.precision for c in cells} == {"float64", "float32"}
+    text = report.markdown(spec, None)
+    assert text.count("not computed yet") == len(cells) and "readme.toml" in text
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["report", "--help"])
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out

@@ -22,55 +22,34 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
 
 
-def _flips(relu, attn, acc=(0.9, 0.9), attack="pgd", eps=0.3, seeds=3) -> pd.DataFrame:
-    """A malleability summary: (mean, sd) flip rates of relu and attn, their train accuracies."""
-    return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_rate_mean": m, "flip_rate_sd": sd,
-                          "train_acc_mean": ac, "n_seeds": seeds}
-                         for a, (m, sd), ac in (("relu", relu, acc[0]), ("attn", attn, acc[1]))])
+def _flips(relu, attn, trained=(1.0, 1.0), attack="pgd", eps=0.3, seeds=3) -> pd.DataFrame:
+    """A malleability summary: (excess, low, high) of relu and attn and their share of seeds trained."""
+    return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_excess_mean": e, "flip_excess_low": lo,
+                          "flip_excess_high": hi, "flip_rate_mean": e, "flip_rate_sd": 0.01,
+                          "null_seed_flip_rate_mean": 0.0, "null_random_flip_rate_mean": 0.0, "trained_mean": tr,
+                          "n_seeds": seeds} for a, (e, lo, hi), tr in (("relu", relu, trained[0]),
+                                                                        ("attn", attn, trained[1]))])
 
 
-def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_trained") -> pd.DataFrame:
+def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_trained", trained=1.0) -> pd.DataFrame:
     return pd.DataFrame([{"arch": a, "attention": "linear" if a == "attn" else "", "width": w, f"{col}_mean": v,
-                          f"{col}_sd": sd, "train_acc_mean": 0.9, "n_seeds": 3}
+                          f"{col}_sd": sd, "train_acc_mean": 0.9, "trained_mean": trained, "n_seeds": 3}
                          for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals)])
 
 
 # ---------------------------------------------------------------- verdict rules
 
-@pytest.mark.parametrize("relu,attn,acc,want,why", [
-    ((0.04, 0.01), (0.30, 0.05), (0.9, 0.9), "holds", "7.5×"),
-    ((0.00, 0.00), (0.10, 0.02), (0.9, 0.9), "holds", "never flips"),
-    ((0.10, 0.05), (0.25, 0.12), (0.9, 0.9), "fails", "within the sds"),   # 2.5× but inside the spread
-    ((0.20, 0.01), (0.30, 0.01), (0.9, 0.9), "fails", "1.5× as often, under 2×"),  # beyond the sds
-    ((0.30, 0.01), (0.10, 0.01), (0.9, 0.9), "fails", "no more than"),     # the other way round
-    ((0.04, 0.01), (0.30, 0.05), (0.9, 0.15), "uninformative", "chance"),  # 1/10 + 0.05: at chance
-    ((0.45, 0.02), (0.50, 0.02), (0.9, 0.9), "uninformative", "coin"),
-])
-def test_flip_verdict(relu, attn, acc, want, why):
-    v = P.flip_verdict(_flips(relu, attn, acc), n_classes=10)
-    assert v["verdict"] == want and why in v["why"]
-    assert v["relu_flip"] == relu[0] and v["attn_flip"] == attn[0] and v["attn_train_acc"] == acc[1]
-    assert "MLP-Attn" in v["numbers"] and "%" in v["numbers"]
+def test_flip_verdict_is_the_papers_rule():
+    from engine import paper
 
-
-def test_flip_verdict_chance_depends_on_classes_and_one_seed_has_no_sd():
-    s = _flips((0.05, 0.0), (0.30, 0.0), acc=(0.55, 0.9))
-    assert P.flip_verdict(s, 10)["verdict"] == "holds"
-    assert P.flip_verdict(s, 2)["verdict"] == "uninformative"             # 0.55 ≤ 1/2 + 0.05
-    assert P.flip_verdict(_flips((0.05, 0.0), (0.30, 0.0), acc=(0.56, 0.9)), 2)["verdict"] == "holds"
-    v = P.flip_verdict(_flips((0.05, np.nan), (0.11, np.nan), seeds=1), 10)
-    assert v["verdict"] == "holds" and v["attn_flip_sd"] == 0.0 and v["n_seeds"] == 1
-
-
-def test_flip_verdict_picks_one_attack_and_eps():
-    s = pd.concat([_flips((0.04, 0.01), (0.30, 0.05), attack="fgsm"),
-                   _flips((0.30, 0.01), (0.30, 0.01), attack="pgd"),
-                   _flips((0.04, 0.01), (0.30, 0.01), attack="pgd", eps=0.05)], ignore_index=True)
-    assert P.flip_verdict(s, 10)["verdict"] == "fails"                     # pgd, first ε (0.3)
-    assert P.flip_verdict(s, 10, attack="fgsm")["verdict"] == "holds"
-    assert P.flip_verdict(s, 10, eps=0.05)["verdict"] == "holds"
-    assert P.flip_verdict(_flips((0.1, 0.0), (0.3, 0.0)).iloc[:1], 10)["verdict"] == "uninformative"
-    assert P.flip_verdict(s.iloc[:0], 10)["verdict"] == "uninformative"
+    cases = [((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 1)), ((0.2, 0.1, 0.3), (0.3, 0.1, 0.5), (1, 1)),
+             ((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 0.5)), ((0.04, 0.0, 0.08), (0.30, -0.1, 0.5), (1, 1))]
+    for relu, attn, trained in cases:
+        s = _flips(relu, attn, trained)
+        v, rule = P.flip_verdict(s), paper.flip_rule(s)
+        assert v["verdict"] == rule["outcome"] and v["why"] == rule["why"] and v["numbers"] == rule["numbers"]
+    assert [P.flip_verdict(_flips(*c))["verdict"] for c in cases] == ["holds", "fails", "did not train", "fails"]
+    assert P.RULES["flip"] == paper.RULE_WORDS and P.VERDICTS == paper.FLIP_OUTCOMES
 
 
 @pytest.mark.parametrize("metric", list(P.KERNEL_METRICS))
@@ -97,9 +76,18 @@ def test_kernel_verdict_needs_two_widths_both_archs_and_reads_its_metric():
     assert P.kernel_verdict(both, "prediction")["verdict"] == "holds"
 
 
+def test_kernel_verdict_labels_cells_whose_nets_did_not_train():
+    v = P.kernel_verdict(_sweep((0.30, 0.05, 0.02), (0.10, 0.30, 0.40), trained=2 / 3), "frobenius")
+    assert v["verdict"] == "did not train" and "m = 4096" in v["why"]
+    untrained_sweep = _sweep((0.30, 0.05, 0.02), (0.10, 0.30, 0.40), trained=math.nan)   # epochs 0: no gate
+    assert P.kernel_verdict(untrained_sweep, "frobenius")["verdict"] == "holds"
+
+
 def test_every_verdict_is_reachable_and_named():
-    seen = {P.flip_verdict(_flips(r, a, acc), 10)["verdict"] for r, a, acc in
-            [((0.0, 0.0), (0.3, 0.0), (1, 1)), ((0.3, 0.0), (0.3, 0.0), (1, 1)), ((0, 0), (0.3, 0), (0, 0))]}
+    seen = {P.flip_verdict(_flips(r, a, t))["verdict"] for r, a, t in
+            [((0.0, 0, 0), (0.3, 0.1, 0.5), (1, 1)), ((0.3, 0.1, 0.5), (0.3, 0.1, 0.5), (1, 1)),
+             ((0, 0, 0), (0.3, 0.1, 0.5), (0, 0))]}
+    seen.add(P.flip_verdict(_flips((0, 0, 0), (0.3, 0.1, 0.5)).iloc[:1])["verdict"])
     assert seen == set(P.VERDICTS)
     assert set(P.RULES) == set(P.CLAIMS) == {"flip", "kernel"}
 
@@ -119,15 +107,23 @@ def _page_bases():
 def test_flip_grid():
     _, base, _ = _page_bases()
     cells = P.flip_variants(base)
-    assert len(cells) == 12 and len({c.config for c in cells}) == 12
-    assert [(c.config.attack.norm, c.config.space, c.config.target, c.config.train.optimizer) for c in cells] == \
-        [(n, s, t, o) for (n, s), t, o in itertools.product(P.GEOMETRIES, P.TARGETS, OPTIMIZERS)]
+    extra = [r for r in P.RIDGES if r != base.ridge] + ["kinf"]
+    assert len(cells) == 12 + len(extra) and len({c.config for c in cells}) == len(cells)
+    assert [(c.config.attack.norm, c.config.space, c.config.target, c.config.train.optimizer) for c in cells[:12]] \
+        == [(n, s, t, o) for (n, s), t, o in itertools.product(P.GEOMETRIES, P.TARGETS, OPTIMIZERS)]
     for c in cells:
         assert isinstance(c.config, MalleabilityConfig) and c.page == "malleability" and c.claim == "flip"
         assert replace(c.config) == c.config   # validates again
         assert c.config.attacks == base.attacks and c.config.eps == base.eps and c.config.data == base.data
         assert c.unlinked == {} and c.params["mall.optimizer"] == c.config.train.optimizer
+        assert set(c.choices) == {"attack", "target", "optimizer", "ridge", "kernel"}
+        opt = c.config.train.optimizer           # every optimiser trains with its own lr and decay, never Adam's
+        want = P.OPTIMIZER_PRESETS[opt] or {"lr": base.train.lr, "weight_decay": base.train.weight_decay}
+        assert (c.config.train.lr, c.config.train.weight_decay) == (want["lr"], want["weight_decay"])
     assert cells[0].config == base                                   # adam, ℓ∞ raw, true: the base itself
+    assert [c.config.ridge for c in cells[12:-1]] == extra[:-1] and cells[-1].config.influence_kernel == "kinf"
+    assert all(replace(c.config, ridge=base.ridge, influence_kernel=base.influence_kernel) == base
+               for c in cells[12:])                                  # one choice changed each
 
 
 def test_kernel_grid():
@@ -137,8 +133,10 @@ def test_kernel_grid():
     assert len({(c.config, c.metric) for c in cells}) == 9
     assert {c.config.train.optimizer for c in cells} == set(OPTIMIZERS)
     assert {c.metric for c in cells} == set(P.KERNEL_METRICS)
-    assert all(c.page == "ntk-sweep" and not c.unlinked and replace(c.config) == c.config for c in cells)
-    assert cells[0].config == base
+    assert all(c.page == "ntk-sweep" and replace(c.config) == c.config for c in cells)
+    assert cells[0].config == base and not cells[0].unlinked
+    sgd = next(c for c in cells if c.config.train.optimizer == "sgd")
+    assert (sgd.config.train.lr, sgd.config.train.weight_decay) == (10.0, 0.0) and "train" in sgd.unlinked
 
 
 def test_unreproducible_settings_are_named():
@@ -177,11 +175,12 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
         assert f"{c.page}?" in c.link() and c.page in ("malleability", "ntk-sweep")
     eps_choices = {str(e) for e in _literal(ROOT / "pages" / "malleability.py", "EPS_CHOICES")}
     widths = {str(w) for w in _literal(ROOT / "pages" / "malleability.py", "WIDTHS")}
-    for c in cells[:12]:
+    ridges = {str(r) for r in _literal(ROOT / "pages" / "malleability.py", "RIDGES")}
+    for c in (c for c in cells if c.claim == "flip"):
         assert set(c.params["mall.eps"]) <= eps_choices and c.params["mall.width"] in widths
-        assert c.params["mall.attacks"] == ["PGD"]
+        assert c.params["mall.attacks"] == ["PGD"] and c.params["mall.ridge"] in ridges
     assert _literal(ROOT / "pages" / "ntk.py", "KERNEL_METRICS") == P.NTK_METRIC_LABELS
-    for c in cells[12:]:
+    for c in (c for c in cells if c.claim == "kernel"):
         assert c.params["ntk.metric"] == P.NTK_METRIC_LABELS[P.KERNEL_METRICS[c.metric][1]]
         assert {int(w) for w in c.params["widths"]} <= set(WIDTH_CHOICES)
 
@@ -207,13 +206,17 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
             width=int(p["mall.width"]), tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
             retrain=p["mall.retrain"] == "true", adversarial_training=p["mall.adv"] == "true",
             interventions=p["mall.interventions"] == "true", norm=p["mall.norm"], space=p["mall.space"],
-            target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"])
+            target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"],
+            ridge=float(p["mall.ridge"]), influence_kernel=p["mall.kernel"], init=p["mall.init"])
+        cfg = replace(cfg, train=replace(cfg.train, lr=float(p["mall.lr"]), weight_decay=float(p["mall.decay"])))
         assert cfg == c.config and not c.unlinked
     for c in P.kernel_variants(sbase):
         p = c.params
         cfg = configs.sweep_config(sidebar(p, tuple(int(w) for w in p["widths"])), int(p["ntk.epochs"]),
                                    int(p["ntk.seeds"]), float(p["ntk.ridge"]), optimizer=p["ntk.optimizer"])
-        assert cfg == c.config
+        assert cfg == replace(c.config, train=replace(c.config.train, lr=cfg.train.lr,
+                                                         weight_decay=cfg.train.weight_decay))
+        assert bool(c.unlinked) == (cfg != c.config)   # what the page cannot take is named
 
 
 def test_a_link_opens_the_malleability_page_with_its_settings(env):  # noqa: F811
@@ -228,6 +231,9 @@ def test_a_link_opens_the_malleability_page_with_its_settings(env):  # noqa: F81
     assert at.radio(key="mall.target").value == "sum" and at.multiselect(key="mall.attacks").value == ["pgd"]
     assert at.multiselect(key="mall.eps").value == [0.3] and at.number_input(key="n").value == 40
     assert at.number_input(key="mall.epochs").value == 3 and at.number_input(key="mall.steps").value == 2
+    assert at.number_input(key="mall.lr").value == cell.config.train.lr
+    assert at.select_slider(key="mall.ridge").value == cell.config.ridge
+    assert at.radio(key="mall.kernel").value == cell.config.influence_kernel
 
 
 # ---------------------------------------------------------------- one real cell
@@ -238,8 +244,9 @@ def test_one_real_flip_cell_gets_a_verdict():
     cell = P.flip_variants(base)[7]   # ℓ2 normalized, true target, adamw
     assert (cell.config.attack.norm, cell.config.space, cell.config.train.optimizer) == ("l2", "normalized", "adamw")
     res = run_malleability(cell.config)
-    v = P.flip_verdict(res.frames["summary"], len(res.meta["class_names"]))
+    v = P.flip_verdict(res.frames["summary"])
     assert v["verdict"] in P.VERDICTS and v["n_seeds"] == 2 and 0.0 <= v["attn_flip"] <= 1.0
-    row = P.cell(cell, res.frames["summary"], len(res.meta["class_names"]))
+    assert math.isfinite(v["attn_null_seed"]) and math.isfinite(v["attn_low"])
+    row = P.cell(cell, res.frames["summary"])
     assert row["verdict"] == v["verdict"] and row["optimizer"] == "adamw"
     assert P.cell(cell, None)["verdict"] == "not run"

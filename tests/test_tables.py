@@ -68,3 +68,48 @@ def test_loglog_slope_matches_scipy_and_skips_what_a_log_cannot_take():
     with_bad = loglog_slope([*x, 8.0, 2.0], [*y, 0.0, np.nan])  # zero and NaN are left out
     assert with_bad == pytest.approx((ref.slope, ref.intercept), rel=RTOL64)
     assert all(np.isnan(loglog_slope([4.0, 4.0], [1.0, 2.0])))  # one distinct x: no slope
+
+
+def test_flip_rate_and_rank_correlation_against_numpy_and_scipy():
+    import scipy.stats
+    import torch
+
+    from engine.tables import flip_rate, rank_correlation
+
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=200), rng.normal(size=200)
+    a[:10] = 0.0
+    b[5:15] = 0.0
+    want = np.mean(np.sign(a) != np.sign(b))
+    assert flip_rate(a, b) == want and flip_rate(torch.from_numpy(a), torch.from_numpy(b)) == want
+    M, N = rng.normal(size=(7, 9)), rng.normal(size=(7, 9))
+    assert flip_rate(M, N) == np.mean(np.sign(M) != np.sign(N))                # any shape
+    assert flip_rate(1.0, -2.0) == 1.0 and flip_rate(0.0, 0.0) == 0.0 and np.isnan(flip_rate([], []))
+    assert rank_correlation(a, b) == pytest.approx(scipy.stats.spearmanr(a, b).statistic, rel=RTOL64)
+    assert rank_correlation(torch.from_numpy(a), torch.from_numpy(2 * a + 1)) == pytest.approx(1.0)
+    assert np.isnan(rank_correlation(np.ones(5), a[:5]))
+
+
+def test_excess_interval_is_a_percentile_bootstrap_over_points_and_nets():
+    from engine.tables import excess_interval
+
+    rng = np.random.default_rng(1)
+    a, s, r = rng.random(40) < 0.4, rng.random(40) < 0.1, rng.random(40) < 0.2
+    point, lo, hi = excess_interval([(a, s, r)], n_boot=500, seed=3)
+    assert point == pytest.approx(a.mean() - max(s.mean(), r.mean()), abs=1e-15)
+    ref = np.random.default_rng(3)               # one net: its points resampled, the three arrays together
+    idx = ref.integers(0, 40, size=(500, 40))
+    reps = a[idx].mean(1) - np.maximum(s[idx].mean(1), r[idx].mean(1))
+    assert (lo, hi) == tuple(np.quantile(reps, [0.025, 0.975]))
+    assert lo < point < hi
+    # nets whose points all agree: only the nets' resampling is left
+    units = [(np.full(10, v), np.zeros(10, bool), np.full(10, 0.1 > 0.2)) for v in (0.0, 1.0, 1.0, 0.0, 1.0)]
+    point, lo, hi = excess_interval(units, n_boot=800, seed=5)
+    nets = np.random.default_rng(5).integers(0, 5, size=(800, 5))
+    e = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    assert point == pytest.approx(0.6) and (lo, hi) == tuple(np.quantile(e[nets].mean(1), [0.025, 0.975]))
+    # no seed null: the random null alone
+    assert excess_interval([(a, None, r)], n_boot=50)[0] == pytest.approx(a.mean() - r.mean(), abs=1e-15)
+    assert all(np.isnan(excess_interval([])))
+    constant = excess_interval([(np.ones(8, bool), np.zeros(8, bool), np.zeros(8, bool))] * 2, n_boot=50)
+    assert constant == (1.0, 1.0, 1.0)

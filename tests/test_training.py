@@ -193,3 +193,17 @@ def test_fixed_epoch_inputs_equal_training_on_those_inputs(arch, attention):
         torch.testing.assert_close(p, q, rtol=RTOL64, atol=ATOL64)
     np.testing.assert_allclose(a.losses[1:], b.losses[1:], rtol=RTOL64, atol=ATOL64)
     assert not torch.equal(hooked.mlp.W.detach(), Net(arch, X, 16, 3, seed=2, dtype=torch.float64).mlp.W)
+
+
+def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_reaches_it():
+    from engine.ntk import empirical_ntk
+    from engine.training import MAX_LR, sgd_lr_limit, top_eigenvalue
+
+    X, _ = _blobs(c=3)
+    K = empirical_ntk(Net("relu", X, 64, 3, seed=1), X)
+    lam1 = np.linalg.eigvalsh(K.numpy())[-1]
+    assert top_eigenvalue(K) == pytest.approx(lam1, rel=1e-5)
+    assert sgd_lr_limit(K, 3) == pytest.approx(2 * X.shape[0] * 3 / lam1, rel=1e-5)
+    assert TrainSpec(lr=sgd_lr_limit(K, 3), optimizer="sgd").lr > 10      # the old cap of 10 is gone
+    with pytest.raises(BadInput, match="lr"):
+        TrainSpec(lr=2 * MAX_LR)
