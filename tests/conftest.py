@@ -24,9 +24,13 @@ ATOL64_CHAIN = 1e-9
 # float64 matrix powers up to G⁷ (stacked attention, k ≤ 3): entries grow like n⁶.
 RTOL64_POWER = 1e-8
 ATOL64_POWER = 1e-8
+# The same float64 value computed twice, by other code or in another order (torch and math,
+# pandas and numpy, by blocks and whole, a cache read-back): a few ulps of O(1) values.
+RTOL64_SAME = 1e-12
+ATOL64_SAME = 1e-14
 # One float64 update computed twice from the same gradient: only summation order differs.
-RTOL64_STEP = 1e-12
-ATOL64_STEP = 1e-14
+RTOL64_STEP = RTOL64_SAME
+ATOL64_STEP = ATOL64_SAME
 # One float32 pass without training (a kernel; the same steps batched differently) against
 # float64 or reordered float32: a few ulps of O(1) values, no accumulation over epochs.
 RTOL32_ONE_PASS = 1e-5
@@ -38,6 +42,61 @@ RTOL_DEVICES_TRAINED = 1e-2
 # Monte-Carlo means against their analytic value (e.g. eNTKs over seeds against K∞): allowed
 # error in standard errors of the mean, computed from the number of independent draws.
 MC_SIGMAS = 5.0
+# Brute-force leave-one-out refits (n ridge solves of condition up to ~1/ridge = 1e3) differenced
+# against the full fit: the difference cancels most digits of the O(1) predictions.
+RTOL64_REFIT = 1e-8
+ATOL64_REFIT = 1e-10
+# One float64 solve or least-squares fit (ridge-1e-3 kernel regression, a log-log line, influence
+# on a kernel built by another route) against its exact value: rounding times a condition of ~1e3.
+RTOL64_SOLVE = 1e-9
+# A hand-derived float64 input gradient (through the feature map and the softmax) against
+# autograd's: the chain rule's products run in another order and small entries cancel.
+RTOL64_GRAD = 1e-8
+# The kernel flow's closed form (an eigendecomposition of K) against scipy's expm (Padé) up to τ = 40.
+RTOL64_EXPM = 1e-9
+ATOL64_EXPM = 1e-11
+# float64 eigenvalues and κ of a Gram at κ ≤ 50 against scipy's, a designed κ, or G's eigenvalues
+# cubed: the smallest carry ~n·eps·λ_max absolute error, so ~n·eps·κ³ ≤ 1e-9 relative.
+RTOL64_EIG = 1e-8
+# Eigenvalues that should be 0 (a low-rank Gram), in multiples of λ_max: rounding level by any route.
+ATOL64_EIG = 1e-9
+# κ of the attention Gram measured through its feature map against κ(G)³, and real digits'
+# attention eigenvalues against G's cubed (κ far above 50): G's rounding enters cubed.
+RTOL64_EIG_ATTENTION = 1e-6
+# Their absolute floor in multiples of λ_max(G³): G's smallest eigenvalues cubed fall below it.
+ATOL64_EIG_ATTENTION = 1e-12
+# pandas' groupby mean and sample sd of a few O(1) float64 values against numpy's: the mean to a
+# few ulps, the sd (a square root of a sum of squared differences) an order looser; differences
+# of such means (rates of flags, an excess over a null) to a few ulps absolute.
+RTOL64_MEAN = 1e-15
+RTOL64_SD = 1e-14
+ATOL64_MEAN = 1e-15
+# float64 arithmetic on float32 inputs (a float32 net's features, each rounded once, 2⁻²⁴ ≈ 6e-8
+# relative) against the same on float64 inputs: an order above that one rounding.
+RTOL32_INPUT = 1e-6
+# "Must differ" checks (a negated np.allclose; ATOL for O(1) entries): far above float64
+# rounding, far below the effect looked for (a label change, Monte-Carlo noise).
+RTOL_CHANGED = 1e-3
+ATOL_CHANGED = 1e-6
+# λ₁ by power iteration (stopped once a step moves it by under 1e-6 relative) against eigvalsh:
+# what the unfinished convergence leaves.
+RTOL_POWER_ITERATION = 1e-5
+# Spearman ρ (scipy's, from ranks) of the engine's influences against the reference's: equal ranks
+# give the same ρ to rounding, where one swapped neighbouring pair of n = 12 points would move it by
+# 12/(n³ − n) ≈ 0.007. REDRAWN: the random null, whose perturbation the test draws again.
+RTOL_SAME_RANKS = 1e-9
+RTOL_SAME_RANKS_REDRAWN = 1e-6
+# Monte-Carlo mean of 40 empirical NTKs of width 4000 against K∞: each entry averages 160,000
+# Bernoulli products with a standard error below 0.0013, so this is about 4.6 standard errors.
+ATOL_MC_NTK = 0.006
+# The host's free memory read twice a moment apart: other processes (parallel test runs, the rest
+# of the system) move it by a few percent. REREAD: the same limit read twice; REREAD_RAW:
+# MemAvailable itself against a limit or a share of it, with more margin.
+REL_MEMORY_REREAD = 0.1
+REL_MEMORY_REREAD_RAW = 0.2
+# An ETA from a steady (fake-clock) rate over a thinned history: exact but for where the window's
+# ends fall between reports, well under 1 %.
+REL_ETA = 0.01
 
 
 def pytest_configure(config):

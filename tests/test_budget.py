@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REL_MEMORY_REREAD
 import engine.cli as cli
 from engine import budget as B
 from engine.attacks import AttackSpec
@@ -247,7 +248,7 @@ def test_gpu_runs_are_bounded_by_host_memory_too():
     import torch
 
     host = B.Budget().limit_bytes()
-    assert B.Budget().limit_bytes(torch.device("cpu")) == pytest.approx(host, rel=0.1)
+    assert B.Budget().limit_bytes(torch.device("cpu")) == pytest.approx(host, rel=REL_MEMORY_REREAD)
     if torch.cuda.is_available():
         gpu = B.Budget().limit_bytes(torch.device("cuda"))
         assert gpu <= 1.1 * host and gpu <= 0.8 * B.free_bytes(torch.device("cuda")) * 1.1

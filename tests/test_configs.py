@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import REL_MEMORY_REREAD
 from engine import budget
 from engine.errors import BadInput
 from engine.registry import EXPERIMENTS, estimate
@@ -129,10 +130,10 @@ def test_plans_count_memory_on_the_device_runs_go_to():
     import torch
 
     host = budget.Budget().limit_bytes()
-    assert configs._memory_limit("cpu") == pytest.approx(host, rel=0.1)
+    assert configs._memory_limit("cpu") == pytest.approx(host, rel=REL_MEMORY_REREAD)
     gpu = budget.Budget().limit_bytes(torch.device("cuda")) if torch.cuda.is_available() else host
-    assert configs._memory_limit("cuda") == pytest.approx(gpu, rel=0.1)
-    assert configs._memory_limit("auto") == pytest.approx(gpu, rel=0.1)
+    assert configs._memory_limit("cuda") == pytest.approx(gpu, rel=REL_MEMORY_REREAD)
+    assert configs._memory_limit("auto") == pytest.approx(gpu, rel=REL_MEMORY_REREAD)
 
 
 def test_obtain_planned_can_wait_for_a_click_and_says_why(tmp_path, monkeypatch):

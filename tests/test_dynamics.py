@@ -22,7 +22,7 @@ from engine.dynamics import (PRESETS, CoordCheckConfig, DynamicsConfig, KernelFl
 from engine.errors import BadInput
 from engine.models import Net, TwoLayerReLU
 from engine.training import TrainSpec, train
-from tests.conftest import ATOL64, RTOL32, RTOL64, RTOL64_STEP, ATOL64_STEP
+from tests.conftest import ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = DataSpec("synthetic", n=48, n_test=32, synthetic_d=12, synthetic_classes=2)   # MSE, one output
@@ -94,7 +94,7 @@ def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_tr
             opt.zero_grad()
             (scale * ((f0 + jvp - Y[idx]) ** 2).mean()).backward()
             opt.step()
-    torch.testing.assert_close(W_lin, Wr.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(W_lin, Wr.detach(), rtol=RTOL64, atol=ATOL64)
     assert not torch.allclose(W_lin, W)  # the real net left its linearisation
 
     twin = Net("relu", X, 32, 1, seed=2, dtype=torch.float64)
@@ -152,7 +152,8 @@ def test_kernel_flow_against_scipy_expm(beta):
     for tau in (0.0, 3.0, 40.0):
         got = flow.predict(torch.tensor(Y)[:, None], torch.tensor(F0)[:, None], torch.tensor(F0_t)[:, None],
                            0.7, beta, tau)[:, 0].numpy()
-        np.testing.assert_allclose(got, _expm_flow(K, K_t, Y, F0, F0_t, 0.7, beta, tau), rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(got, _expm_flow(K, K_t, Y, F0, F0_t, 0.7, beta, tau),
+                                   rtol=RTOL64_EXPM, atol=ATOL64_EXPM)
 
 
 @pytest.mark.parametrize("wd", [0.0, 0.05])
@@ -202,7 +203,8 @@ def test_run_rows_summary_and_cache(cache):
     assert len(final) == 4 and (final.epoch == 6).all() and (final.n_seeds == 2).all()
     v = rows.query("arch == 'relu' and width == 32 and epoch == 6").lin_gap.to_numpy()
     got = summary.query("arch == 'relu' and width == 32 and epoch == 6").iloc[0]
-    assert got.lin_gap_mean == pytest.approx(v.mean(), rel=1e-12) and got.lin_gap_sd == pytest.approx(v.std(ddof=1))
+    assert got.lin_gap_mean == pytest.approx(v.mean(), rel=RTOL64_SAME)
+    assert got.lin_gap_sd == pytest.approx(v.std(ddof=1))
     assert stages == sorted(stages) and stages[-1] == 1.0
     again = run_dynamics(cfg, cache)
     assert again.cached and again.frames["rows"].lin_gap.tolist() == rows.lin_gap.tolist()
@@ -257,7 +259,7 @@ def test_mup_sgd_is_learning_rate_times_width_with_decay_over_width():
             opt.zero_grad()
             ((ref.head(phi[idx]) - Y[idx]) ** 2).mean().backward()
             opt.step()
-    torch.testing.assert_close(net.mlp.W.detach(), ref.mlp.W.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(net.mlp.W.detach(), ref.mlp.W.detach(), rtol=RTOL64, atol=ATOL64)
 
 
 def test_mup_refuses_trainable_attention():

@@ -3,6 +3,8 @@ import math
 import numpy as np
 import pytest
 
+from conftest import (ATOL64, RTOL32_INPUT, RTOL32_ONE_PASS, RTOL64_EIG, RTOL64_EIG_ATTENTION,
+                      RTOL64_SAME)
 from engine.data import DataSpec, load_sample
 from engine.errors import BadInput, Cancelled
 from engine.experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
@@ -25,28 +27,29 @@ def test_sweep_rows_match_an_independent_numpy_computation():
     S = (Z @ W.T > 0).astype(float)
     K_m = (Z @ Z.T) * (S @ S.T) / 32
     K_inf = arccos_ntk(Z, Z)
-    assert row.kernel_dist_init == pytest.approx(np.linalg.norm(K_m - K_inf) / np.linalg.norm(K_inf), rel=1e-6)
+    assert row.kernel_dist_init == pytest.approx(np.linalg.norm(K_m - K_inf) / np.linalg.norm(K_inf), rel=RTOL32_INPUT)
     assert row.kernel_dist_trained == row.kernel_dist_init and row.weight_movement == 0.0
     Y = np.eye(3)[s.y.numpy()]
     lam = 1e-2 * np.mean(np.diag(K_inf))
     f_ntk = arccos_ntk(Zt, Z) @ np.linalg.solve(K_inf + lam * np.eye(60), Y)
     f_m = np.maximum(Zt @ W.T, 0) @ net.mlp.a.double().numpy() / math.sqrt(32)
-    assert row.function_dist == pytest.approx(np.linalg.norm(f_m - f_ntk), rel=1e-5)
+    assert row.function_dist == pytest.approx(np.linalg.norm(f_m - f_ntk), rel=RTOL32_ONE_PASS)
     assert row.test_acc == pytest.approx(np.mean(f_m.argmax(1) == s.y_test.numpy()))
     # the context of the numbers: scales compared, and the K∞ ridge baseline
-    assert row.f_norm == pytest.approx(np.linalg.norm(f_m), rel=1e-5)
-    assert row.f_ntk_norm == pytest.approx(np.linalg.norm(f_ntk), rel=1e-6)  # float32 features
-    assert row.function_dist_rel == pytest.approx(row.function_dist / row.f_ntk_norm, rel=1e-12)
+    assert row.f_norm == pytest.approx(np.linalg.norm(f_m), rel=RTOL32_ONE_PASS)
+    assert row.f_ntk_norm == pytest.approx(np.linalg.norm(f_ntk), rel=RTOL32_INPUT)  # float32 features
+    assert row.function_dist_rel == pytest.approx(row.function_dist / row.f_ntk_norm, rel=RTOL64_SAME)
     assert row.test_acc_ntk == pytest.approx(np.mean(f_ntk.argmax(1) == s.y_test.numpy()))
     assert row.n_test == 20
     # κ-sensitive distances, from scipy/numpy directly
     import scipy.linalg
     R = scipy.linalg.sqrtm(np.linalg.inv(K_inf + lam * np.eye(60))).real
-    assert row.kernel_dist_whitened_init == pytest.approx(np.linalg.norm(R @ (K_m - K_inf) @ R, 2), rel=1e-5)
+    assert row.kernel_dist_whitened_init == pytest.approx(np.linalg.norm(R @ (K_m - K_inf) @ R, 2), rel=RTOL32_ONE_PASS)
     K_mt = (Zt @ Z.T) * ((Zt @ W.T > 0).astype(float) @ S.T) / 32
     lam_m = 1e-2 * np.mean(np.diag(K_m))
     f_m_krr = K_mt @ np.linalg.solve(K_m + lam_m * np.eye(60), Y)
-    assert row.prediction_gap_init == pytest.approx(np.linalg.norm(f_m_krr - f_ntk) / np.linalg.norm(f_ntk), rel=1e-5)
+    assert row.prediction_gap_init == pytest.approx(np.linalg.norm(f_m_krr - f_ntk) / np.linalg.norm(f_ntk),
+                                                    rel=RTOL32_ONE_PASS)
 
 
 def test_sweep_summary_is_mean_and_sd_over_seeds():
@@ -57,8 +60,8 @@ def test_sweep_summary_is_mean_and_sd_over_seeds():
     for width in (16, 64):
         v = rows[rows.width == width].kernel_dist_init.to_numpy()
         got = summary[summary.width == width].iloc[0]
-        assert got.kernel_dist_init_mean == pytest.approx(v.mean(), rel=1e-12)
-        assert got.kernel_dist_init_sd == pytest.approx(v.std(ddof=1), rel=1e-12)
+        assert got.kernel_dist_init_mean == pytest.approx(v.mean(), rel=RTOL64_SAME)
+        assert got.kernel_dist_init_sd == pytest.approx(v.std(ddof=1), rel=RTOL64_SAME)
 
 
 def test_training_moves_weights_and_records_losses(cache):
@@ -74,7 +77,7 @@ def test_training_moves_weights_and_records_losses(cache):
     assert fracs == sorted(fracs) and fracs[-1] == 1.0
     again = run_ntk_sweep(cfg, cache)
     assert again.cached
-    np.testing.assert_allclose(again.frames["rows"].kernel_dist_trained, rows.kernel_dist_trained, rtol=1e-12)
+    np.testing.assert_allclose(again.frames["rows"].kernel_dist_trained, rows.kernel_dist_trained, rtol=RTOL64_SAME)
 
 
 def test_relu_kernel_distance_falls_like_inverse_sqrt_width_on_mnist(mnist_dir):
@@ -91,12 +94,12 @@ def test_spectrum_summary_and_growth():
                                        normalize=False), growth_ns=(10, 20, 40))
     res = run_spectrum(cfg)
     s = res.meta["summary"]
-    assert s["numerical_rank"] == 10 and s["kappa"] == pytest.approx(50.0, rel=1e-8)
-    assert s["kappa_attention"] == pytest.approx(50.0**3, rel=1e-6)
-    assert s["kappa_attention_theory"] == pytest.approx(50.0**3, rel=1e-8)
-    assert s["kappa_d"] == pytest.approx(50.0, rel=1e-8)
+    assert s["numerical_rank"] == 10 and s["kappa"] == pytest.approx(50.0, rel=RTOL64_EIG)
+    assert s["kappa_attention"] == pytest.approx(50.0**3, rel=RTOL64_EIG_ATTENTION)
+    assert s["kappa_attention_theory"] == pytest.approx(50.0**3, rel=RTOL64_EIG)
+    assert s["kappa_d"] == pytest.approx(50.0, rel=RTOL64_EIG)
     assert list(res.frames["growth"].n) == [10, 20, 40]
-    np.testing.assert_allclose(res.arrays["eig_attention"][:10], res.arrays["eig_G"][:10] ** 3, rtol=1e-8)
+    np.testing.assert_allclose(res.arrays["eig_attention"][:10], res.arrays["eig_G"][:10] ** 3, rtol=RTOL64_EIG)
 
 
 @pytest.mark.parametrize("attention,power", [("stacked:2", 5), ("truncated:4", 3)])
@@ -106,8 +109,8 @@ def test_spectrum_theory_for_variants(attention, power):
     s = run_spectrum(cfg).meta["summary"]
     lam = run_spectrum(cfg).arrays["eig_G"]
     expected = (lam[0] / lam[3]) ** 3 if attention.startswith("trunc") else 4.0**power
-    assert s["kappa_attention_theory"] == pytest.approx(expected, rel=1e-8)
-    assert s["kappa_attention"] == pytest.approx(expected, rel=1e-6)
+    assert s["kappa_attention_theory"] == pytest.approx(expected, rel=RTOL64_EIG)
+    assert s["kappa_attention"] == pytest.approx(expected, rel=RTOL64_EIG_ATTENTION)
 
 
 def test_kernels_are_sorted_by_label_and_consistent():
@@ -117,7 +120,7 @@ def test_kernels_are_sorted_by_label_and_consistent():
     assert (np.diff(y) >= 0).all()
     for k in ("K_init", "K_trained", "K_inf"):
         assert res.arrays[k].shape == (60, 60)
-        np.testing.assert_allclose(res.arrays[k], res.arrays[k].T, atol=1e-12)
+        np.testing.assert_allclose(res.arrays[k], res.arrays[k].T, atol=ATOL64)
 
 
 @pytest.mark.parametrize("kwargs,match", [({"widths": (16, 0)}, "widths"), ({"archs": ("cnn",)}, "arch"),
@@ -154,7 +157,7 @@ def test_spectrum_flags_kappa_beyond_float64_resolution(kappa, saturated):
     assert s["kappa_attention_saturated"] is saturated
     assert s["kappa_attention_formula"] == "κ(G)^3"
     if not saturated:  # resolvable: the measured κ of the attention Gram is the cube, to float64 accuracy
-        assert s["kappa_attention"] == pytest.approx(s["kappa"] ** 3, rel=1e-6)
+        assert s["kappa_attention"] == pytest.approx(s["kappa"] ** 3, rel=RTOL64_EIG_ATTENTION)
     else:             # saturated: the measured value is capped near 1/rtol, far below the theory
         assert s["kappa_attention"] <= s["kappa_resolvable"] * 1.01 < s["kappa_attention_theory"]
 

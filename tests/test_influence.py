@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ATOL64, RTOL64
+from conftest import ATOL64, ATOL64_REFIT, RTOL64, RTOL64_REFIT, RTOL64_SOLVE, RTOL_CHANGED
 from engine.errors import BadInput
 from engine.influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, influence_matrix, loo_influence,
                               net_influence, top_indices)
@@ -33,7 +33,7 @@ def test_loo_influence_equals_brute_force_refits(ridge, c, block, monkeypatch):
     for i in range(len(Kn)):
         keep = np.arange(len(Kn)) != i
         without = ridge_predict(Kn[np.ix_(keep, keep)], Ktn[:, keep], Yn[keep], lam)
-        np.testing.assert_allclose(infl[:, i, :], full - without, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(infl[:, i, :], full - without, rtol=RTOL64_REFIT, atol=ATOL64_REFIT)
 
 
 def test_matrix_sums_classes():
@@ -62,11 +62,11 @@ def test_true_and_margin_targets_equal_brute_force_refits(one_hot):
     j = other.argmax(1)                                        # best class other than the label
     margin = (changes[:, t, y_test.numpy()] - changes[:, t, j]).T
     np.testing.assert_allclose(influence_matrix(K, K_test, Y, target="true", y_test=y_test).numpy(), true,
-                               rtol=1e-8, atol=1e-10)
+                               rtol=RTOL64_REFIT, atol=ATOL64_REFIT)
     np.testing.assert_allclose(influence_matrix(K, K_test, Y, target="margin", y_test=y_test).numpy(), margin,
-                               rtol=1e-8, atol=1e-10)
+                               rtol=RTOL64_REFIT, atol=ATOL64_REFIT)
     np.testing.assert_allclose(influence_matrix(K, K_test, Y, target="sum").numpy(), changes.sum(2).T,
-                               rtol=1e-8, atol=1e-10)
+                               rtol=RTOL64_REFIT, atol=ATOL64_REFIT)
 
 
 def test_single_output_is_the_same_for_every_target():
@@ -87,7 +87,7 @@ def test_true_influence_depends_on_one_hot_labels_and_the_sum_does_not():
     Y, Y_perm = (torch.nn.functional.one_hot(v, 3).double() for v in (y, y[perm]))
     kw = {"target": "true", "y_test": y_test}
     assert not np.allclose(influence_matrix(K, K_test, Y, **kw).numpy(),
-                           influence_matrix(K, K_test, Y_perm, **kw).numpy(), rtol=1e-3, atol=0)
+                           influence_matrix(K, K_test, Y_perm, **kw).numpy(), rtol=RTOL_CHANGED, atol=0)
     np.testing.assert_allclose(influence_matrix(K, K_test, Y, target="sum").numpy(),
                                influence_matrix(K, K_test, Y_perm, target="sum").numpy(), rtol=RTOL64, atol=ATOL64)
     assert DEFAULT_TARGET == "true" and DEFAULT_TARGET in INFLUENCE_TARGETS
@@ -112,12 +112,12 @@ def test_net_influence_uses_the_empirical_kernel():
     net = Net("attn", X, 64, 2, dtype=torch.float64)
     expected = influence_matrix(empirical_ntk(net, X, method="autograd"),
                                 empirical_ntk(net, Xt, X, method="autograd"), Y)
-    np.testing.assert_allclose(net_influence(net, X, Y, Xt).numpy(), expected.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(net_influence(net, X, Y, Xt).numpy(), expected.numpy(), rtol=RTOL64_SOLVE, atol=ATOL64)
     y_test = torch.tensor([1, 0, 1])
     expected = influence_matrix(empirical_ntk(net, X, method="autograd"), empirical_ntk(net, Xt, X, method="autograd"),
                                 Y, target="margin", y_test=y_test)
     np.testing.assert_allclose(net_influence(net, X, Y, Xt, target="margin", y_test=y_test).numpy(),
-                               expected.numpy(), rtol=1e-9, atol=1e-12)
+                               expected.numpy(), rtol=RTOL64_SOLVE, atol=ATOL64)
     with pytest.raises(BadInput, match="unknown influence target"):
         net_influence(net, X, Y, Xt, target="max")
 

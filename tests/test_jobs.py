@@ -16,6 +16,7 @@ import engine.jobs
 from engine.cache import Result, config_key
 from engine.errors import BadInput, Cancelled
 from engine.jobs import Job, JobManager, JobState
+from tests.conftest import REL_ETA
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def test_frequent_reports_keep_a_short_history():
         now[0] = i * 1e-3
         job._progress(i / 20_000, "step")
     assert len(job.history) <= 110
-    assert job.eta_s() == pytest.approx(10.0, rel=0.01)
+    assert job.eta_s() == pytest.approx(10.0, rel=REL_ETA)
 
 
 def test_progress_reaches_the_job(manager):

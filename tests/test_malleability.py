@@ -13,7 +13,8 @@ import pytest
 import scipy.stats
 import torch
 
-from conftest import ATOL32, ATOL64, RTOL32, RTOL64, RTOL64_CHAIN
+from conftest import (ATOL32, ATOL64, ATOL64_MEAN, RTOL32, RTOL64, RTOL64_CHAIN, RTOL64_GRAD, RTOL_POWER_ITERATION,
+                      RTOL_SAME_RANKS, RTOL_SAME_RANKS_REDRAWN)
 from engine.attacks import AttackSpec, training_loss
 from engine.data import DataSpec
 from engine.errors import BadInput
@@ -51,7 +52,7 @@ def test_reference_gradient_equals_autograd_of_the_engine_loss(arch):
     (grad,) = torch.autograd.grad(value, Xp)
     ref_value, ref_grad = _loss_grad(X.numpy(), y.numpy(), net.mlp.W.detach().numpy(), net.mlp.a.numpy(), arch)
     assert float(value.detach()) == pytest.approx(ref_value, rel=RTOL64)
-    np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=1e-8, atol=ATOL64)
+    np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=RTOL64_GRAD, atol=ATOL64)
 
 
 @pytest.mark.parametrize("space", ["raw", "normalized"])
@@ -287,7 +288,8 @@ def test_seed_null_is_the_sign_disagreement_of_two_independently_trained_nets():
             assert row.null_seed_partner == partner
             want = np.mean(np.sign(agg[top]) != np.sign(other[top]))   # on this seed's own top-τ points
             assert row.null_seed_flip_rate == want
-            assert row.null_seed_spearman == pytest.approx(scipy.stats.spearmanr(agg, other).statistic, rel=1e-9)
+            assert row.null_seed_spearman == pytest.approx(scipy.stats.spearmanr(agg, other).statistic,
+                                                           rel=RTOL_SAME_RANKS)
             seen.append(want)
     assert max(seen) > 0   # the seeds disagree somewhere: the comparison is not vacuous
 
@@ -347,7 +349,8 @@ def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
             agg_r = _influences(Xr, Xt, W, Y, p.yt.numpy(), arch, cfg.ridge).mean(axis=0)
             row = rows[(rows.arch == arch) & (rows.eps == e)].iloc[0]
             assert row.null_random_flip_rate == np.mean(np.sign(agg0[top]) != np.sign(agg_r[top]))
-            assert row.null_random_spearman == pytest.approx(scipy.stats.spearmanr(agg0, agg_r).statistic, rel=1e-6)
+            assert row.null_random_spearman == pytest.approx(scipy.stats.spearmanr(agg0, agg_r).statistic,
+                                                             rel=RTOL_SAME_RANKS_REDRAWN)
             flips.append(row.null_random_flip_rate)
     zero = run_malleability(replace_cfg(cfg, eps=(0.0,))).frames["rows"]
     assert (zero.null_random_flip_rate == 0).all() and np.allclose(zero.null_random_spearman, 1.0)
@@ -365,7 +368,7 @@ def test_flip_excess_is_the_flip_rate_over_the_larger_null_with_an_interval_arou
     res = run_malleability(cfg)
     rows, summary = res.frames["rows"], res.frames["summary"]
     nulls = np.maximum(rows.null_seed_flip_rate, rows.null_random_flip_rate)
-    np.testing.assert_allclose(rows.flip_excess, rows.flip_rate - nulls, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(rows.flip_excess, rows.flip_rate - nulls, rtol=0, atol=ATOL64_MEAN)
     assert (rows.flip_excess_low <= rows.flip_excess + 1e-12).all()
     assert (rows.flip_excess + 1e-12 >= rows.flip_excess_low).all() and (rows.flip_excess_high >= rows.flip_excess - 1e-12).all()
     assert (rows.flip_excess_high - rows.flip_excess_low).max() > 0   # points do vary
@@ -410,7 +413,7 @@ def test_test_acc_kernel_is_kernel_ridge_with_the_trained_nets_own_kernel():
             row = summary[(summary.arch == arch) & (summary.seed == seed)].iloc[0]
             assert row.test_acc_kernel == np.mean(pred == p.yt.numpy())
             assert row.trained == passes_gate(row.test_acc, row.test_acc_kernel)
-            assert row.sgd_lr_limit == pytest.approx(2 * 24 * 3 / np.linalg.eigvalsh(K)[-1], rel=1e-5)
+            assert row.sgd_lr_limit == pytest.approx(2 * 24 * 3 / np.linalg.eigvalsh(K)[-1], rel=RTOL_POWER_ITERATION)
 
 
 def test_influence_kernel_kinf_is_loo_with_the_infinite_width_kernel_of_the_same_features():

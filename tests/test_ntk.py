@@ -5,7 +5,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from conftest import ATOL64, RTOL64
+from conftest import (ATOL32_ONE_PASS, ATOL64, ATOL64_SAME, ATOL_MC_NTK, RTOL32_ONE_PASS, RTOL64, RTOL64_SAME,
+                      RTOL64_SOLVE)
 from engine.models import Net, TwoLayerReLU
 from engine.errors import BadInput
 from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
@@ -42,7 +43,7 @@ def test_float32_net_kernel_matches_float64_reference():
     net64 = Net("relu", X, 256, 2, seed=1, dtype=torch.float64)
     K32, K64 = empirical_ntk(net32, X), empirical_ntk(net64, X, method="autograd")
     assert K32.dtype == torch.float64
-    np.testing.assert_allclose(K32.numpy(), K64.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(K32.numpy(), K64.numpy(), rtol=RTOL32_ONE_PASS, atol=ATOL32_ONE_PASS)
 
 
 def test_infinite_ntk_matches_arccos_formula_elementwise():
@@ -53,8 +54,8 @@ def test_infinite_ntk_matches_arccos_formula_elementwise():
         for j in range(3):
             c = a[i] @ b[j] / (np.linalg.norm(a[i]) * np.linalg.norm(b[j]))
             expected = a[i] @ b[j] * (math.pi - math.acos(np.clip(c, -1, 1))) / (2 * math.pi)
-            assert K[i, j] == pytest.approx(expected, rel=1e-12, abs=1e-14)
-    np.testing.assert_allclose(np.diag(infinite_ntk(A).numpy()), (a**2).sum(1) / 2, rtol=1e-12)
+            assert K[i, j] == pytest.approx(expected, rel=RTOL64_SAME, abs=ATOL64_SAME)
+    np.testing.assert_allclose(np.diag(infinite_ntk(A).numpy()), (a**2).sum(1) / 2, rtol=RTOL64_SAME)
 
 
 def _arccos_kernel(a, b):
@@ -124,7 +125,7 @@ def test_infinite_ntk_is_the_monte_carlo_limit():
     mc = sum(empirical_ntk_features(TwoLayerReLU(5, width, 1, seed=s, dtype=torch.float64), Z)
              for s in range(seeds)) / seeds
     # Each entry averages 160,000 Bernoulli products; its standard error is below 0.0013.
-    np.testing.assert_allclose(mc.numpy(), K_inf.numpy(), atol=0.006)
+    np.testing.assert_allclose(mc.numpy(), K_inf.numpy(), atol=ATOL_MC_NTK)
     assert relative_distance(mc, K_inf) < 0.01
 
 
@@ -141,7 +142,7 @@ def test_kernel_regression_matches_numpy_solve():
     Y = _rand(8, 2, seed=2)
     lam = 1e-3 * float(K.diagonal().mean())
     expected = Kt.numpy() @ np.linalg.solve(K.numpy() + lam * np.eye(8), Y.numpy())
-    np.testing.assert_allclose(kernel_regression(K, Kt, Y, 1e-3).numpy(), expected, rtol=1e-9)
+    np.testing.assert_allclose(kernel_regression(K, Kt, Y, 1e-3).numpy(), expected, rtol=RTOL64_SOLVE)
 
 
 def test_kernel_distance_falls_like_inverse_sqrt_width():

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
+from conftest import ATOL32, ATOL32_ONE_PASS, RTOL32, RTOL32_ONE_PASS
 from engine import plots, tables
 
 
@@ -30,7 +31,7 @@ def test_block_average_matches_loop(shape, max_side):
     assert small.dtype == np.float32
     assert max(small.shape) <= max_side
     assert b == max(1, math.ceil(max(shape) / max_side))
-    np.testing.assert_allclose(small, _block_means_loop(K, b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(small, _block_means_loop(K, b), rtol=RTOL32_ONE_PASS, atol=ATOL32_ONE_PASS)
 
 
 def test_heatmap_ships_at_most_500_cells_per_side():
@@ -47,7 +48,7 @@ def test_heatmap_ships_at_most_500_cells_per_side():
         assert z.dtype == np.float32
     small, b = plots.block_average(K_m)
     np.testing.assert_allclose(np.asarray(heatmaps[0].z), small)
-    np.testing.assert_allclose(np.asarray(heatmaps[2].z), _block_means_loop(K_m - K_inf, b), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(heatmaps[2].z), _block_means_loop(K_m - K_inf, b), rtol=RTOL32, atol=ATOL32)
     assert plots.kernel_diff_data(K_m, K_inf).shape == small.shape
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import RTOL32, RTOL64
+from conftest import RTOL32, RTOL64, RTOL64_SAME, RTOL64_SOLVE
 from engine.data import DataSpec, load_sample
 from engine.errors import BadInput
 from engine.models import Net
@@ -66,7 +66,7 @@ def test_fit_exponent_equals_polyfit_and_skips_censored_points():
     assert fit_exponent(kappas, censored) == pytest.approx(tuple(ref), rel=RTOL64)
     assert fit_exponent(kappas, pd.Series(censored, dtype=float).tolist()) == pytest.approx(tuple(ref), rel=RTOL64)
     # an exact power law
-    assert fit_exponent(kappas, [3 * k**6 for k in kappas]) == pytest.approx((6.0, math.log(3)), rel=1e-9)
+    assert fit_exponent(kappas, [3 * k**6 for k in kappas]) == pytest.approx((6.0, math.log(3)), rel=RTOL64_SOLVE)
     assert fit_exponent([2.0, 4.0], [10, None]) == (None, None)
     assert fit_exponent([2.0, 2.0], [10, 20]) == (None, None)
 
@@ -172,5 +172,5 @@ def test_the_exponent_resolution_is_one_grid_step_over_the_kappa_range():
     base, _ = fit_exponent(kappas[::2], widths[::2])
     for per_octave in (1, 2, 4):
         moved, _ = fit_exponent(kappas[::2], [widths[0], widths[2] * 2 ** (1 / per_octave)])
-        assert exponent_resolution(kappas, per_octave) == pytest.approx(moved - base, rel=1e-12)
+        assert exponent_resolution(kappas, per_octave) == pytest.approx(moved - base, rel=RTOL64_SAME)
     assert exponent_resolution([8.0], 1) is None and exponent_resolution([8.0, 8.0], 2) is None

@@ -5,7 +5,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from conftest import RTOL64
+from conftest import ATOL64_EIG, ATOL64_EIG_ATTENTION, RTOL64, RTOL64_EIG, RTOL64_EIG_ATTENTION
 from engine.data import DataSpec, load_sample
 from engine.models import attention_features, normalize_rows
 from engine.spectral import EPS64, eig_spectrum, gram_spectrum, width_thresholds_log10
@@ -21,10 +21,10 @@ def test_gram_spectrum_matches_scipy(n, d, r):
     X = _low_rank(n, d, r)
     s = gram_spectrum(X)
     ref = scipy.linalg.eigvalsh(X @ X.T)[::-1]
-    np.testing.assert_allclose(s.eigenvalues, ref.clip(min=0), rtol=1e-10, atol=1e-9 * ref[0])
+    np.testing.assert_allclose(s.eigenvalues, ref.clip(min=0), rtol=RTOL64, atol=ATOL64_EIG * ref[0])
     assert s.rank == np.linalg.matrix_rank(X) == r
     assert s.rank_tol == pytest.approx(n * EPS64 * ref[0])
-    assert s.kappa == pytest.approx(ref[0] / ref[r - 1], rel=1e-8)
+    assert s.kappa == pytest.approx(ref[0] / ref[r - 1], rel=RTOL64_EIG)
 
 
 @pytest.mark.parametrize("n,d,r", [(1000, 50, 50), (1000, 50, 20), (40, 200, 40), (40, 200, 15)])
@@ -73,8 +73,9 @@ def test_attention_gram_condition_is_cubed_on_real_digits(mnist_dir):
     assert G.rank == A.rank == 40
     # Rounding in the smallest eigenvalue of G³ is about n·eps·κ³ relative.
     tol = 40 * EPS64 * G.kappa**3 * 10
-    assert A.kappa == pytest.approx(G.kappa**3, rel=max(tol, 1e-10))
-    np.testing.assert_allclose(A.eigenvalues, G.eigenvalues**3, rtol=1e-6, atol=1e-12 * A.eigenvalues[0])
+    assert A.kappa == pytest.approx(G.kappa**3, rel=max(tol, RTOL64))
+    np.testing.assert_allclose(A.eigenvalues, G.eigenvalues**3, rtol=RTOL64_EIG_ATTENTION,
+                               atol=ATOL64_EIG_ATTENTION * A.eigenvalues[0])
 
 
 def test_mnist_rank_deficiency_makes_kappa_d_singular(mnist_dir):

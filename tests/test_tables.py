@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import RTOL64
+from conftest import ATOL64_MEAN, RTOL64, RTOL64_MEAN, RTOL64_SD
 from engine.tables import mean_sd, percent, pm, sign_flipped, summarize
 
 
@@ -19,7 +19,8 @@ def test_summarize_is_numpy_mean_and_sample_sd_per_group():
     for arch in ("relu", "attn"):
         v = rows[rows.arch == arch].x.to_numpy()
         got = out[out.arch == arch].iloc[0]
-        assert got.x_mean == pytest.approx(v.mean(), rel=1e-15) and got.x_sd == pytest.approx(v.std(ddof=1), rel=1e-14)
+        assert got.x_mean == pytest.approx(v.mean(), rel=RTOL64_MEAN)
+        assert got.x_sd == pytest.approx(v.std(ddof=1), rel=RTOL64_SD)
     assert "missing_mean" not in out
     assert pd.isna(out.attention.iloc[0]) and out.attention.iloc[1] == "linear"  # missing stays missing
 
@@ -96,7 +97,7 @@ def test_excess_interval_is_a_percentile_bootstrap_over_points_and_nets():
     rng = np.random.default_rng(1)
     a, s, r = rng.random(40) < 0.4, rng.random(40) < 0.1, rng.random(40) < 0.2
     point, lo, hi = excess_interval([(a, s, r)], n_boot=500, seed=3)
-    assert point == pytest.approx(a.mean() - max(s.mean(), r.mean()), abs=1e-15)
+    assert point == pytest.approx(a.mean() - max(s.mean(), r.mean()), abs=ATOL64_MEAN)
     ref = np.random.default_rng(3)               # one net: its points resampled, the three arrays together
     idx = ref.integers(0, 40, size=(500, 40))
     reps = a[idx].mean(1) - np.maximum(s[idx].mean(1), r[idx].mean(1))
@@ -109,7 +110,7 @@ def test_excess_interval_is_a_percentile_bootstrap_over_points_and_nets():
     e = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
     assert point == pytest.approx(0.6) and (lo, hi) == tuple(np.quantile(e[nets].mean(1), [0.025, 0.975]))
     # no seed null: the random null alone
-    assert excess_interval([(a, None, r)], n_boot=50)[0] == pytest.approx(a.mean() - r.mean(), abs=1e-15)
+    assert excess_interval([(a, None, r)], n_boot=50)[0] == pytest.approx(a.mean() - r.mean(), abs=ATOL64_MEAN)
     assert all(np.isnan(excess_interval([])))
     constant = excess_interval([(np.ones(8, bool), np.zeros(8, bool), np.zeros(8, bool))] * 2, n_boot=50)
     assert constant == (1.0, 1.0, 1.0)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ATOL32_ONE_PASS, ATOL64, ATOL64_STEP, RTOL32, RTOL64, RTOL64_STEP
+from conftest import ATOL32_ONE_PASS, ATOL64, ATOL64_STEP, RTOL32, RTOL64, RTOL64_STEP, RTOL_POWER_ITERATION
 from engine.errors import BadInput, Cancelled
 from engine.models import Net
 from engine.training import TrainSpec, accuracy, targets, train
@@ -202,8 +202,8 @@ def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_re
     X, _ = _blobs(c=3)
     K = empirical_ntk(Net("relu", X, 64, 3, seed=1), X)
     lam1 = np.linalg.eigvalsh(K.numpy())[-1]
-    assert top_eigenvalue(K) == pytest.approx(lam1, rel=1e-5)
-    assert sgd_lr_limit(K, 3) == pytest.approx(2 * X.shape[0] * 3 / lam1, rel=1e-5)
+    assert top_eigenvalue(K) == pytest.approx(lam1, rel=RTOL_POWER_ITERATION)
+    assert sgd_lr_limit(K, 3) == pytest.approx(2 * X.shape[0] * 3 / lam1, rel=RTOL_POWER_ITERATION)
     assert TrainSpec(lr=sgd_lr_limit(K, 3), optimizer="sgd").lr > 10      # the old cap of 10 is gone
     with pytest.raises(BadInput, match="lr"):
         TrainSpec(lr=2 * MAX_LR)
