@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session that has the device tool (one H200):
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=560)
-# It runs the CUDA tests, the benchmarks at full size, the paper grid and the full-MNIST-size
-# kernel algebra (n = 60,000) on the GPU, writes JSON and logs under $OUT, and stops itself
+# It runs the CUDA tests, the count-path choice, the benchmarks at full size (neural-tangents peer
+# skipped where jax has no CUDA), the paper grid and the full-MNIST-size kernel algebra
+# (n = 60,000) on the GPU, writes JSON and logs under $OUT, and stops itself
 # within about eight and a half minutes (each step has its own timeout).
 # The device image has torch, numpy, scipy, pandas and pytest; diskcache travels as a
 # wheel in .whl/ (see benchmarks/RESULTS.md for how to fetch it).
@@ -16,13 +17,30 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "import torch; print(torch.__version__)"; } \
   > "$OUT/machine.txt" 2>&1
 
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_ntk.py tests/test_memory.py tests/test_bench.py \
+# Which exact count GEMM the empirical NTK picks on the GPU (bf16, int8 or fp32, each timed) and on
+# the host CPU, with the measured rates: engine.ntk.count_path_report.
+timeout 40 python3 -c "
+import json, torch
+from engine.bench import machine_info
+from engine.ntk import count_path_report
+print(json.dumps({'machine': machine_info(torch.device('cuda')), 'cuda': count_path_report('cuda'),
+                  'cpu': count_path_report('cpu')}))" > "$OUT/count_path.json" 2> "$OUT/count_path.log"
+cat "$OUT/count_path.json"
+
+timeout 140 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_ntk.py tests/test_memory.py tests/test_bench.py \
   2>&1 | tee "$OUT/cuda_tests.log" | tail -3
 
-timeout 90 python3 -m engine bench --device cuda --no-page --json > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.log"
-cat "$OUT/bench_gpu.json"
+# The bench at full size; each part's row lands in bench_gpu.jsonl as it is measured, so a timeout
+# keeps what came before it. The neural-tangents peer is skipped with its reason unless
+# ENGINE_NT_PYTHON names a Python whose jax has CUDA (the device image has none).
+timeout 100 python3 -c "
+import json
+from engine import bench
+print(json.dumps(bench.run(quick=False, device='cuda', page=False, out='$OUT/bench_gpu.jsonl',
+                           peer='neural-tangents', timeout=60)))" > "$OUT/bench_gpu.json" 2> "$OUT/bench_gpu.log"
+cat "$OUT/bench_gpu.json" || tail -3 "$OUT/bench_gpu.jsonl"
 
-timeout 120 python3 benchmarks/paper_grid.py --device cuda > "$OUT/paper_grid.json" 2> "$OUT/paper_grid.log"
+timeout 110 python3 benchmarks/paper_grid.py --device cuda > "$OUT/paper_grid.json" 2> "$OUT/paper_grid.log"
 tail -2 "$OUT/paper_grid.log"
 
 # Full-MNIST size: n = 60,000 random l2-normalised rows, d = 784, width 4096, 1000 test points,
@@ -34,7 +52,7 @@ import json, os, time
 import torch
 from engine.influence import influence_matrix, loo_influence
 from engine.models import TwoLayerReLU, normalize_rows
-from engine.ntk import empirical_ntk_features, infinite_ntk
+from engine.ntk import count_path_report, empirical_ntk_features, infinite_ntk
 from engine.spectral import gram_spectrum
 
 n, n_test, d, m, c, ridge = 60_000, 1000, 784, 4096, 10, 1e-3
@@ -46,7 +64,7 @@ y = torch.randint(0, c, (n,), generator=g, device=dev)
 y_test = torch.randint(0, c, (n_test,), generator=g, device=dev)
 Y = torch.nn.functional.one_hot(y, c).double()
 head = TwoLayerReLU(d, m, 1, seed=0).to(dev)
-out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "count_path": count_path_report(dev),
        "size": {"n": n, "n_test": n_test, "d": d, "m": m, "classes": c, "ridge": ridge}}
 res = {}
 

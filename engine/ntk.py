@@ -8,9 +8,14 @@ Closed form (``NTKMethod.CLOSED``, the default): with features Φ and S = 1[Φ W
 
     K_m = (Φ1 Φ2ᵀ) ∘ (S1 S2ᵀ) / m.
 
-S is 0/1, so ``S1 S2ᵀ`` is an integer count, computed exactly with low-precision GEMMs
-(int8 with int32 accumulation on CPU, bf16 with fp32 accumulation on CUDA) for m < 2²⁴;
-the feature Gram is formed in the features' own precision and the product in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
+S is 0/1, so ``S1 S2ᵀ`` is an integer count, computed exactly for m < 2²⁴ by whichever GEMM
+is fastest here: ``count_dtype(device)`` times int8 (``torch._int_mm``, int32 accumulation),
+float32 and, on CUDA, bf16 (fp32 accumulation) once per process and device on a kernel-sized
+block and keeps the fastest exact one (``count_path_report`` says which and why; the
+environment variable ``ENGINE_COUNT_DTYPE=auto|int8|float32|bfloat16`` forces one). Every
+path gives the same integers, so the kernel is bit for bit the same whichever runs. int8 is
+not always the fast one: without VNNI, CPU int8 GEMMs run 20–30x below fp32.
+The feature Gram is formed in the features' own precision and the product in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
 ``torch.func`` and is the reference the closed form is tested against. Nets with trainable attention (``qkv``) have no closed
 form: their kernel covers every parameter and always comes from autograd.
 
@@ -30,8 +35,10 @@ float32 storage where that would fit.
 from __future__ import annotations
 
 import enum
-import functools
 import math
+import os
+import threading
+import time
 
 import torch
 
@@ -41,6 +48,12 @@ from .settings import setting
 
 _EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this
 _INT8_MIN_INNER = 8  # torch._int_mm on CPU returns garbage for an inner dimension of 1 (seen: torch 2.14)
+_ENTK_TILE = 512      # CPU tile rows of the closed form at most (tiles of 512 x 2048: 8 MiB in float64)
+_ENTK_MIN_TILE = 128  # smallest tile side worth a GEMM of its own
+_ENTK_SPLIT = 2       # blocks of rows at least, once tiles of _ENTK_MIN_TILE allow it
+_ENTK_COLS = 2048     # CPU tile columns: wide enough for the count GEMM to run near its rate
+_SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (_serial)
+_GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
 
 
 STORAGE = ("float64", "float32")
@@ -80,46 +93,225 @@ class NTKMethod(str, enum.Enum):
     AUTOGRAD = "autograd"  # Jacobian contraction through torch.func; reference
 
 
-def exact_counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
-    """S1 S2ᵀ of 0/1 matrices as exact float64 counts.
+def _int_mm_fits(S1: torch.Tensor, S2: torch.Tensor) -> bool:
+    """Whether torch._int_mm takes S1 (n1, m) @ S2ᵀ; otherwise the counts go through float32."""
+    if S1.device.type == "cuda":  # cuBLASLt int8: more than 16 rows, inner size and columns multiples of 8
+        return S1.shape[0] > 16 and S1.shape[1] % 8 == 0 and S2.shape[0] % 8 == 0
+    return S1.shape[1] >= _INT8_MIN_INNER
 
-    CUDA: S is bf16 (0/1 exact) and the tensor-core GEMM accumulates and writes fp32.
-    CPU: S is int8 and the VNNI GEMM accumulates in int32 (several times the fp32 rate);
-    fp32 where int8 GEMMs are missing. All are exact below 2²⁴.
-    """
-    if S1.dtype == torch.bfloat16:
-        return torch.mm(S1, S2.T, out_dtype=torch.float32).double()
+
+def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
+    """S1 S2ᵀ of 0/1 matrices through S's own GEMM: exact integers in float32 or int32."""
+    if S1.dtype == torch.bfloat16:  # CUDA only: tensor cores accumulate and write fp32
+        return torch.mm(S1, S2.T, out_dtype=torch.float32)
     if S1.dtype == torch.int8:
-        if S1.shape[1] >= _INT8_MIN_INNER:
-            return torch._int_mm(S1, S2.T).double()
+        if _int_mm_fits(S1, S2):
+            return torch._int_mm(S1, S2.T)
         S1, S2 = S1.float(), S2.float()
-    return (S1 @ S2.T).double()
+    return S1 @ S2.T
 
 
-@functools.cache
-def cpu_count_dtype() -> torch.dtype:
-    """int8 when this torch build has CPU int8 GEMMs (torch._int_mm), else float32."""
+def exact_counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
+    """S1 S2ᵀ of 0/1 matrices S1 (n1, m), S2 (n2, m) as exact float64 counts (n1, n2).
+
+    S's dtype picks the GEMM: bf16 (CUDA, fp32 accumulation), int8 (``torch._int_mm``, int32
+    accumulation; float32 for shapes it does not take) or float32/float64. All are exact for
+    m < 2²⁴; ``count_dtype`` says which is fastest on a device.
+    """
+    return _counts(S1, S2).double()
+
+
+COUNT_DTYPES = ("auto", "int8", "float32", "bfloat16")  # values of ENGINE_COUNT_DTYPE
+COUNT_ENV = "ENGINE_COUNT_DTYPE"
+_COUNT_TORCH = {"int8": torch.int8, "float32": torch.float32, "bfloat16": torch.bfloat16}
+_PROBE = (128, 1024, 256)  # rows x width x columns of the timed block: a row block of a kernel at a usual width
+_PROBE_SECONDS = 0.02      # time each path for about this long (one call if it is slow)
+_probe_lock = threading.Lock()
+_probed: dict[str, dict] = {}
+
+
+def _device_key(device) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return str(dev)
+
+
+def _forced_count_path(device) -> str | None:
+    """The path ``ENGINE_COUNT_DTYPE`` forces on ``device``, None for ``auto`` or unset."""
+    value = os.environ.get(COUNT_ENV, "").strip().lower() or "auto"
+    if value not in COUNT_DTYPES:
+        raise BadInput(f"{COUNT_ENV}={value!r} is not a count path; allowed: {', '.join(COUNT_DTYPES)}")
+    if value == "bfloat16" and torch.device(device).type != "cuda":
+        raise BadInput(f"{COUNT_ENV}=bfloat16 needs CUDA (CPU bf16 GEMMs round counts above 256); "
+                       f"on {device} use int8, float32 or auto")
+    return None if value == "auto" else value
+
+
+def _probe_path(name: str, S1: torch.Tensor, S2: torch.Tensor, ref: torch.Tensor, sync) -> dict:
+    """{"rate_gops"} or {"unavailable": why} for one count path on the probe block."""
+    a, b = S1.to(_COUNT_TORCH[name]), S2.to(_COUNT_TORCH[name])
     try:
-        ones = torch.ones(32, 32, dtype=torch.int8)
-        ok = int(torch._int_mm(ones, ones)[0, 0]) == 32
-    except (AttributeError, RuntimeError, NotImplementedError):
-        ok = False
-    return torch.int8 if ok else torch.float32
+        exact = torch.equal(exact_counts(a, b), ref)  # also the warm-up call
+    except (RuntimeError, NotImplementedError, AttributeError) as exc:
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise
+        return {"unavailable": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"}
+    if not exact:
+        return {"unavailable": "counts not exact"}
+    best, start = math.inf, time.perf_counter()
+    for _ in range(5):
+        t0 = time.perf_counter()
+        _counts(a, b)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        if time.perf_counter() - start > _PROBE_SECONDS:
+            break
+    return {"rate_gops": 2 * S1.shape[0] * S1.shape[1] * S2.shape[0] / best / 1e9}
+
+
+def _probe(device) -> dict:
+    """Time every exact count path on ``device`` once per process (cached by device)."""
+    key = _device_key(device)
+    with _probe_lock:
+        if key in _probed:
+            return _probed[key]
+        dev = torch.device(key)
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        rows, m, cols = _PROBE
+        g = torch.Generator().manual_seed(0)
+        S1 = (torch.rand(rows, m, generator=g) > 0.5).to(dev)
+        S2 = (torch.rand(cols, m, generator=g) > 0.5).to(dev)
+        ref = S1.double() @ S2.double().T  # exact: integers far below 2⁵³
+        names = ("bfloat16", "int8", "float32") if dev.type == "cuda" else ("float32", "int8")
+        paths = {name: _probe_path(name, S1, S2, ref, sync) for name in names}
+        rates = {k: v["rate_gops"] for k, v in paths.items() if "rate_gops" in v}
+        _probed[key] = {"device": key, "fastest": max(rates, key=rates.get), "rates_gops": rates,
+                        "unavailable": {k: v["unavailable"] for k, v in paths.items() if "unavailable" in v},
+                        "probe": f"{rows} x {m} @ {m} x {cols} 0/1", "threads": torch.get_num_threads()}
+        return _probed[key]
+
+
+def count_dtype(device="cpu") -> torch.dtype:
+    """The dtype of the 0/1 sign matrices whose GEMM gives exact counts fastest on ``device``.
+
+    ``ENGINE_COUNT_DTYPE`` (int8, float32, bfloat16) forces a path; unset or ``auto``, every
+    exact path is timed on a (128, 1024) @ (1024, 256) block the first time a device asks
+    (tens of milliseconds, once per process) and the fastest is kept. float32 is always exact
+    (m < 2²⁴) and the fallback. Raises ``BadInput`` for an unknown value, bf16 off CUDA, or a
+    forced path this torch build cannot run.
+    """
+    forced = _forced_count_path(device)
+    if forced is None:
+        return _COUNT_TORCH[_probe(device)["fastest"]]
+    why = _probe(device)["unavailable"].get(forced)
+    if why:
+        raise BadInput(f"{COUNT_ENV}={forced} cannot run on {_device_key(device)} ({why}); "
+                       f"use {' or '.join(_probe(device)['rates_gops'])} or auto")
+    return _COUNT_TORCH[forced]
+
+
+def cpu_count_dtype() -> torch.dtype:
+    """``count_dtype("cpu")``."""
+    return count_dtype("cpu")
+
+
+def count_path_report(device="cpu") -> dict:
+    """Which count path kernels use on ``device`` and why (JSON-able; for bench and provenance).
+
+    Keys: ``count_dtype`` (the path in use), ``source`` ("measured" or "ENGINE_COUNT_DTYPE"),
+    ``fastest`` (the measured choice), ``rates_gops`` (each exact path's rate on the probe,
+    10⁹ multiply-adds x 2 per second), ``unavailable`` (path: why), ``probe`` (the block
+    timed), ``threads`` (torch threads when it was timed), ``device``.
+    """
+    report = dict(_probe(device))
+    forced = _forced_count_path(device)
+    used = str(count_dtype(device)).removeprefix("torch.")
+    return {**report, "count_dtype": used, "source": COUNT_ENV if forced else "measured"}
+
+
+def _blocks(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, stop) blocks of near-equal sizes <= ``size`` covering range(n)."""
+    if n <= 0:
+        return []
+    k = -(-n // max(1, size))
+    step = -(-n // k)
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _tiles(n1: int, n2: int, rows: int, cols: int, same: bool):
+    """(i, i2, j, j2) tiles of an (n1, n2) kernel: row blocks of <= ``rows``, each cut into
+    column blocks of <= ``cols``. ``same`` (a symmetric kernel): per row block the square
+    diagonal tile, then only the columns right of it; the rest is mirrored."""
+    for i, i2 in _blocks(n1, rows):
+        if same:
+            yield i, i2, i, i2
+            yield from ((i, i2, i2 + j, i2 + j2) for j, j2 in _blocks(n2 - i2, cols))
+        else:
+            yield from ((i, i2, j, j2) for j, j2 in _blocks(n2, cols))
+
+
+class _serial:
+    """Run the enclosed ops on one thread when ``entries`` < _SERIAL_BELOW (then restored;
+    below torch's grain they run on one anyway).
+
+    An element-wise pass over a cache-sized tile takes microseconds; split over OpenMP
+    threads on a busy machine it waits at the barrier for a thread the OS has not scheduled
+    (measured: 0.97 s against 1.4 ms for K∞'s passes at n = 300 with two threads). Only
+    element-wise passes go inside, whose results do not depend on the thread count; GEMMs
+    stay outside, on every thread."""
+
+    def __init__(self, entries: int, device_type: str):
+        self.off = (device_type != "cpu" or not _GRAIN <= entries < _SERIAL_BELOW
+                    or torch.get_num_threads() == 1)
+
+    def __enter__(self):
+        if not self.off:
+            self.threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if not self.off:
+            torch.set_num_threads(self.threads)
+
+
+def _entk_tiles(n1: int, n2: int, chunk: int, device_type: str) -> tuple[int, int]:
+    """(rows, columns) per tile of the closed-form kernel."""
+    if device_type == "cuda":
+        return max(1, chunk), max(1, n2)  # row blocks over the full width: few, large kernels
+    # CPU: at least _ENTK_SPLIT blocks of rows once n allows tiles of _ENTK_MIN_TILE, so that the
+    # symmetric half saves work from n = 2 * _ENTK_MIN_TILE up; at most _ENTK_TILE rows and
+    # _ENTK_COLS columns: the count GEMM of a (512, m) @ (m, 512) tile ran at 0.55 of this
+    # CPU's GEMM rate, of a (512, m) @ (m, 4000) strip at 0.77; the float64 tile stays 8 MiB.
+    rows = max(1, min(chunk, _ENTK_TILE, max(_ENTK_MIN_TILE, -(-max(n1, n2) // _ENTK_SPLIT))))
+    return rows, max(rows, _ENTK_COLS)
 
 
 def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -> torch.Tensor:
-    """S = 1[Φ Wᵀ > 0] (n, m) in ``dtype``, built by row chunks so that the fp32
-    pre-activations never exceed (chunk, m)."""
-    return torch.cat([(phi[i:i + chunk] @ W.T > 0).to(dtype) for i in range(0, phi.shape[0], chunk)])
+    """S = 1[Φ Wᵀ > 0] (n, m) in ``dtype``. The pre-activations are written into S itself when
+    it has the features' dtype and turned into 0/1 in place (one GEMM, one pass); otherwise
+    through a (chunk, m) buffer."""
+    n, m = phi.shape[0], W.shape[0]
+    S = torch.empty(n, m, dtype=dtype, device=phi.device)
+    direct = dtype == phi.dtype
+    P = None if direct else torch.empty(min(chunk, n), m, dtype=phi.dtype, device=phi.device)
+    for i, i2 in _blocks(n, chunk):
+        if direct:
+            torch.mm(phi[i:i2], W.T, out=S[i:i2]).gt_(0)
+        else:
+            torch.gt(torch.mm(phi[i:i2], W.T, out=P[:i2 - i]), 0, out=S[i:i2])
+    return S
 
 
-def closed_ntk_bytes(n1: int, n2: int, m: int, chunk: int, same: bool, count_size: int, itemsize: int) -> int:
+def closed_ntk_bytes(n1: int, n2: int, m: int, chunk: int, same: bool, count_size: int, itemsize: int,
+                     device_type: str = "cpu") -> int:
     """Peak bytes of the closed-form empirical NTK: K (``itemsize`` per entry), the sign
-    matrices (``count_size`` per entry) and one row block's temporaries."""
-    rows = min(chunk, n1)
+    matrices (``count_size`` per entry), the pre-activation buffer (at most float64) and one
+    tile's temporaries (Gram, counts, float64 scratch, and two for the diagonal tile's mean)."""
+    rows, cols = _entk_tiles(n1, n2, chunk, device_type)
     signs = (n1 if same else n1 + n2) * m * count_size
-    block = rows * n2 * (4 + 8 + 8 + 8) + rows * m * 4  # Gram, its float64 copy, counts, product; pre-activations
-    return itemsize * n1 * n2 + signs + block
+    tile = min(rows, n1) * min(cols, n2) * (8 + 8 + 8 + 16)
+    return itemsize * n1 * n2 + signs + min(chunk, n1) * m * 8 + tile
 
 
 def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
@@ -127,32 +319,39 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     m = W.shape[0]
     if m >= _EXACT_COUNT_LIMIT:
         raise BadInput(f"width {m} too large for exact activation counts (limit {_EXACT_COUNT_LIMIT - 1})")
-    cdt = torch.bfloat16 if phi1.device.type == "cuda" else cpu_count_dtype()
+    dev = phi1.device
+    cdt = count_dtype(dev)
     same = phi2 is None
     n1, n2 = phi1.shape[0], (phi1 if same else phi2).shape[0]
     csize = _itemsize(cdt)
-    _require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, phi1.device,
-                    lambda k, size: closed_ntk_bytes(k, k if same else n2, m, chunk, same, csize, size))
+    _require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, dev,
+                    lambda k, size: closed_ntk_bytes(k, k if same else n2, m, chunk, same, csize, size, dev.type))
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
-    S2 = _signs(phi2, Wc, cdt, chunk)
-    S1 = S2 if same else _signs(phi1, Wc, cdt, chunk)
-    K = torch.empty(n1, n2, dtype=dtype, device=phi1.device)
-    # Row chunks bound the memory of the (chunk, n2) blocks; for X2 = X1 only the blocks on
-    # and right of the diagonal are computed and the rest mirrored. The feature Gram is
-    # formed in the features' own precision (float32 features carry no more digits); each
-    # block is finished in float64 and rounded once into K's storage.
-    for i in range(0, n1, chunk):
-        i2 = min(i + chunk, n1)
-        j0 = i if same else 0
-        G = (phi1[i:i2] @ phi2[j0:].T).double().mul_(exact_counts(S1[i:i2], S2[j0:])).div_(m)
-        if same:
-            w = i2 - i
-            G[:, :w] = (G[:, :w] + G[:, :w].T) / 2  # rounding makes GEMM blocks a hair asymmetric
-        K[i:i2, j0:] = G
-        if same:
-            K[i2:, i:i2] = K[i:i2, i2:].T
+    S1 = _signs(phi1, Wc, cdt, chunk)
+    S2 = S1 if same else _signs(phi2, Wc, cdt, chunk)
+    K = torch.empty(n1, n2, dtype=dtype, device=dev)
+    rows, cols = _entk_tiles(n1, n2, chunk, dev.type)
+    # float64 storage: each tile is finished in place in K; float32: in a float64 scratch
+    # tile, rounded once into K.
+    size = rows * min(cols, n2)  # the largest tile
+    scratch = None if dtype == torch.float64 else torch.empty(size, dtype=torch.float64, device=dev)
+    # For X2 = X1 only the tiles on and right of the diagonal are computed and mirrored. The
+    # feature Gram is formed in the features' own precision (float32 features carry no more
+    # digits); the counts are exact; their product is taken in float64: three passes.
+    for i, i2, j, j2 in _tiles(n1, n2, rows, cols, same):
+        G = phi1[i:i2] @ phi2[j:j2].T
+        C = _counts(S1[i:i2], S2[j:j2])
+        T = K[i:i2, j:j2] if scratch is None else scratch[:G.numel()].view_as(G)
+        with _serial(G.numel(), dev.type):
+            T.copy_(G).mul_(C).div_(m)
+            if same and j == i:
+                T.copy_((T + T.T) / 2)  # rounding makes a diagonal tile's Gram a hair asymmetric
+            if scratch is not None:
+                K[i:i2, j:j2] = T
+            if same and j != i:
+                K[j:j2, i:i2] = K[i:i2, j:j2].T
     return K
 
 
@@ -252,13 +451,26 @@ def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None =
     return _run(NTKMethod(method), head, phi1, phi2, chunk, storage_dtype(storage))
 
 
-_KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # elements per row block: cache-sized on CPU, large on GPU
+_KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # entries per block at most: cache-sized on CPU, large on GPU
+_KINF_TILE = 512        # CPU tile rows at most, and _KINF_COLS columns: few GEMM calls (each one waits
+_KINF_COLS = 2048       # for every thread on a busy machine), buffers of 8 MiB at most
+_KINF_SPLIT = 4         # blocks of rows at least, once tiles of _KINF_MIN_TILE allow it: the symmetric
+_KINF_MIN_TILE = 64     # half then skips 3/8 of the GEMM from n = 256 up
 
 
 def kinf_bytes(n1: int, n2: int, d: int, rows: int, same: bool, itemsize: int) -> int:
-    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs, and three row blocks
-    (the two buffers and the copy made when a block is mirrored below the diagonal)."""
-    return itemsize * n1 * n2 + 8 * (n1 if same else n1 + n2) * (d + 1) + 3 * 8 * min(rows, n1) * n2
+    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs (and the halved rows), and
+    three blocks of at most ``rows`` x n2 (two buffers and a float64 scratch; CPU tiles are
+    smaller)."""
+    return itemsize * n1 * n2 + 8 * (2 * n1 if same else 2 * n1 + n2) * (d + 1) + 3 * 8 * min(rows, n1) * n2
+
+
+def _kinf_tiles(n1: int, n2: int, rows: int, device_type: str) -> tuple[int, int]:
+    """(rows, columns) per tile of ``infinite_ntk`` with at most ``rows`` rows."""
+    if device_type == "cuda":
+        return rows, max(1, n2)
+    r = max(1, min(rows, _KINF_TILE, max(_KINF_MIN_TILE, -(-max(n1, n2) // _KINF_SPLIT))))
+    return r, max(r, _KINF_COLS)
 
 
 def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None,
@@ -271,46 +483,52 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     Returns (n1, n2) in ``storage`` (float64 by default; float32 rounds each float64 entry
     once). Zero rows give zero kernel entries. For X2 = None the result is
     exactly symmetric and its diagonal is exactly ``|x|² / 2`` (θ = 0 there; arccos is
-    ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per block
-    (default: about 2²¹ entries on CPU, 2²⁶ on CUDA); besides the output only two blocks
-    are held, never a temporary the size of K. Not differentiable: inputs are detached.
+    ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per tile at most
+    (default: about 2²¹ entries per block on CPU, 2²⁶ on CUDA; CPU tiles are cache-sized
+    below that); besides the output only three tiles are held, never a temporary the size
+    of K. Not differentiable: inputs are detached.
     """
     dtype = storage_dtype(storage)
     same = X2 is None
     n1, n2, d = X1.shape[0], (X1 if same else X2).shape[0], X1.shape[1]
-    budget = _KINF_BLOCK["cuda" if X1.device.type == "cuda" else "cpu"]
+    dev = X1.device
+    budget = _KINF_BLOCK["cuda" if dev.type == "cuda" else "cpu"]
+    if chunk is not None and chunk < 1:
+        raise BadInput(f"chunk must be >= 1, got {chunk}")
     rows = max(1, min(n1, budget // max(n2, 1) if chunk is None else chunk))
-    _require_kernel("infinite-width NTK", n1, n2, dtype, X1.device,
+    _require_kernel("infinite-width NTK", n1, n2, dtype, dev,
                     lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
     B_ = A if same else X2.detach().double()
-    K = torch.empty(n1, n2, dtype=dtype, device=A.device)
+    K = torch.empty(n1, n2, dtype=dtype, device=dev)
     if n1 == 0 or n2 == 0:
         return K
-    rA = _inverse_norms(A)
-    rB = rA if same else _inverse_norms(B_)
-    G_buf = torch.empty(rows * n2, dtype=torch.float64, device=A.device)
+    rA2 = _inverse_norms(A).mul_(2)  # 2/|a|: scales the halved Gram below to the cosine exactly
+    rB = rA2 / 2 if same else _inverse_norms(B_)
+    Ah = A / 2  # exact: the GEMM gives xᵀx'/2, so (π − θ)/(2π) becomes one fused pass
+    r, c = _kinf_tiles(n1, n2, rows, dev.type)
+    G_buf = torch.empty(r * min(max(r, c), n2), dtype=torch.float64, device=dev)  # the largest tile
     C_buf = torch.empty_like(G_buf)
-    for i in range(0, n1, rows):
-        i2 = min(i + rows, n1)
-        # Symmetric case: only the blocks on and right of the diagonal are computed (half
-        # the GEMM and half the arccos) and mirrored below it.
-        j0 = i if same else 0
-        G = G_buf[:(i2 - i) * (n2 - j0)].view(i2 - i, n2 - j0)  # contiguous, so mm writes in place
+    S_buf = None if dtype == torch.float64 else torch.empty_like(G_buf)  # float64 diagonal tiles
+    # Symmetric case: only the tiles on and right of the diagonal are computed (about half the
+    # GEMM and half the arccos) and mirrored below it. Five passes over each tile after its
+    # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π).
+    for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
+        G = torch.mm(Ah[i:i2], B_[j:j2].T, out=G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j))  # xᵀx'/2
         C = C_buf[:G.numel()].view_as(G)
-        torch.mm(A[i:i2], B_[j0:].T, out=G)                        # xᵀx'
-        torch.mul(G, rA[i:i2, None], out=C)
-        C.mul_(rB[j0:]).clamp_(-1.0, 1.0).arccos_()                # θ
-        C.mul_(-1 / (2 * math.pi)).add_(0.5)                       # (π − θ) / (2π)
-        G.mul_(C)
-        if same:
-            w = i2 - i
-            C[:, :w] = G[:, :w].T
-            G[:, :w] += C[:, :w]
-            G[:, :w] /= 2  # the diagonal block's GEMM is a hair asymmetric
-        K[i:i2, j0:] = G
-        if same:
-            K[i2:, i:i2] = K[i:i2, i2:].T
+        diagonal = same and i == j
+        T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
+        with _serial(G.numel(), dev.type):
+            torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
+            torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
+            if diagonal:
+                C.copy_(T.T)
+                T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
+                if S_buf is not None:
+                    K[i:i2, j:j2] = T
+            else:
+                if same:
+                    K[j:j2, i:i2] = K[i:i2, j:j2].T
     if same:
         K.diagonal().copy_((A * A).sum(dim=1) / 2)
     return K

@@ -165,3 +165,108 @@ def test_low_precision_counts_are_exact(m):
     dtype = cpu_count_dtype()
     assert torch.equal(exact_counts(S1.to(dtype), S2.to(dtype)).long(), exact)
     assert torch.equal(exact_counts(S1.float(), S2.float()).long(), exact)
+
+
+# ---------------------------------------------------------------- count paths and tiles
+
+COUNT_PATHS = ("int8", "float32")  # the CPU paths; bf16 is CUDA's (tests/test_cuda.py)
+
+
+def _numpy_closed_form(phi1, phi2, W):
+    """(Φ1 Φ2ᵀ) ∘ (S1 S2ᵀ) / m in float64 numpy, all at once (the simplest implementation)."""
+    S1, S2 = (phi1 @ W.T > 0).astype(np.float64), (phi2 @ W.T > 0).astype(np.float64)
+    return (phi1 @ phi2.T) * (S1 @ S2.T) / W.shape[0]
+
+
+@pytest.mark.parametrize("chunk", [7, 2048])
+def test_closed_form_is_bit_for_bit_the_same_on_every_count_path(monkeypatch, chunk):
+    from engine.ntk import COUNT_ENV, count_dtype
+
+    phi = torch.nn.functional.normalize(torch.rand(300, 24, generator=torch.Generator().manual_seed(0)), dim=1)
+    phi_t = phi[:37] + 0.01
+    head = TwoLayerReLU(24, 520, 1, seed=2)  # m not a multiple of 8, several tiles for n = 300
+    kernels = {}
+    for path in COUNT_PATHS:
+        monkeypatch.setenv(COUNT_ENV, path)
+        assert count_dtype("cpu") == getattr(torch, path)
+        kernels[path] = [empirical_ntk_features(head, phi, chunk=chunk),
+                         empirical_ntk_features(head, phi_t, phi, chunk=chunk),
+                         empirical_ntk_features(head, phi, chunk=chunk, storage="float32")]
+    for a, b in zip(*kernels.values()):
+        assert torch.equal(a, b)
+    K, K_t, K32 = kernels["int8"]
+    assert torch.equal(K, K.T) and torch.equal(K32, K.float())
+    ref = _numpy_closed_form(phi.double().numpy(), phi.double().numpy(), head.W.detach().double().numpy())
+    # a float32 Gram against float64
+    np.testing.assert_allclose(K.numpy(), ref, rtol=RTOL32_ONE_PASS, atol=ATOL32_ONE_PASS)
+
+
+def test_tiled_closed_form_matches_numpy_in_float64():
+    phi = _rand(300, 9, seed=3) - 0.5
+    phi2 = _rand(41, 9, seed=4) - 0.5
+    head = TwoLayerReLU(9, 64, 1, seed=5, dtype=torch.float64)
+    W = head.W.detach().numpy()
+    for chunk in (5, 2048):
+        K = empirical_ntk_features(head, phi, chunk=chunk).numpy()
+        np.testing.assert_allclose(K, _numpy_closed_form(phi.numpy(), phi.numpy(), W), rtol=RTOL64, atol=ATOL64)
+        np.testing.assert_array_equal(K, K.T)
+        K2 = empirical_ntk_features(head, phi2, phi, chunk=chunk).numpy()
+        np.testing.assert_allclose(K2, _numpy_closed_form(phi2.numpy(), phi.numpy(), W), rtol=RTOL64, atol=ATOL64)
+
+
+def test_count_path_report_says_what_runs_and_why(monkeypatch):
+    from engine.ntk import COUNT_ENV, count_path_report
+
+    monkeypatch.delenv(COUNT_ENV, raising=False)
+    r = count_path_report("cpu")
+    assert r["source"] == "measured" and r["count_dtype"] == r["fastest"] in r["rates_gops"]
+    assert r["rates_gops"]["float32"] > 0 and r["threads"] >= 1 and r["device"] == "cpu"
+    assert set(r["rates_gops"]) | set(r["unavailable"]) == set(COUNT_PATHS)
+    monkeypatch.setenv(COUNT_ENV, "float32")
+    r = count_path_report("cpu")
+    assert r["source"] == COUNT_ENV and r["count_dtype"] == "float32"
+
+
+@pytest.mark.parametrize("value,match", [("int4", "allowed: auto, int8, float32, bfloat16"),
+                                         ("bfloat16", "needs CUDA")])
+def test_a_bad_count_path_is_refused_in_one_line(monkeypatch, value, match):
+    from engine.ntk import COUNT_ENV
+
+    monkeypatch.setenv(COUNT_ENV, value)
+    head = TwoLayerReLU(4, 16, 1)
+    with pytest.raises(BadInput, match=match) as exc:
+        empirical_ntk_features(head, torch.rand(5, 4))
+    assert value in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_exact_counts_agree_on_every_path_and_shape():
+    from engine.ntk import exact_counts
+
+    g = torch.Generator().manual_seed(9)
+    for n1, m, n2 in ((1, 1, 1), (17, 7, 3), (40, 520, 24)):  # inner sizes below and above int8's minimum
+        S1, S2 = torch.rand(n1, m, generator=g) > 0.5, torch.rand(n2, m, generator=g) > 0.4
+        exact = S1.long() @ S2.long().T
+        for dtype in (torch.int8, torch.float32, torch.float64):
+            assert torch.equal(exact_counts(S1.to(dtype), S2.to(dtype)).long(), exact), (n1, m, n2, dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tiled_infinite_ntk_matches_the_closed_form_and_keeps_threads(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        A, B = _rand(300, 6, seed=1) - 0.5, _rand(130, 6, seed=2) - 0.5
+        A[7] = 0.0
+        K = infinite_ntk(A)
+        assert torch.get_num_threads() == threads  # the one-thread element-wise passes restore it
+        ref = _arccos_kernel(A.numpy(), A.numpy())
+        off = ~np.eye(300, dtype=bool)
+        np.testing.assert_allclose(K.numpy()[off], ref[off], rtol=RTOL64, atol=ATOL64)
+        np.testing.assert_array_equal(K.numpy(), K.numpy().T)
+        np.testing.assert_array_equal(np.diag(K.numpy()), (A * A).sum(1).numpy() / 2)
+        K2 = infinite_ntk(B, A)
+        np.testing.assert_allclose(K2.numpy(), _arccos_kernel(B.numpy(), A.numpy()), rtol=RTOL64, atol=ATOL64)
+        for X2, K64 in ((None, K), (A, K2)):  # float32 storage: each float64 entry rounded once
+            assert torch.equal(infinite_ntk(A if X2 is None else B, X2, storage="float32"), K64.float())
+    finally:
+        torch.set_num_threads(before)
