@@ -111,6 +111,10 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--estimates", action="store_true", help="run-time estimates against measured runs")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-page", action="store_true", help="skip the dashboard render benchmark")
+    p.add_argument("--out", metavar="FILE", help="append each part's row to this JSON-lines file as it is measured")
+    p.add_argument("--peer", choices=["neural-tangents"], help="also time neural-tangents' empirical NTK "
+                   "(the Python in $ENGINE_NT_PYTHON; skipped with its reason otherwise)")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds per part (default 300 quick, 1200 full)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
     _add_grid(sub)  # the grid command: see its block at the end of this file
@@ -133,7 +137,8 @@ def cmd_bench(a, progress) -> dict:
         from . import calibration
 
         return calibration.run(progress=progress)
-    return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress, scale=a.scale)
+    return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress, scale=a.scale,
+                     out=a.out, peer=a.peer, timeout=a.timeout)
 
 
 def cmd_datasets(a) -> dict:
