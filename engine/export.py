@@ -282,6 +282,7 @@ def settings_line(config: dict) -> str:
 # ---------------------------------------------------------------- fitting a chart to its canvas
 
 TITLE_GAP_PX = 12   # from the canvas's top edge to the title's
+LOG_LABELS = 7      # most tick labels on a log axis of many decades
 CHAR_EM = 0.62      # average advance of a glyph of the chart font, in em (conservative for digits and capitals)
 LINE_EM = 1.3       # plotly's line height for <br> breaks
 
@@ -368,11 +369,41 @@ def fit(fig: go.Figure, width: int, height: int) -> go.Figure:
     return out
 
 
-def titled(fig: go.Figure, title: str) -> go.Figure:
-    """Put ``title`` at the top left, above the horizontal legend, with room for both."""
-    top = max(int(fig.layout.margin.t or 0), 95)
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=0.98, yanchor="top"),
-                      margin=dict(t=top))
+def _full_size_log_ticks(fig: go.Figure) -> go.Figure:
+    """Log axes without chosen ticks get 1-2-5 labels (within two decades) or powers of ten at
+    the axis's own font size, instead of plotly's 9 px minor digits that stack on a slide."""
+    import math
+
+    import numpy as np
+
+    axes = {}
+    for trace in fig.data:
+        for letter in ("x", "y"):
+            ref = getattr(trace, f"{letter}axis", None) or letter
+            values = getattr(trace, letter, None)
+            if values is None:
+                continue
+            try:
+                v = np.asarray(values, dtype=float).ravel()
+            except (TypeError, ValueError):
+                continue
+            axes.setdefault(ref, []).append(v)
+    for ref, chunks in axes.items():
+        name = ref[0] + "axis" + ref[1:]
+        axis = fig.layout[name] if name in fig.layout else None
+        if axis is None or axis.type != "log" or axis.tickvals is not None or axis.dtick is not None:
+            continue
+        v = np.concatenate(chunks)
+        v = v[np.isfinite(v) & (v > 0)]
+        if not v.size:
+            continue
+        lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
+        if hi - lo > 2:  # powers of ten, at most about LOG_LABELS of them (eigenvalues span 17 decades)
+            fig.layout[name].update(dtick=max(1, math.ceil((hi - lo) / LOG_LABELS)))
+            continue
+        ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in (1, 2, 5)]
+        ticks = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5] or [10.0 ** lo]
+        fig.layout[name].update(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
     return fig
 
 
