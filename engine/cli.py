@@ -349,7 +349,8 @@ def _add_figure(sub, preset: str | None) -> None:
         _add_config(q, exp, preset)
         q.add_argument("--out", required=True, help="output file: .png, .svg or .pdf")
         q.add_argument("--plot", dest="fig_metric", default=None,
-                       help="ntk: the sweep metric drawn (default kernel_dist_init); regime: lin_gap (default), "
+                       help="ntk: the sweep metric drawn (default prediction_gap_init, as on the page; "
+                            "kernel_dist_init is the Frobenius distance, blind to κ); regime: lin_gap (default), "
                             "pattern_change, k_inf_gap or weight_movement")
         q.add_argument("--width-px", dest="fig_width", type=int, default=export.WIDTH_PX,
                        help=f"image width in CSS pixels (default: {export.WIDTH_PX})")

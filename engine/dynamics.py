@@ -62,7 +62,7 @@ from .tables import loglog_slope, summarize
 from .training import (BATCH_SEED_OFFSET, OPTIMIZER_FNS, TrainSpec, per_model_loss, loss_fn, loss_weights, predict_labels,
                        resolve_loss)
 
-METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "test_acc", "test_acc_lin",
+METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "train_acc", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
 COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of (Δf, Δh)
@@ -135,7 +135,8 @@ PRESETS = {
         # Why a binary MSE preset: on 10 classes with cross-entropy both nets' gaps fall near the lazy
         # m^-1/2 rate, so the default view hides the paper's point. On 3 vs 8 with MSE and plain SGD (the
         # README's set-up, where the closed-form K∞ gradient flow applies) 2L-ReLU's gap falls with slope
-        # ≈ −0.66 while MLP-Attn's stays near −0.14 and 0.5 from the K∞ flow: one click on the Kernel regime page.
+        # ≈ −0.66 while MLP-Attn's stays near −0.14 and 0.5 from the K∞ flow. One click on the Kernel
+        # regime page sets it.
         "binary-mse": DynamicsConfig(data=DataSpec(dataset="mnist:3-8", n=200, n_test=100),
                                      # loss "auto" is MSE on ±1 for two classes, and the page's own setting
                                      train=TrainSpec(epochs=50, optimizer="sgd", lr=1.0, weight_decay=0.0),
@@ -326,7 +327,8 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
       - pattern_change: share of the training set's activation signs 1[w_r·φ(x_i) > 0] that
         differ from init (n·m signs);
       - train_loss, train_loss_lin: full-batch training loss of the net and of f_lin;
-      - test_acc, test_acc_lin; weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F;
+      - train_acc (the net's, on the training set), test_acc, test_acc_lin;
+        weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F;
       - k_inf_gap: ‖f_t − f_K∞,t‖_F / ‖f_K∞,t‖_F on the test points (MSE and SGD; else NaN).
     Frame ``summary``: mean and sd over seeds per (arch, attention, width, epoch).
     Frame ``final``: the summary at the last epoch. Meta: n, n_test, d, n_classes, param,
@@ -377,6 +379,7 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
                        "pattern_change": float(flips[seg].mean()),
                        "train_loss": float(loss_fn(F[:, cols], y, loss_name, c)),
                        "train_loss_lin": float(loss_fn(F_lin[:, cols], y, loss_name, c)),
+                       "train_acc": float((predict_labels(F[:, cols]) == y).double().mean()),
                        "test_acc": float((predict_labels(F_t[:, cols]) == yt).double().mean()),
                        "test_acc_lin": float((predict_labels(F_lin_t[:, cols]) == yt).double().mean()),
                        "weight_movement": float(torch.linalg.norm(W[seg] - W0[seg]) / torch.linalg.norm(W0[seg])),

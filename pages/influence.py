@@ -79,7 +79,7 @@ for arch in archs:
     if data.empty:
         st.info("No training point has a nonzero influence on this test image.")
         continue
-    render.chart(plots.influence_grid_fig(X, shape, data), data, f"{arch} most positive and negative",
+    render.chart(plots.influence_grid_fig(X, shape, data), data, f"{arch} most positive and negative", wide=True,
                  title=f"{plots.arch_label(arch, cfg.attention)}: most positive and negative influence on test #{i}",
                  config=res.config,
                  how_to_read="Top row: training images with the largest positive influence (removing one would lower the "

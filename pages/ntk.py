@@ -140,7 +140,7 @@ if kres is not None:
     when = "after training" if epochs > 0 else "at initialisation"
     render.chart(plots.kernel_heatmaps_fig(K, K_inf, width, arch, y=kres.arrays["y"], attention=kcfg.attention),
                  plots.kernel_diff_data(K, K_inf),
-                 "kernel heatmaps", config=kres.config,
+                 "kernel heatmaps", wide=True, config=kres.config,
                  how_to_read=f"Left: the empirical NTK {when}; middle: K∞; right: their difference (red where K_m is "
                  "larger, blue where smaller); hover for values.", index=True)
     c = st.columns(3)

@@ -13,7 +13,7 @@ from ui.common import cache_summary, data_dir, dataset_infos, shared
 from ui.runner import obtain_together
 
 PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
-               "influence": "which training images decide a prediction", "malleability": "influence under attacks",
+               "influence": "the images that decide a prediction", "malleability": "influence under attacks",
                "scaling": "width needed against κ", "dynamics": "real against linearised training",
                "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here"}
 
@@ -87,7 +87,7 @@ st.caption(f"Measured on {s.describe()}; networks trained {sweep_cfg.train.epoch
 if sweep is not None and key in paper.NTK_DISTANCE:
     measured = plots.distance_data(sweep.frames["rows"], "function_dist")
     data = plots.paper_trend_data(measured, paper.ntk_distance_table(key))
-    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper", config=sweep.config,
+    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper", wide=True, config=sweep.config,
                  title="Distance to the NTK prediction against width, relative to the smallest width",
                  how_to_read="Each line is the distance to the NTK prediction divided by its value at the smallest width: "
                  "below 1 means the net approaches its kernel limit as it widens, above 1 means it moves away.")
@@ -95,10 +95,10 @@ if sweep is not None and key in paper.NTK_DISTANCE:
 st.header("Pages")
 # the navigation's own list (app.py), so a new page shows here without a second list to keep in step
 pages = [p for p in st.session_state.get("nav.pages", ()) if p.url_path]  # the default (this page) has none
-cols = st.columns(3)
+cols = st.columns(2)
 for i, page in enumerate(pages):
     what = PAGE_BLURBS.get(page.url_path)
-    cols[i % 3].page_link(page, label=f"{page.title}: {what}" if what else page.title, icon=page.icon)
+    cols[i % 2].page_link(page, label=f"{page.title}: {what}" if what else page.title, icon=page.icon)
 
 st.header("Data sets")  # full width: the reasons and folders are long
 infos = pd.DataFrame(dataset_infos(data_dir()))[["name", "available", "reason", "where"]]

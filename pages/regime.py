@@ -112,6 +112,8 @@ res = obtain_planned(run_dynamics, cfg,
 
 if res is not None:
     summary, final = res.frames["summary"], res.frames["final"]
+    last = res.frames["rows"][res.frames["rows"]["epoch"] == res.frames["rows"]["epoch"].max()]
+    bad = render.training_gate(last, res.meta["n_classes"], what="gaps and slopes")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.regime_epoch_data(summary, "lin_gap")
@@ -153,9 +155,10 @@ if res is not None:
     else:
         st.caption(f"The distance to the K∞ gradient flow needs the MSE loss and plain SGD (here: "
                    f"{res.meta['loss']}, {optimizer}); pick two classes in the sidebar, e.g. `3-8`, and SGD.")
-    st.dataframe(final[["arch", "width", "n_seeds", "lin_gap_mean", "lin_gap_sd", "pattern_change_mean",
-                        "train_loss_mean", "train_loss_lin_mean", "test_acc_mean", "test_acc_lin_mean",
-                        "k_inf_gap_mean", "weight_movement_mean"]], hide_index=True)
+    table = final[[c for c in ("arch", "width", "n_seeds", "lin_gap_mean", "lin_gap_sd", "pattern_change_mean",
+                               "train_loss_mean", "train_loss_lin_mean", "train_acc_mean", "test_acc_mean",
+                               "test_acc_lin_mean", "k_inf_gap_mean", "weight_movement_mean") if c in final]]
+    st.dataframe(render.greyed(table.reset_index(drop=True), bad), hide_index=True)
     with st.expander("All measurements, one row per seed and epoch"):
         st.dataframe(res.frames["rows"], hide_index=True)
     render.settings(res.config, "Settings of the comparison")
@@ -180,7 +183,7 @@ except EngineError as exc:
 cres = obtain_planned(run_coord_check, ccfg, "Coordinate check", button="Run the coordinate check")
 if cres is not None:
     data = plots.coord_data(cres.frames["summary"])
-    render.chart(plots.coord_fig(data), data, "coordinate check",
+    render.chart(plots.coord_fig(data), data, "coordinate check", wide=True,
                  config=cres.config, how_to_read="RMS change of the outputs (left) and pre-activations (right) after t steps against width, "
                  "mean over seeds, darker = later step; flat lines keep their size as the net widens.")
     fit = cres.frames["fit"].pivot_table(index=["param", "quantity", "theory"], columns="step",

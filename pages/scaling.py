@@ -66,7 +66,7 @@ if res is None:
     st.stop()
 
 data = plots.scaling_data(res.frames["widths"], res.frames["fit"])
-render.chart(plots.scaling_fig(data, cfg.max_width), data, "width needed against kappa", config=res.config,
+render.chart(plots.scaling_fig(data, cfg.max_width), data, "width needed against kappa", wide=True, config=res.config,
              title="Width needed to stay near K∞ against the condition number κ", how_to_read=
              "Filled points are the widths needed (crosses: the criterion held at a smaller width and failed "
              "again above it), solid lines their power-law fit, dotted lines the theory's slope through the "

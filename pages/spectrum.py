@@ -78,7 +78,7 @@ with right:
 st.subheader("How κ grows with n")
 growth = res.frames["growth"]
 data = plots.kappa_growth_data(growth)
-render.chart(plots.kappa_growth_fig(data), data, "kappa against n",
+render.chart(plots.kappa_growth_fig(data), data, "kappa against n", wide=True,
              title="Condition number κ against the number of training points n", config=res.config, how_to_read=
              f"κ(G) of the first n training points (log scale) and the measured κ of the {summ['attention']} attention "
              "features (open circles); " + (f"the dashed line is the theory's {formula}, which they should follow "

@@ -345,3 +345,22 @@ def test_lin_gap_is_the_relative_frobenius_distance_to_the_linearisation():
     a, b = f.double().numpy(), f_lin.double().numpy()
     assert lin_gap(f, f_lin) == pytest.approx(np.linalg.norm(a - b) / np.linalg.norm(b), rel=RTOL64)
     assert lin_gap(f_lin, f_lin) == 0.0 and np.isnan(lin_gap(f, torch.zeros(7, 3)))
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_train_accuracy_is_the_trained_nets_own(classes):
+    """train_acc at epoch e is engine.training's accuracy of the same net trained e epochs, on the
+    training set (a point on the decision boundary may fall either way in float32)."""
+    from engine.training import accuracy
+
+    data = DataSpec("synthetic", n=40, n_test=10, synthetic_d=6, synthetic_classes=classes)
+    spec = TrainSpec(epochs=4, batch_size=16, optimizer="sgd", lr=0.5, weight_decay=0.0)
+    rows = run_dynamics(DynamicsConfig(data=data, train=spec, widths=(64,), archs=("relu",), seeds=(0,),
+                                       record_every=2)).frames["rows"]
+    s = load_sample(data)
+    n_out = 1 if classes == 2 else classes
+    for epoch in (0, 2, 4):
+        twin = Net("relu", s.X.float(), 64, n_out, seed=0)
+        train(twin, s.X.float(), s.y, classes, replace(spec, epochs=epoch), seed=0)
+        got = rows.query("epoch == @epoch").train_acc.iloc[0]
+        assert got == pytest.approx(accuracy(twin, s.X.float(), s.y), abs=1 / 40 + 1e-12), epoch

@@ -258,3 +258,53 @@ def test_labels_name_the_attention_variant():
     names = {t.name for t in trend.data}
     assert "MLP-Attn (truncated:10), measured here" in names and "MLP-Attn (linear), paper" in names
     assert plots.pretty_formula("(λ_1/λ_10)^3") == "(λ_1/λ_10)³"
+
+
+# ---------------------------------------------------------------- slides (issue 24)
+
+def test_flip_rate_labels_sit_above_their_error_bars():
+    summary = pd.DataFrame([{"arch": a, "attack": k, "eps": 0.3, "n_seeds": 3, "flip_rate_pct_mean": m,
+                             "flip_rate_pct_sd": sd}
+                            for a, k, m, sd in (("relu", "fgsm", 4.0, 2.0), ("relu", "pgd", 5.0, 4.0),
+                                                ("attn", "fgsm", 30.0, 6.0), ("attn", "pgd", 33.0, 7.0))])
+    fig = plots.flip_bars_fig(summary, 0.3, eps_label=plots.eps_label("linf", "raw"))
+    bars = [t for t in fig.data if t.type == "bar"]
+    labels = [t for t in fig.data if t.type == "scatter"]
+    assert len(bars) == len(labels) == 2 and fig.layout.scattermode == "group"
+    for bar, label in zip(bars, labels):
+        assert bar.text is None and label.offsetgroup == bar.offsetgroup  # the label shares its bar's slot
+        np.testing.assert_allclose(label.y, np.asarray(bar.y) + np.asarray(bar.error_y.array))  # on the cap
+    assert fig.layout.yaxis.range[1] > 40.0  # room above the tallest cap for its label
+    assert fig.layout.xaxis.title.text == "attack, at ℓ∞ radius ε = 0.3, pixel units"
+
+
+def test_heatmaps_span_exactly_their_points_and_mark_class_boundaries():
+    y = np.repeat([0, 1, 2], [5, 7, 8])
+    K = np.eye(20)
+    fig = plots.kernel_heatmaps_fig(K, K, 16, "relu", y=y)
+    assert list(fig.layout.xaxis.range) == [-0.5, 19.5] and list(fig.layout.yaxis.range) == [19.5, -0.5]
+    assert plots.class_boundaries(y) == [5, 12]
+    lines = [(s.x0, s.xref) for s in fig.layout.shapes if s.x0 == s.x1]  # vertical boundary lines
+    assert sorted({x for x, _ in lines}) == [4.5, 11.5] and {r for _, r in lines} == {"x", "x2", "x3"}
+
+
+def test_the_largest_models_are_drawn_in_hidden_units_of_this_net():
+    fig = plots.width_needed_fig(plots.width_needed_data({"attn_v1": 27.0, "relu_v1": 10.0}), d=784, n_out=10)
+    (line,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert line.x0 == pytest.approx(12 - math.log10(794))  # 1e12 parameters = m (d + c)
+    assert any("10^9.1 units" in a.text for a in fig.layout.annotations)
+    assert not any("params" in a.text for a in fig.layout.annotations)
+
+
+def test_accuracies_are_drawn_on_a_linear_axis():
+    rows = pd.DataFrame([{"arch": "relu", "width": w, "seed": s, "train_acc": 0.5 + 0.1 * s} for w in (16, 64)
+                         for s in range(3)])
+    fig = plots.distance_fig(plots.distance_data(rows, "train_acc"), "train_acc")
+    assert fig.layout.yaxis.type != "log" and list(fig.layout.yaxis.range) == [0, 1.02]
+
+
+def test_small_multiples_of_the_regime_share_one_y_axis():
+    summary = pd.DataFrame([{"arch": a, "width": w, "epoch": e, "lin_gap_mean": 0.1 * (3 if a == "attn" else 1),
+                             "lin_gap_sd": 0.0} for a in ("relu", "attn") for w in (16, 64) for e in (0, 5)])
+    fig = plots.regime_epoch_fig(plots.regime_epoch_data(summary, "lin_gap"), "lin_gap")
+    assert fig.layout.yaxis2.matches == "y"

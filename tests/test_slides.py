@@ -181,3 +181,44 @@ def test_image_bytes_fits_a_long_title_and_settings_line_to_the_canvas():
     assert problems(svg) == []
     _, _, boxes = text_boxes(svg)
     assert any("mnist, n = 1000" in b["text"] for b in boxes)  # the settings line is drawn
+
+
+def test_presentation_mode_scales_ticks_axis_titles_legends_and_subplot_titles():
+    fig = _page_figures()["regime against epochs"][0]
+    out = export.talk_style(fig)
+    axes = [k for k in out.layout if k.startswith(("xaxis", "yaxis")) and out.layout[k] is not None]
+    assert len(axes) == 4
+    for k in axes:  # set on every axis: Streamlit's theme would otherwise keep its 12 px ticks
+        assert out.layout[k].tickfont.size == export.TALK["ticks"], k
+        assert out.layout[k].title.font.size == export.TALK["axis_titles"], k
+    assert out.layout.legend.font.size == export.TALK["legend"]
+    assert {a.font.size for a in out.layout.annotations} == {export.TALK["annotations"]}
+    assert fig.layout.xaxis.tickfont.size is None  # the page's own figure is untouched
+
+
+def test_log_axes_get_full_size_labels_not_minor_digits():
+    import plotly.graph_objects as go
+
+    fig = export.titled(go.Figure(go.Scatter(x=[1, 2, 3], y=[0.12, 0.3, 0.45])).update_yaxes(type="log"), "t")
+    assert list(fig.layout.yaxis.ticktext) == ["0.1", "0.2", "0.5"]  # 1-2-5 within two decades
+    wide = export.titled(go.Figure(go.Scatter(x=[1, 2], y=[1e-4, 10])).update_yaxes(type="log"), "t")
+    assert wide.layout.yaxis.dtick == 1  # powers of ten beyond
+
+
+@pytest.mark.parametrize("name", [n for n, e in EXPERIMENTS.items() if e.figure])
+def test_the_settings_line_names_data_sizes_seeds_and_protocol(name):
+    from engine.cache import canonical
+
+    cfg = EXPERIMENTS[name].presets["quick"]
+    line = export.settings_line(canonical(cfg))
+    data = getattr(cfg, "data", None)
+    if data is not None:
+        assert line.startswith(f"{data.dataset}, n = {data.n}"), line
+    else:  # the scaling law draws its own synthetic data
+        assert line.startswith(f"synthetic, n = {cfg.n}, d = {cfg.d}"), line
+    if getattr(cfg, "seeds", None):
+        assert f"{len(cfg.seeds)} seed" in line
+    if getattr(cfg, "train", None):
+        assert f"{cfg.train.epochs} epochs" in line and export.OPTIMIZER_NAMES[cfg.train.optimizer] in line
+    if name == "malleability":
+        assert f"{cfg.attack.steps} steps" in line

@@ -282,3 +282,48 @@ def test_without_data_one_line_says_the_pages_run_on_synthetic_data(env):
     at = settle(at)
     (note,) = [i for i in at.info if "synthetic data" in i.value]
     assert "python -m engine datasets --fetch mnist" in note.value and "ENGINE_DATA_DIR" in note.value
+
+
+def test_nets_near_chance_get_a_banner_and_grey_rows():
+    """The worst seed decides: MLP-Attn at 12 % on 10 classes is named and greyed, 2L-ReLU is not."""
+    def script():
+        import pandas as pd
+        import streamlit as st
+
+        from ui import render
+
+        rows = pd.DataFrame({"arch": ["relu"] * 2 + ["attn"] * 2, "width": [64] * 4, "seed": [0, 1] * 2,
+                             "train_acc": [0.95, 0.97, 0.12, 0.48]})
+        bad = render.training_gate(rows, 10, what="distances")
+        styled = render.greyed(rows, bad)
+        st.session_state["grey"] = [styled._compute().ctx.get((i, 0), []) for i in range(len(rows))]
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception
+    (banner,) = at.warning
+    assert "MLP-Attn, m = 64: 12 % (mean 30 %)" in banner.value and "2L-ReLU" not in banner.value
+    assert "10 points of chance (10 %)" in banner.value and "distances" in banner.value
+    grey = at.session_state["grey"]
+    assert grey[0] == grey[1] == [] and all(g and "9e9e9e" in g[0][1] for g in grey[2:])
+
+
+def test_every_chart_gets_a_title():
+    """A figure without one is titled from the chart's name; a figure's own title or ``title`` wins."""
+    def script():
+        import pandas as pd
+        import plotly.graph_objects as go
+
+        from ui import render
+
+        data = pd.DataFrame({"width": [16, 64], "distance": [0.5, 0.25]})
+        fig = go.Figure(go.Scatter(x=data["width"], y=data["distance"]))
+        render.chart(fig, data, "kernel distance", "Lower is closer.")
+        render.chart(go.Figure(fig).update_layout(title="Its own"), data, "second", "Another.")
+        render.chart(fig, data, "third", "A third.", title="Given")
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception
+    import json
+
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert titles == ["Kernel distance", "Its own", "Given"]

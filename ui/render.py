@@ -13,7 +13,8 @@ import streamlit as st
 
 from engine import export, gates
 
-PAGE_WIDTH_PX = 600  # a half-width column at 1280 px: titles wrap and legends stack for it (full width has room)
+PAGE_WIDTH_PX = 450  # a half-width column at 1280 px (about 400 px): titles wrap and legends stack for it
+WIDE_PX = 1000       # a chart across the page
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 STATUS_BADGES = {"agrees": ":green-badge[agrees]", "partly": ":orange-badge[partly]",
                  "disagrees": ":red-badge[disagrees]", "not measured": ":gray-badge[not measured]"}
@@ -24,7 +25,7 @@ def _slug(text: str) -> str:
 
 
 def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False, title: str | None = None,
-          config: dict | None = None) -> None:
+          config: dict | None = None, wide: bool = False) -> None:
     """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
     PNG and SVG where a Chromium can render them).
 
@@ -33,13 +34,14 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     the result's canonical config; else the sidebar's data and n) and are fitted to their
     canvas, so nothing is clipped on a slide. The sentence and the buttons share a row that
     sizes each button to its label and gives the sentence the rest; in a narrow column the
-    buttons wrap to a line of their own instead of being squeezed."""
+    buttons wrap to a line of their own instead of being squeezed. ``wide``: the chart spans the
+    page (its title wraps at ``WIDE_PX``, not at a half column's ``PAGE_WIDTH_PX``)."""
     slug = _slug(name)
     heading = title or fig.layout.title.text or name[:1].upper() + name[1:]
     fig = export.titled(go.Figure(fig), heading)
     if st.session_state.get("presentation"):
         fig = export.talk_style(fig)
-    on_page = export.fit(fig, PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
+    on_page = export.fit(fig, WIDE_PX if wide else PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
     st.plotly_chart(on_page, key=f"chart.{slug}", config=PLOTLY_CONFIG)
     row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=True)
     row.caption(how_to_read, width="stretch")
@@ -123,12 +125,13 @@ def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("ar
     if bad.empty:
         return bad
     chance = float(bad["chance"].iloc[0])
-    names = "; ".join(f"{ARCH_LABELS.get(r.arch, r.arch)}" + (f" at m = {r.width}" if "width" in bad else "")
-                      + f" {r.worst:.0%}" + (f" (mean {r.mean:.0%})" if r.nets > 1 else "")
+    names = "; ".join(f"{ARCH_LABELS.get(r.arch, r.arch)}" + (f", m = {r.width}" if "width" in bad else "")
+                      + f": {100 * r.worst:.0f} %" + (f" (mean {100 * r.mean:.0f} %)" if r.nets > 1 else "")
                       for r in bad.itertuples())
-    st.warning(f"Near chance: these nets train to within {gates.CHANCE_POINTS:.0%} of chance ({chance:.0%}) on "
-               f"the training set, worst seed: {names}. Their {what} describe nets that have not learned the "
-               "task and are greyed below; train longer or with a larger learning rate.", icon=":material/warning:")
+    st.warning(f"**Near chance.** These nets reach a train accuracy within {100 * gates.CHANCE_POINTS:.0f} points of "
+               f"chance ({100 * chance:.0f} %), worst seed — {names}. Their {what} describe nets that have not "
+               "learned the task and are greyed below; train longer or with a larger learning rate.",
+               icon=":material/warning:")
     return bad
 
 

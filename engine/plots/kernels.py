@@ -253,9 +253,13 @@ def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None) 
                            "<br>min %{customdata[1]:.4g}, max %{customdata[2]:.4g}"
                            "<br>seeds %{customdata[3]}<extra></extra>")))
     title, axis = METRICS.get(metric, (metric, metric))
-    styled(fig, "width m (hidden units, log scale)", axis, title=title, logx=True, logy=True)
+    fraction = metric.endswith("_acc") or "_acc_" in metric  # accuracies: a linear 0 … 1 axis, not log
+    styled(fig, "width m (hidden units, log scale)", axis, title=title, logx=True, logy=not fraction)
     width_ticks(fig, data["width"])
-    log_ticks(fig, np.concatenate([data["min"], data["max"], data["mean"]]))
+    if fraction:
+        fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    else:
+        log_ticks(fig, np.concatenate([data["min"], data["max"], data["mean"]]))
     return fig
 
 

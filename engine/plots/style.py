@@ -102,7 +102,7 @@ def log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
     update = fig.update_yaxes if axis == "y" else fig.update_xaxes
     lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
     if hi - lo > 2:
-        update(dtick=1)  # powers of ten only
+        update(dtick=max(1, math.ceil((hi - lo) / 7)))  # powers of ten only, at most about 7 labels
         return
     ticks = [m * 10.0 ** e for e in range(lo, hi + 1) for m in (1, 2, 5)]
     ticks = [t for t in ticks if v.min() / 1.5 <= t <= v.max() * 1.5]
