@@ -246,7 +246,9 @@ def _influence_bytes(cfg: InfluenceConfig) -> int:
     n, nt = cfg.data.n, cfg.data.n_test
     size = 4 if cfg.storage == "float32" else 8
     kernels = 2 if cfg.influence_kernel == "kinf" else 1
-    return kernels * size * (n * n + nt * n) + factor_bytes(n, nt, 10)
+    c_out = B.n_outputs(cfg.data)
+    return (kernels * size * (n * n + nt * n) + factor_bytes(n, nt, c_out)
+            + B.head_bytes(cfg.width, n + nt, c_out))
 
 
 def _kernel_s(cfg, n, nt, d, m) -> float:
@@ -261,7 +263,7 @@ def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + _kernel_s(cfg, n, nt, d, m)
            + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
-    slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
                     int(_influence_bytes(cfg) + 16 * m * d))
 
@@ -392,12 +394,12 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     if cfg.adversarial_training:
         fit += tr.epochs * cfg.attack.steps * grad_step
     measured = len(cfg.attacks) * len(cfg.eps) * (2 if cfg.nulls else 1)  # the random null: once more
-    per = fit + kernel * (2 + measured) + steps * grad_step + B.eig_s(1) + B.chol_s(n)
+    per = fit + kernel * (2 + measured) + steps * grad_step + B.chol_s(n)  # + the K_m ridge baseline
     if cfg.retrain:
         per += measured * B.train_s(n, d, m, tr.epochs, tr.batch_size)
     if cfg.interventions:
         per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
-    slow = 20 if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     draws = max(1, len(cfg.data_seeds))
     return Estimate(B.FIXED_S + draws * slow * len(cfg.archs) * len(cfg.seeds) * per,
                     int(_influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
