@@ -90,6 +90,12 @@ def test_a_fifo_spec_is_refused_not_waited_on(tmp_path):
         load_spec(fifo)
 
 
+def test_a_folder_spec_is_refused(tmp_path):
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(BadInput, match="is a folder, not a regular file"):
+        load_spec(tmp_path / "dir.toml")
+
+
 def test_a_spec_over_the_size_limit_is_refused(tmp_path):
     path = spec(tmp_path, BASE + "# " + "x" * MAX_SPEC_BYTES + "\n")
     with pytest.raises(BadInput, match="the limit is"):

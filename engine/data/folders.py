@@ -89,10 +89,15 @@ def read_regular(path: str | os.PathLike, what: str, limit: int, missing: type =
         raise missing(f"{what} {p}: no such file") from None
     except OSError as exc:
         raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{what} {p} is {_what_kind(st.st_mode)}, not a regular file; give a file's path")
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses a folder in its own words
+        os.close(fd)
+        raise BadInput(f"{what} {p} is {_what_kind(st.st_mode)}, not a regular file; give a file's path")
+    with os.fdopen(fd, "rb") as f:
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; the limit is {limit:,}")
         try:
