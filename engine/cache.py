@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from .data import DataSpec, data_fingerprint
-from .data.folders import user_cache_dir
+from .data.folders import expand_path, user_cache_dir
 from .errors import CacheCorrupt, CacheError
 
 ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
@@ -349,7 +349,7 @@ class Cache:
     folder the run reads (as in ``load_sample``): it decides the data fingerprints."""
 
     def __init__(self, directory: str | os.PathLike | None = None):
-        self.directory = Path(directory or os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
+        self.directory = expand_path(directory or os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR, "cache folder")
         _open_folder(self.directory)
         db = self.directory / DB_NAME
         why = _damage(db)

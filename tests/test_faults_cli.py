@@ -288,3 +288,11 @@ def test_a_fifo_swapped_in_after_the_spec_was_made_is_refused(tmp_path):
             call()
     with pytest.raises(DataCorrupt, match="not a regular file"):
         file_sha256(path)
+
+
+def test_a_cache_folder_under_an_unknown_user_is_one_line(tmp_path):
+    """``--cache-dir ~nosuchuser/c``: expanded where it is declared, before any work."""
+    p = run_engine("spectrum", "--dataset", "synthetic", "--n", "20", "--quiet",
+                   "--cache-dir", "~nosuchuser-engine-test/c")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "~nosuchuser-engine-test" in p.stderr
