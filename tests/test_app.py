@@ -265,3 +265,24 @@ def test_the_overview_measures_on_a_click_then_reads_the_cache(env):
     again.run()
     assert not again.get("progress") and "—" not in set(_headline(again)["here"])
     assert not [b for b in again.button if b.label == "Measure them here"] and not again.exception
+
+
+def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
+    """The button sets the sidebar and the page's controls to engine.dynamics' ``binary-mse`` preset."""
+    from engine.dynamics import PRESETS
+
+    preset = PRESETS["dynamics"]["binary-mse"]
+    at = app(SMALL)
+    at.switch_page("pages/regime.py")
+    at.run()
+    at.button(key="regime.binary").click()
+    at.run()
+    assert not at.exception
+    assert at.text_input(key="classes").value == preset.data.dataset.split(":")[1]
+    assert at.number_input(key="n").value == preset.data.n and at.number_input(key="n_test").value == preset.data.n_test
+    assert at.multiselect(key="widths").value == list(preset.widths)
+    assert at.number_input(key="regime.epochs").value == preset.train.epochs
+    assert at.number_input(key="regime.seeds").value == len(preset.seeds)
+    assert at.selectbox(key="regime.optimizer").value == preset.train.optimizer
+    assert at.select_slider(key="regime.lr").value == preset.train.lr
+    assert at.selectbox(key="regime.param").value == preset.train.param
