@@ -230,6 +230,14 @@ def count_path_report(device="cpu") -> dict:
     return {**report, "count_dtype": used, "source": COUNT_ENV if forced else "measured"}
 
 
+def measured_count_paths() -> dict:
+    """{device: ``count_path_report(device)``} for each device this process has already timed
+    (this call times nothing): the count paths its empirical NTKs used, for provenance."""
+    with _probe_lock:
+        devices = list(_probed)
+    return {d: count_path_report(d) for d in devices}
+
+
 def _blocks(n: int, size: int) -> list[tuple[int, int]]:
     """[start, stop) blocks of near-equal sizes <= ``size`` covering range(n)."""
     if n <= 0:
@@ -505,16 +513,17 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
         return K
     rA2 = _inverse_norms(A).mul_(2)  # 2/|a|: scales the halved Gram below to the cosine exactly
     rB = rA2 / 2 if same else _inverse_norms(B_)
-    Ah = A / 2  # exact: the GEMM gives xᵀx'/2, so (π − θ)/(2π) becomes one fused pass
     r, c = _kinf_tiles(n1, n2, rows, dev.type)
     G_buf = torch.empty(r * min(max(r, c), n2), dtype=torch.float64, device=dev)  # the largest tile
     C_buf = torch.empty_like(G_buf)
     S_buf = None if dtype == torch.float64 else torch.empty_like(G_buf)  # float64 diagonal tiles
     # Symmetric case: only the tiles on and right of the diagonal are computed (about half the
     # GEMM and half the arccos) and mirrored below it. Five passes over each tile after its
-    # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π).
+    # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π). The GEMM
+    # halves its own output (alpha = 1/2, exact), so (π − θ)/(2π) needs no pass of its own.
     for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
-        G = torch.mm(Ah[i:i2], B_[j:j2].T, out=G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j))  # xᵀx'/2
+        G = G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j)
+        G.addmm_(A[i:i2], B_[j:j2].T, beta=0, alpha=0.5)  # xᵀx'/2; beta = 0: G's old bytes are not read
         C = C_buf[:G.numel()].view_as(G)
         diagonal = same and i == j
         T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
@@ -524,13 +533,12 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
             if diagonal:
                 C.copy_(T.T)
                 T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
+                T.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
                 if S_buf is not None:
                     K[i:i2, j:j2] = T
             else:
                 if same:
                     K[j:j2, i:i2] = K[i:i2, j:j2].T
-    if same:
-        K.diagonal().copy_((A * A).sum(dim=1) / 2)
     return K
 
 

@@ -270,3 +270,13 @@ def test_tiled_infinite_ntk_matches_the_closed_form_and_keeps_threads(threads):
             assert torch.equal(infinite_ntk(A if X2 is None else B, X2, storage="float32"), K64.float())
     finally:
         torch.set_num_threads(before)
+
+
+def test_measured_count_paths_lists_only_devices_already_timed():
+    from engine.ntk import count_path_report, measured_count_paths
+
+    report = count_path_report("cpu")  # times the CPU paths if this process had not yet
+    paths = measured_count_paths()
+    assert paths["cpu"]["count_dtype"] == report["count_dtype"]
+    if not torch.cuda.is_available():
+        assert set(paths) == {"cpu"}  # nothing is timed that no kernel asked for
