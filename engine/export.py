@@ -34,6 +34,7 @@ DEBIAN_CHROMIUM = "/usr/bin/chromium"
 WIDTH_PX = 1000       # default image size in CSS pixels (PNG: times ``scale``)
 HEIGHT_PX = 560
 SCALE = 2.0           # PNG pixel density: sharp on a projector
+SLIDE_PX = (1280, 720)  # the dashboard's PNG and SVG buttons: a 16:9 slide in CSS pixels
 TIMEOUT_S = 90.0      # kaleido's limit for one image
 
 

@@ -127,6 +127,11 @@ def _page_figures() -> dict:
                                   "Gap to the linearised net during training"),
         "width needed": (plots.width_needed_fig(plots.width_needed_data(thresholds)),
                          "Width needed for the kernel regime, by bound"),
+        "influence digits": (plots.influence_grid_fig(rng.random((60, 784)), (1, 28, 28), plots.influence_grid_data(
+            rng.standard_normal(60), [str(c) for c in y], 8, "attn")), "MLP-Attn: most positive and negative influence"),
+        "influence histogram": (plots.influence_hist_fig(pd.DataFrame(
+            {"arch": ["relu"] * 60 + ["attn"] * 60, "influence": np.r_[1e-3 * rng.standard_normal(60),
+                                                                       rng.standard_normal(60)]})), None),
     }
 
 

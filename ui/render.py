@@ -54,7 +54,7 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
         for fmt in ("png", "svg"):
             row.download_button(fmt.upper(), _image(still, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],
                                 key=f"{fmt}.{slug}", on_click="ignore", width="content",
-                                help=f"Download “{name}” as {fmt.upper()} (for slides)")
+                                help=f"Download “{name}” as a 16:9 {fmt.upper()} slide, with its settings line")
 
 
 IMAGE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
@@ -67,7 +67,8 @@ def _sidebar_line() -> str:
 
 
 def _image(fig, fmt: str):
-    return lambda: export.image_bytes(fig, fmt)  # kaleido starts Chromium only when the button is clicked
+    """A 16:9 slide (``export.SLIDE_PX``), rendered only when clicked: kaleido starts Chromium then."""
+    return lambda: export.image_bytes(fig, fmt, *export.SLIDE_PX)
 
 
 def metric_slots(k: int) -> list:
