@@ -319,7 +319,7 @@ def _legend_rows(fig: go.Figure, size: float, width: float) -> int:
         return 0
     rows, used = 1, 0.0
     for name in names:
-        w = 40 + _text_px(name, size) + 10
+        w = 40 + _text_px(name, size) + 20  # symbol, text and the gap plotly leaves after each entry
         if used and used + w > width:
             rows, used = rows + 1, 0.0
         used += w
@@ -357,7 +357,8 @@ def fit(fig: go.Figure, width: int, height: int) -> go.Figure:
     horizontal_above = legend.orientation == "h" and (legend.y is None or legend.y >= 1.0)
     if horizontal_above and out.layout.showlegend is not False:
         size = float(legend.font.size or base)
-        rows = _legend_rows(out, size, width - left - 40)
+        right = float(out.layout.margin.r if out.layout.margin.r is not None else 80)
+        rows = _legend_rows(out, size, width - left - right - 40)
         top += rows * max(size * LINE_EM, 20) + 10
         out.update_layout(legend=dict(y=1.0, yanchor="bottom", yref="paper"))
     above = 0.0
