@@ -54,6 +54,7 @@ _ENTK_SPLIT = 2       # blocks of rows at least, once tiles of _ENTK_MIN_TILE al
 _ENTK_COLS = 2048     # CPU tile columns: wide enough for the count GEMM to run near its rate
 _SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (_serial)
 _GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
+_SERIAL_WORK = 2**29   # kernels with fewer GEMM multiply-adds (~30 ms on one core) run on one thread whole
 
 
 STORAGE = ("float64", "float32")
@@ -265,12 +266,15 @@ class _serial:
 
     An element-wise pass over a cache-sized tile takes microseconds; split over OpenMP
     threads on a busy machine it waits at the barrier for a thread the OS has not scheduled
-    (measured: 0.97 s against 1.4 ms for K∞'s passes at n = 300 with two threads). Only
-    element-wise passes go inside, whose results do not depend on the thread count; GEMMs
-    stay outside, on every thread."""
+    (measured: 0.97 s against 1.4 ms for K∞'s passes at n = 300 with two threads). Per tile
+    only element-wise passes go inside, whose results do not depend on the thread count;
+    GEMMs stay on every thread, except in a kernel whose GEMMs are small in all
+    (< ``_SERIAL_WORK`` multiply-adds, ~30 ms on one core): a small GEMM split over two
+    threads waits at the same barrier (K∞ at n = 300: 0.01 of the GEMM rate with two
+    threads on a busy machine, 0.24 with one), so such a kernel runs on one thread whole."""
 
-    def __init__(self, entries: int, device_type: str):
-        self.off = (device_type != "cpu" or not _GRAIN <= entries < _SERIAL_BELOW
+    def __init__(self, entries: int, device_type: str, below: int = _SERIAL_BELOW, grain: int = _GRAIN):
+        self.off = (device_type != "cpu" or not grain <= entries < below
                     or torch.get_num_threads() == 1)
 
     def __enter__(self):
@@ -337,8 +341,11 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
-    S1 = _signs(phi1, Wc, cdt, chunk)
-    S2 = S1 if same else _signs(phi2, Wc, cdt, chunk)
+    d = phi1.shape[1]
+    small = (n1 + (0 if same else n2)) * d * m + n1 * n2 * (m + d)  # multiply-adds of its GEMMs
+    with _serial(small, dev.type, _SERIAL_WORK, 0):  # small kernels: one thread whole
+        S1 = _signs(phi1, Wc, cdt, chunk)
+        S2 = S1 if same else _signs(phi2, Wc, cdt, chunk)
     K = torch.empty(n1, n2, dtype=dtype, device=dev)
     rows, cols = _entk_tiles(n1, n2, chunk, dev.type)
     # float64 storage: each tile is finished in place in K; float32: in a float64 scratch
@@ -348,18 +355,19 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     # For X2 = X1 only the tiles on and right of the diagonal are computed and mirrored. The
     # feature Gram is formed in the features' own precision (float32 features carry no more
     # digits); the counts are exact; their product is taken in float64: three passes.
-    for i, i2, j, j2 in _tiles(n1, n2, rows, cols, same):
-        G = phi1[i:i2] @ phi2[j:j2].T
-        C = _counts(S1[i:i2], S2[j:j2])
-        T = K[i:i2, j:j2] if scratch is None else scratch[:G.numel()].view_as(G)
-        with _serial(G.numel(), dev.type):
-            T.copy_(G).mul_(C).div_(m)
-            if same and j == i:
-                T.copy_((T + T.T) / 2)  # rounding makes a diagonal tile's Gram a hair asymmetric
-            if scratch is not None:
-                K[i:i2, j:j2] = T
-            if same and j != i:
-                K[j:j2, i:i2] = K[i:i2, j:j2].T
+    with _serial(small, dev.type, _SERIAL_WORK, 0):
+        for i, i2, j, j2 in _tiles(n1, n2, rows, cols, same):
+            G = phi1[i:i2] @ phi2[j:j2].T
+            C = _counts(S1[i:i2], S2[j:j2])
+            T = K[i:i2, j:j2] if scratch is None else scratch[:G.numel()].view_as(G)
+            with _serial(G.numel(), dev.type):
+                T.copy_(G).mul_(C).div_(m)
+                if same and j == i:
+                    T.copy_((T + T.T) / 2)  # rounding makes a diagonal tile's Gram a hair asymmetric
+                if scratch is not None:
+                    K[i:i2, j:j2] = T
+                if same and j != i:
+                    K[j:j2, i:i2] = K[i:i2, j:j2].T
     return K
 
 
@@ -521,24 +529,25 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     # GEMM and half the arccos) and mirrored below it. Five passes over each tile after its
     # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π). The GEMM
     # halves its own output (alpha = 1/2, exact), so (π − θ)/(2π) needs no pass of its own.
-    for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
-        G = G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j)
-        G.addmm_(A[i:i2], B_[j:j2].T, beta=0, alpha=0.5)  # xᵀx'/2; beta = 0: G's old bytes are not read
-        C = C_buf[:G.numel()].view_as(G)
-        diagonal = same and i == j
-        T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
-        with _serial(G.numel(), dev.type):
-            torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
-            torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
-            if diagonal:
-                C.copy_(T.T)
-                T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
-                T.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
-                if S_buf is not None:
-                    K[i:i2, j:j2] = T
-            else:
-                if same:
-                    K[j:j2, i:i2] = K[i:i2, j:j2].T
+    with _serial(n1 * n2 * d, dev.type, _SERIAL_WORK, 0):  # small kernels: one thread whole
+        for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
+            G = G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j)
+            G.addmm_(A[i:i2], B_[j:j2].T, beta=0, alpha=0.5)  # xᵀx'/2; beta = 0: G's old bytes are not read
+            C = C_buf[:G.numel()].view_as(G)
+            diagonal = same and i == j
+            T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
+            with _serial(G.numel(), dev.type):
+                torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
+                torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
+                if diagonal:
+                    C.copy_(T.T)
+                    T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
+                    T.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
+                    if S_buf is not None:
+                        K[i:i2, j:j2] = T
+                else:
+                    if same:
+                        K[j:j2, i:i2] = K[i:i2, j:j2].T
     return K
 
 
