@@ -202,6 +202,9 @@ def talk_style(fig: go.Figure) -> go.Figure:
             color = getattr(obj, "color", None) if obj is not None else None
             if isinstance(color, str) and color.lower() in OKABE_ITO:
                 obj.color = OKABE_ITO[color.lower()]
+        fill = getattr(trace, "fillcolor", None)  # a mean ± sd band: the same colour as its line
+        if isinstance(fill, str) and fill.lower() in OKABE_ITO:
+            trace.fillcolor = OKABE_ITO[fill.lower()]
     return _full_size_log_ticks(out)
 
 

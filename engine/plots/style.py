@@ -33,9 +33,9 @@ METRICS = {  # column -> (chart title, axis title with units)
                             "relative prediction gap (unitless)"),
     "prediction_gap_trained": ("Kernel-regression prediction gap after training", "relative prediction gap (unitless)"),
     "function_dist_rel": ("Relative function distance ‖f_m − f_NTK‖_F / ‖f_NTK‖_F", "relative distance (unitless)"),
-    "train_acc": ("Train accuracy", "train accuracy (fraction)"),
-    "test_acc_ntk": ("Test accuracy of K∞ ridge regression", "test accuracy (fraction)"),
-    "test_acc": ("Test accuracy", "test accuracy (fraction)"),
+    "train_acc": ("Train accuracy", "train accuracy (% of training points)"),
+    "test_acc_ntk": ("Test accuracy of K∞ ridge regression", "test accuracy (% of test points)"),
+    "test_acc": ("Test accuracy", "test accuracy (% of test points)"),
     "weight_movement": ("Weight movement ‖W_t − W_0‖_F / ‖W_0‖_F", "relative movement (unitless)"),
 }
 
