@@ -220,7 +220,8 @@ def test_count_path_report_says_what_runs_and_why(monkeypatch):
     monkeypatch.delenv(COUNT_ENV, raising=False)
     r = count_path_report("cpu")
     assert r["source"] == "measured" and r["count_dtype"] == r["fastest"] in r["rates_gops"]
-    assert r["rates_gops"]["float32"] > 0 and r["threads"] >= 1 and r["device"] == "cpu"
+    assert r["rates_gops"]["float32"] > 0 and r["device"] == "cpu"
+    assert r["threads"] == 1  # timed on one thread: two on a busy machine time the barrier instead
     assert set(r["rates_gops"]) | set(r["unavailable"]) == set(COUNT_PATHS)
     monkeypatch.setenv(COUNT_ENV, "float32")
     r = count_path_report("cpu")
