@@ -578,7 +578,8 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
         t = _interleaved({"step": lambda: empirical_ntk_features(head, phi), "floor": gemms}, repeat, sync, deadline)
         K_m = empirical_ntk_features(head, phi)
         _, counts, gram = gemms()
-        return _floor_row("entk", t, "Φ Wᵀ (fp32) + S Sᵀ (exact counts, the fastest path) + Φ Φᵀ (fp32), full GEMMs",
+        floor = "Φ Wᵀ (fp32) + S Sᵀ (exact counts, the fastest path) + Φ Φᵀ (fp32), full GEMMs"
+        return _floor_row("entk", t, floor,
                           _rel(K_m, gram.double() * counts / m))
 
     part("spectrum", 0.05, "Gram spectrum against eigvalsh(Xᵀ X)", spectrum)

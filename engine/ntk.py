@@ -14,10 +14,11 @@ float32 and, on CUDA, bf16 (fp32 accumulation) once per process and device on a 
 block and keeps the fastest exact one (``count_path_report`` says which and why; the
 environment variable ``ENGINE_COUNT_DTYPE=auto|int8|float32|bfloat16`` forces one). Every
 path gives the same integers, so the kernel is bit for bit the same whichever runs. int8 is
-not always the fast one: without VNNI, CPU int8 GEMMs run 20–30x below fp32.
-The feature Gram is formed in the features' own precision and the product in float64. ``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from
-``torch.func`` and is the reference the closed form is tested against. Nets with trainable attention (``qkv``) have no closed
-form: their kernel covers every parameter and always comes from autograd.
+not always the fast one: without VNNI, CPU int8 GEMMs run 25–100x below fp32. The
+feature Gram is formed in the features' own precision and the product in float64.
+``NTKMethod.AUTOGRAD`` contracts per-sample Jacobians from ``torch.func`` and is the
+reference the closed form is tested against. Nets with trainable attention (``qkv``) have
+no closed form: their kernel covers every parameter and always comes from autograd.
 
 Storage (``STORAGE``) changes nothing in how an entry is computed (closed form: the feature
 Gram in the features' precision, exact counts, their product in float64; autograd: the
