@@ -22,7 +22,7 @@ from engine.dynamics import (PRESETS, CoordCheckConfig, DynamicsConfig, KernelFl
 from engine.errors import BadInput
 from engine.models import Net, TwoLayerReLU
 from engine.training import TrainSpec, train
-from tests.conftest import ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
+from tests.conftest import ATOL_ONE_OF_40, ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = DataSpec("synthetic", n=48, n_test=32, synthetic_d=12, synthetic_classes=2)   # MSE, one output
@@ -363,4 +363,4 @@ def test_train_accuracy_is_the_trained_nets_own(classes):
         twin = Net("relu", s.X.float(), 64, n_out, seed=0)
         train(twin, s.X.float(), s.y, classes, replace(spec, epochs=epoch), seed=0)
         got = rows.query("epoch == @epoch").train_acc.iloc[0]
-        assert got == pytest.approx(accuracy(twin, s.X.float(), s.y), abs=1 / 40 + 1e-12), epoch
+        assert got == pytest.approx(accuracy(twin, s.X.float(), s.y), abs=ATOL_ONE_OF_40), epoch
