@@ -19,7 +19,7 @@ from ui.runner import POLL_S, obtain_planned, peek
 
 BOUND = configs.BOUND
 RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
-PAGE_NAMES = {"malleability": "Malleability", "ntk": "NTK convergence"}
+PAGE_NAMES = {"malleability": "Malleability", "ntk-sweep": "NTK convergence"}  # Variant.page: the URL path
 
 
 def controls_ui() -> tuple[int, int, int]:
