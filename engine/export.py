@@ -193,7 +193,9 @@ def talk_style(fig: go.Figure) -> go.Figure:
     for trace in out.data:
         if "colorbar" in trace and trace.showscale is not False:
             trace.update(colorbar_tickfont_size=TALK["ticks"], colorbar_title_font_size=TALK["ticks"])
-    out.update_traces(line_width=3, marker_size=9, selector=dict(type="scatter"))
+    for trace in out.data:  # thicker lines and larger markers, but a band's invisible edge stays invisible
+        if trace.type == "scatter" and trace.line.width != 0:
+            trace.update(line_width=3, marker_size=9)
     out.update_traces(textfont_size=TALK["ticks"], selector=dict(type="bar"))
     out.update_annotations(font_size=TALK["annotations"])
     for trace in out.data:  # the dashboard's own colours, swapped for their colour-blind-safe twins

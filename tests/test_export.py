@@ -145,7 +145,9 @@ def test_talk_style_enlarges_text_and_swaps_in_colour_blind_safe_colours():
     out = talk_style(fig)
     assert out.data[0].line.color == OKABE_ITO[ARCH_COLORS["relu"]] and out.data[0].line.width == 3
     assert out.data[1].marker.color == OKABE_ITO[ARCH_COLORS["attn"]]
-    band = talk_style(go.Figure(go.Scatter(x=[1, 2], y=[1, 2], fill="toself", fillcolor=ARCH_COLORS["attn"])))
+    band = talk_style(go.Figure(go.Scatter(x=[1, 2], y=[1, 2], fill="toself", fillcolor=ARCH_COLORS["attn"],
+                                           line=dict(width=0))))
     assert band.data[0].fillcolor == OKABE_ITO[ARCH_COLORS["attn"]]  # a mean ± sd band keeps its line's colour
+    assert band.data[0].line.width == 0                               # and no outline
     assert out.layout.font.size == 18
     assert fig.data[0].line.color == ARCH_COLORS["relu"]  # the page's own figure is untouched
