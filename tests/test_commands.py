@@ -43,7 +43,7 @@ def test_every_preset_parses_back_from_its_command(name):
         assert _parsed(line) == cfg, (which, line)
 
 
-@pytest.mark.parametrize("name", list(EXPERIMENTS))
+@pytest.mark.parametrize("name", list(_views()))
 def test_a_pages_view_parses_back_from_its_command(name):
     cfg = _views()[name]
     line = command_line(cfg)
