@@ -492,3 +492,19 @@ def dynamics_figure(result, metric: str | None = None) -> go.Figure:
     fig = plots.regime_width_fig(plots.regime_width_data(final, metric), metric)
     title = f"{plots.REGIME_LABELS[metric][0]} after {result.config['train']['epochs']} epochs"
     return titled(fig, title, settings_line(result.config))
+
+
+RETRAIN_METRICS = ("retrain_spearman", "retrain_pearson", "retrain_sign_agreement")
+
+
+def retrain_figure(result, metric: str | None = None) -> go.Figure:
+    """1 − one of ``RETRAIN_METRICS`` against width for the top-|influence| points (a ``retrain-loo``
+    result; default retrain_spearman), one panel per leave-one-out, with the m^-1/2 reference."""
+    from . import plots
+
+    metric = metric or "retrain_spearman"
+    if metric not in RETRAIN_METRICS:
+        raise BadInput(f"unknown metric {metric!r} for retrain-loo; allowed: {', '.join(RETRAIN_METRICS)}")
+    fig = plots.retrain_width_fig(plots.retrain_width_data(result.frames["summary"], metric, "top"), metric)
+    title = f"Kernel against retrained influence: 1 − {plots.RETRAIN_LABELS[metric][0]} against width"
+    return titled(fig, title, settings_line(result.config))

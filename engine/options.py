@@ -11,6 +11,7 @@ stay the same.
 from __future__ import annotations
 
 from .models import ARCHS, INITS, MAX_WIDTH, check_init, parse_attention
+from .influence import INFLUENCE_TARGETS
 from .ntk import STORAGE
 from .settings import setting
 
@@ -106,6 +107,13 @@ def check_init_widths(init: str, widths) -> None:
 def attention(default: str = "linear", check=parse_attention, only: str = ""):
     """The attention variant of MLP-Attn; ``check`` may be stricter (``only`` says how, in the help)."""
     return setting(default, ATTENTION_HELP + (f"; {only}" if only else ""), check=check)
+
+
+def influence_target(default: str = "true"):
+    """Which output an influence scores (``engine.influence.INFLUENCE_TARGETS``)."""
+    return setting(default, "influence on: true = each test point's own-class output; margin = own class minus the "
+                   "best other class; sum = the label-free sum over outputs (binary tasks have one output: all "
+                   "agree)", flag="--influence", choices=INFLUENCE_TARGETS)
 
 
 def storage():

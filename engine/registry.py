@@ -13,12 +13,12 @@ Old spellings (``figure ntk``, ``figure regime``) resolve through ``get`` for on
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
 from . import budget as B
-from . import dynamics, experiments, malleability, scaling
+from . import dynamics, experiments, malleability, retrain, scaling
 from .budget import Estimate
 from .cache import Result, cached_run
 from .data import DataSpec
@@ -135,6 +135,14 @@ def _records() -> dict[str, Experiment]:
         Experiment("coord-check", D.CoordCheckConfig, D.run_coord_check, D.estimate_coord_check,
                    D.PRESETS["coord-check"], "μP's coordinate check: sizes of the first steps' changes against width",
                    "this coordinate check", ("rows", "summary", "fit"), lambda: D.CoordCheckConfig(data=syn)),
+        Experiment("retrain-loo", retrain.RetrainConfig, retrain.run_retrain_loo, retrain.estimate_retrain,
+                   retrain.PRESETS["retrain-loo"], "leave-one-out by retraining against the kernels' leave-one-out, "
+                   "per architecture and width", "this leave-one-out retraining", ("rows", "summary"),
+                   lambda: retrain.RetrainConfig(data=syn, train=replace(retrain.LAZY_SGD, epochs=5), widths=(64, 256),
+                                                 seeds=(0,), k=3),
+                   "engine.export:retrain_figure",
+                   "1 − agreement of kernel and retrained influence against width, m^-1/2 reference (Influence and "
+                   "Kernel regime pages)", hint="use fewer widths, seeds or epochs, or a smaller k"),
     ]
     out = {}
     for r in recs:

@@ -11,6 +11,7 @@ from engine.malleability import InfluenceConfig, run_influence
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import require, shared
+from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -106,3 +107,5 @@ render.settings(res.config)
 with st.expander("The same view from the command line"):
     render.command(cfg)
 render.cached_note(res)
+
+retrain_section(s, ridge=ridge, target=target)  # is this influence what the network does when a point goes?

@@ -12,6 +12,7 @@ from engine.errors import EngineError
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, available_names, require, shared
+from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -194,3 +195,5 @@ if cres is not None:
                f"{', '.join(str(w) for w in ccfg.widths)}; {ccfg.train.optimizer}, η = {ccfg.train.lr:g}, "
                f"batch {ccfg.train.batch_size}.")
     render.cached_note(cres)
+
+retrain_section(s)  # the same question asked of influence: does the kernel describe retraining?

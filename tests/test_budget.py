@@ -117,10 +117,11 @@ def test_memory_grows_with_n_squared(make, n):
 
 def test_every_config_has_an_estimate():
     from engine.dynamics import CoordCheckConfig, DynamicsConfig
+    from engine.retrain import RetrainConfig
 
     assert {e.config for e in EXPERIMENTS.values()} == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
                                                         MalleabilityConfig, ScalingConfig, DynamicsConfig,
-                                                        CoordCheckConfig}
+                                                        CoordCheckConfig, RetrainConfig}
     with pytest.raises(BadInput, match="no experiment takes a DataSpec"):
         estimate(SYN)
 

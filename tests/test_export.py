@@ -17,6 +17,7 @@ from engine.dynamics import DynamicsConfig, run_dynamics
 from engine.errors import BadInput
 from engine.experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
 from engine.malleability import MalleabilityConfig, run_malleability
+from engine.retrain import RetrainConfig, run_retrain_loo
 from engine.scaling import ScalingConfig, run_scaling
 from engine.training import TrainSpec
 
@@ -67,6 +68,9 @@ def _results(tmp_path):
                                              max_width=64, seeds=(0,))),
         "dynamics": run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
                                                 widths=(16, 64), seeds=(0,))),
+        "retrain-loo": run_retrain_loo(RetrainConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd",
+                                                                               loss="mse"),
+                                                     widths=(16, 64), seeds=(0,), k=2)),
     }
 
 

@@ -49,7 +49,7 @@ def test_every_experiment_is_a_grid_kind(name, tmp_path):
 
 def test_figures_and_old_spellings_resolve():
     with_figure = {n for n, e in EXPERIMENTS.items() if e.figure}
-    assert with_figure == {"spectrum", "ntk-sweep", "malleability", "scaling", "dynamics"}
+    assert with_figure == {"spectrum", "ntk-sweep", "malleability", "scaling", "dynamics", "retrain-loo"}
     for name in with_figure:
         module, fn = EXPERIMENTS[name].figure.split(":")
         assert module == "engine.export" and callable(getattr(export, fn))
