@@ -38,7 +38,7 @@ test: setup
 
 # Everything: adds memory peaks, AppTest on MNIST, the Ray grid and the browser (CI runs this).
 test-all: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 bench: setup
 	$(BIN)/python -m engine bench --quick

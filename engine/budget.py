@@ -327,6 +327,25 @@ def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:
 STEP_SHARE = 0.95  # share of the free memory one kernel step may allocate
 
 
+FINITE_BLOCK = 2**20  # elements per block of all_finite: a 1 MiB bool temporary, not one of n x n
+
+
+def all_finite(t) -> bool:
+    """Whether every entry of tensor ``t`` is finite, checked in row blocks of about
+    ``FINITE_BLOCK`` elements, so the check allocates at most that many bools rather than one
+    per entry (an n x n kernel at n = 3000 would need 9 MB more than its step's count).
+    One device sync at the end, not one per block."""
+    import torch
+
+    if t.numel() <= FINITE_BLOCK or t.ndim == 0:
+        return bool(torch.isfinite(t).all())
+    rows = max(1, FINITE_BLOCK // max(1, t[0].numel()))
+    ok = torch.ones((), dtype=torch.bool, device=t.device)
+    for i in range(0, t.shape[0], rows):
+        ok &= torch.isfinite(t[i:i + rows]).all()
+    return bool(ok)
+
+
 def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "",
             alternative_bytes: int | None = None) -> None:
     """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.

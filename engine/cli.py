@@ -174,7 +174,7 @@ def run_command(name: str, a, progress) -> dict:
     exp = get(name)
     cfg = config_from_args(exp, a)
     if a.estimate:
-        return _estimate_only(exp, cfg)
+        return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)
     out = dict(res.meta.get("summary", {})) if name == "spectrum" else {}
     for i, frame in enumerate(exp.tables):
@@ -370,7 +370,7 @@ def cmd_figure(a, progress) -> dict:
     fmt = export.format_of(out)
     cfg = config_from_args(exp, a)
     if a.estimate:
-        return _estimate_only(exp, cfg)
+        return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)
     fig = exp.main_figure(res, a.fig_metric)
     if a.talk:

@@ -275,7 +275,7 @@ class KernelFlow:
 
     def __init__(self, K: torch.Tensor, K_t: torch.Tensor):
         K = K.double()
-        if not bool(torch.isfinite(K).all()):  # eigh of a NaN kernel raises deep inside LAPACK
+        if not B.all_finite(K):  # eigh of a NaN kernel raises deep inside LAPACK
             raise BadInput(f"the K∞ gradient flow's {K.shape[0]} x {K.shape[0]} kernel holds NaN or infinite "
                            "values; check the data for non-finite or all-zero rows")
         mu, U = torch.linalg.eigh((K + K.T) / 2)

@@ -60,7 +60,7 @@ def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float
     B.require(factor_bytes(n, nt, c) + per_test_row * nt * n, K.device, f"the leave-one-out factorisation of a "
               f"{n} x {n} kernel (float64) for {nt} test points",
               lambda k: factor_bytes(k, nt, c) + per_test_row * nt * k, n)
-    if not bool(torch.isfinite(K_test).all()):
+    if not B.all_finite(K_test):
         raise BadInput(f"{what}: the {nt} x {n} test kernel holds NaN or infinite values; the net diverged "
                        "or the inputs overflow: lower the learning rate or the init scale")
     # One n x n copy of K, factored in place; sub-blocks of L stay BLAS-ready.

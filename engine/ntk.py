@@ -603,7 +603,7 @@ def checked_cholesky(A: torch.Tensor, what: str, ridge: float, lam: float, out: 
     LAPACK may pass NaN through) or is not positive definite in float64 (duplicate or nearly
     equal training points make K singular, and a ridge near its lower bound cannot lift it)."""
     n = A.shape[0]
-    if not bool(torch.isfinite(A).all()):
+    if not B.all_finite(A):
         raise BadInput(f"{what}: the {n} x {n} kernel (+ λI, ridge {ridge:g}) holds NaN or infinite values; "
                        "the net diverged or the inputs overflow: lower the learning rate or the init scale, "
                        "or rescale the data")
@@ -630,7 +630,7 @@ def ridge_factor(K: torch.Tensor, ridge: float, what: str) -> tuple[torch.Tensor
 
 def check_solution(x: torch.Tensor, what: str, ridge: float) -> torch.Tensor:
     """``x`` when finite; else one-line ``BadInput``: the solve with K + λI overflowed."""
-    if not bool(torch.isfinite(x).all()):
+    if not B.all_finite(x):
         raise BadInput(f"{what}: solving with K + λI gave NaN or infinite values at ridge {ridge:g} "
                        "(K + λI is too close to singular in float64); use a larger ridge (e.g. --ridge 1e-3)")
     return x
@@ -682,7 +682,7 @@ def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-
     D = K_m.to(K_inf) - K_inf
     D = (D + D.T) / 2  # exact no-op for symmetric inputs; keeps eigvalsh honest otherwise
     lam = ridge * float(K_inf.diagonal().mean())
-    if not bool(torch.isfinite(D).all()):
+    if not B.all_finite(D):
         raise BadInput(f"{what}: the {n} x {n} kernel K_m holds NaN or infinite values; the net diverged: "
                        "lower the learning rate or the init scale")
     L = checked_cholesky(K_inf + lam * torch.eye(K_inf.shape[0], dtype=K_inf.dtype, device=K_inf.device),

@@ -63,12 +63,13 @@ KERNEL_METRICS = {  # name -> (summary column, the NTK page's `ntk.metric` key)
     "whitened": ("kernel_dist_whitened_trained", "kernel_dist_whitened"),
     "prediction": ("prediction_gap_trained", "prediction_gap"),
 }
-# The NTK page's `ntk.metric` selectbox shows (and puts in the URL) these labels; a test
-# checks them against pages/ntk.py.
+# What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
+# Its `ntk.metric` selectbox shows (and puts in the URL) these labels, the default first: what
+# kernel regression with K_m predicts against K∞'s (the paper's claim is about that).
 NTK_METRIC_LABELS = {
-    "kernel_dist": "relative Frobenius ‖K_m − K∞‖_F / ‖K∞‖_F (blind to κ)",
-    "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
     "prediction_gap": "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
+    "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
+    "kernel_dist": "relative Frobenius ‖K_m − K∞‖_F / ‖K∞‖_F (blind to κ: can rank the nets the other way)",
 }
 CLAIMS = {"flip": "MLP-Attn's influences flip far more often than 2L-ReLU's",
           "kernel": "MLP-Attn's kernel stays far from K∞ at large width while 2L-ReLU's converges"}

@@ -50,7 +50,7 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     B.require(spectrum_bytes(n, d), F.device, f"the spectrum of a {n} x {d} Gram (float64)",
               lambda k: spectrum_bytes(k, d), n)
     F64 = F.double()
-    if not bool(torch.isfinite(F64).all()):  # eigvalsh would fail to converge, or return NaN
+    if not B.all_finite(F64):  # eigvalsh would fail to converge, or return NaN
         raise BadInput(f"the spectrum of a {n} x {d} Gram: its rows hold NaN or infinite values; rescale the "
                        "data or use another attention variant")
     if n > d:

@@ -6,18 +6,13 @@ import streamlit as st
 
 from engine import plots
 from engine.experiments import SweepConfig, run_kernels, run_ntk_sweep
+from engine.protocols import NTK_METRIC_LABELS
 from engine.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
-KERNEL_METRICS = {  # what "distance to K∞" means: the choice changes the verdict, so it is visible
-    # first, the default: what kernel regression with K_m predicts, against K∞'s (the paper's claim is about that)
-    "prediction_gap": "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
-    "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
-    "kernel_dist": "relative Frobenius ‖K_m − K∞‖_F / ‖K∞‖_F (blind to κ: can rank the nets the other way)",
-}
 
 
 def controls_ui() -> tuple[int, int, float, str, str]:
@@ -31,7 +26,7 @@ def controls_ui() -> tuple[int, int, float, str, str]:
                              help=configs.help_of(SweepConfig, "ridge"))
     optimizer = c4.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="ntk.optimizer",
                              **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
-    metric = c5.selectbox("Kernel distance", list(KERNEL_METRICS), format_func=lambda k: KERNEL_METRICS[k],
+    metric = c5.selectbox("Kernel distance", list(NTK_METRIC_LABELS), format_func=lambda k: NTK_METRIC_LABELS[k],
                           key="ntk.metric", **BOUND,
                           help="The prediction gap (the default) and the whitened distance see the conditioning "
                                "the paper is about; the Frobenius distance is blind to it and can put MLP-Attn "
@@ -71,7 +66,7 @@ if res is not None:
     with c1:
         data = plots.distance_data(rows, f"{metric}_init")
         render.chart(plots.distance_fig(data, f"{metric}_init"), data, f"{metric} at init", config=res.config,
-                     how_to_read=f"{KERNEL_METRICS[metric][0].upper() + KERNEL_METRICS[metric][1:]} between the empirical NTK at initialisation and "
+                     how_to_read=f"{NTK_METRIC_LABELS[metric][0].upper() + NTK_METRIC_LABELS[metric][1:]} between the empirical NTK at initialisation and "
                      "K∞ on the training points, mean ± sd over seeds; a falling line means the width is "
                      "approaching the kernel limit.")
     with c2:

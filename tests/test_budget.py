@@ -331,3 +331,26 @@ def test_a_run_over_a_real_cgroup_limit_is_refused_not_killed(tmp_path):
             group.rmdir()
         except OSError:
             pass
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("shape,where", [((1500, 1500), "first"), ((1500, 1500), "last"), ((3000, 700), "middle"),
+                                         ((2**21,), "last"), ((10, 10), "middle")])
+def test_all_finite_is_torch_isfinite_all_without_the_n_squared_temporary(monkeypatch, shape, where, bad):
+    """The blocked check answers what ``torch.isfinite(t).all()`` answers, wherever the one bad
+    entry sits (first, middle or last block, the last block short), on contiguous tensors and on
+    a transposed view (the Cholesky factors' layout), with a block much smaller than the tensor."""
+    import torch
+
+    monkeypatch.setattr(B, "FINITE_BLOCK", 4096)
+    g = torch.Generator().manual_seed(len(shape) + shape[0])
+    t = torch.randn(*shape, generator=g, dtype=torch.float64)
+    if bad is not None:
+        flat = t.view(-1)
+        flat[{"first": 0, "middle": flat.numel() // 2 + 7, "last": flat.numel() - 1}[where]] = bad
+    want = bool(torch.isfinite(t).all())
+    assert want == (bad is None)
+    assert B.all_finite(t) is want
+    if t.ndim == 2:
+        assert B.all_finite(t.mT) is want
+        assert B.all_finite(t.to(torch.float32)) is want
