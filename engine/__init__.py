@@ -17,15 +17,19 @@ from .experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels
 from .attacks import AttackMethod, AttackSpec, attack
 from .influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, influence_matrix, loo_influence,
                         net_influence, top_indices)
-from .malleability import InfluenceConfig, MalleabilityConfig, run_influence, run_malleability
+from .malleability import (INFLUENCE_KERNELS, TRAINED, InfluenceConfig, MalleabilityConfig, random_perturbation,
+                           run_influence, run_malleability)
+from .paper import TRAIN_GATE, flip_rule, passes_gate, readme_tables
+from .retrain import RetrainConfig, run_retrain_loo
+from .tables import excess_interval, flip_rate, rank_correlation
 from .runs import Prepared, prepare, tick
 from .settings import setting, validate
-from .models import ARCHS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
+from .models import ARCHS, INITS, Attention, Net, TwoLayerReLU, attention_features, features, parse_attention
 from .ntk import (STORAGE, NTKMethod, empirical_ntk, infinite_ntk, kernel_regression, prediction_gap,
                   relative_distance, whitened_distance)
 from .scaling import ScalingConfig, run_scaling, theory_exponent
 from .spectral import Spectrum, eig_spectrum, gram_spectrum, width_thresholds_log10
-from .training import TrainSpec, train
+from .training import TrainSpec, sgd_lr_limit, top_eigenvalue, train
 
 __version__ = ENGINE_VERSION
 
@@ -41,4 +45,8 @@ __all__ = [
     "run_kernels", "run_malleability", "run_ntk_sweep", "run_scaling", "run_spectrum", "Sample",
     "ScalingConfig", "Spectrum", "SpectrumConfig", "STORAGE", "SweepConfig", "theory_exponent", "top_indices",
     "train", "TrainSpec", "TwoLayerReLU", "width_thresholds_log10",
+    # the nulls, the kernels and the nets that train (issue 21), retraining (issue 22)
+    "excess_interval", "flip_rate", "flip_rule", "INFLUENCE_KERNELS", "INITS", "passes_gate",
+    "random_perturbation", "rank_correlation", "readme_tables", "RetrainConfig", "run_retrain_loo",
+    "sgd_lr_limit", "top_eigenvalue", "TRAIN_GATE", "TRAINED",
 ]

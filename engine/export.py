@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 
 from .data.folders import expand_path, writable
 from .errors import BadInput, EngineError
+from .plots.style import NORM_SYMBOLS
 
 FORMATS = ("png", "svg", "pdf")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -239,7 +240,6 @@ def _seeds(seeds) -> str:
 
 
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
-NORM_NAMES = {"linf": "ℓ∞", "l2": "ℓ2"}
 
 
 def settings_line(config: dict) -> str:
@@ -278,7 +278,7 @@ def settings_line(config: dict) -> str:
     attack = config.get("attack") or {}
     if attack and config.get("attacks"):
         space = {"raw": "pixels", "normalized": "unit rows"}.get(config.get("space"), config.get("space"))
-        parts.append(f"{NORM_NAMES.get(attack.get('norm'), attack.get('norm'))} attacks on {space}, "
+        parts.append(f"{NORM_SYMBOLS.get(attack.get('norm'), attack.get('norm'))} attacks on {space}, "
                      f"{attack.get('steps')} steps")
     if config.get("attention") and config.get("attention") != "linear":
         parts.append(f"attention {config['attention']}")

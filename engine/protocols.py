@@ -24,22 +24,18 @@ Adam's: a cell "optimizer sgd" trains with SGD's preset. Ridge and kernel cells
 (``ridge_variants``, ``kernel_choice_variants``) vary the influence's ridge and its kernel
 (the trained eNTK or K∞) on the base protocol.
 
-Each cell (``Variant``) carries the dashboard page and the URL query parameters (widget key →
-the value as the widget shows it) that reproduce it there, and ``unlinked``: settings that
-page cannot take from its URL.
+Each cell (``Variant``) names the dashboard page that shows it; the URL query parameters that
+reproduce it there (widget keys, a UI matter) are built by ``ui.links``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from urllib.parse import urlencode
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from .data import DataSpec
 from .experiments import SweepConfig
 from .malleability import INFLUENCE_KERNELS, MalleabilityConfig
 from .paper import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
@@ -58,18 +54,10 @@ OPTIMIZER_PRESETS = {"adam": None, "adamw": {"lr": 1e-3, "weight_decay": 0.1},
 RIDGES = (1e-3, 1e-2, 1e-1)   # the ridge row of the flip table: near-interpolating to smooth
 GEOMETRIES = (("linf", "raw"), ("l2", "normalized"))   # attack norm × space: the two readings of ε
 TARGETS = ("true", "sum")                             # label-aware and label-free influence
-KERNEL_METRICS = {  # name -> (summary column, the NTK page's `ntk.metric` key)
+KERNEL_METRICS = {  # name -> (summary column, its sweep-row stem: the NTK page's metric)
     "frobenius": ("kernel_dist_trained", "kernel_dist"),
     "whitened": ("kernel_dist_whitened_trained", "kernel_dist_whitened"),
     "prediction": ("prediction_gap_trained", "prediction_gap"),
-}
-# What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
-# Its `ntk.metric` selectbox shows (and puts in the URL) these labels, the default first: what
-# kernel regression with K_m predicts against K∞'s (the paper's claim is about that).
-NTK_METRIC_LABELS = {
-    "prediction_gap": "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
-    "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
-    "kernel_dist": "relative Frobenius ‖K_m − K∞‖_F / ‖K∞‖_F (blind to κ: can rank the nets the other way)",
 }
 CLAIMS = {"flip": "MLP-Attn's influences flip far more often than 2L-ReLU's",
           "kernel": "MLP-Attn's kernel stays far from K∞ at large width while 2L-ReLU's converges"}
@@ -90,57 +78,11 @@ class Variant:
     choices: dict                 # the protocol choices of this cell, e.g. {"optimizer": "sgd"}
     config: MalleabilityConfig | SweepConfig
     page: str                     # the experiment (and so the page URL path): "malleability" or "ntk-sweep"
-    params: dict                  # query parameters: widget key -> str or list[str]
-    unlinked: dict = field(default_factory=dict)  # settings the page cannot take from its URL
     metric: str | None = None     # kernel claim: a key of KERNEL_METRICS
 
     @property
     def label(self) -> str:
         return " · ".join(str(v) for v in self.choices.values())
-
-    def link(self) -> str:
-        """Relative URL of the page with the query parameters, e.g. ``malleability?mall.norm=l2``."""
-        return f"{self.page}?{urlencode(self.params, doseq=True)}"
-
-
-def _sidebar(data: DataSpec, archs, attention: str, seeds) -> tuple[dict, dict]:
-    """Query parameters of app.py's sidebar for a data spec, and what they cannot express."""
-    base, _, classes = data.dataset.partition(":")
-    params = {"data": Path(base).name, "classes": classes or "all", "n": str(data.n),
-              "n_test": str(data.n_test), "seed": str(data.seed), "archs": [ARCH_LABELS[a] for a in archs],
-              "attention": attention}
-    unlinked = {}
-    if data != DataSpec(dataset=data.dataset, n=data.n, n_test=data.n_test, seed=data.seed):
-        unlinked["data"] = "fields beyond data set, n, test points and seed"
-    if tuple(seeds) != tuple(range(data.seed, data.seed + len(seeds))):  # pages count up from the seed
-        unlinked["seeds"] = list(seeds)
-    return params, unlinked
-
-
-def _mall_params(cfg: MalleabilityConfig) -> tuple[dict, dict]:
-    params, unlinked = _sidebar(cfg.data, cfg.archs, cfg.attention, cfg.seeds)
-    params.update({"mall.attacks": [a.upper() for a in cfg.attacks], "mall.eps": [str(float(e)) for e in cfg.eps],
-                   "mall.norm": cfg.attack.norm, "mall.space": cfg.space, "mall.target": cfg.target,
-                   "mall.steps": str(cfg.attack.steps), "mall.epochs": str(cfg.train.epochs),
-                   "mall.seeds": str(len(cfg.seeds)), "mall.width": str(cfg.width), "mall.tau": str(cfg.tau),
-                   "mall.perturb": cfg.perturb, "mall.optimizer": cfg.train.optimizer,
-                   "mall.lr": str(cfg.train.lr), "mall.decay": str(cfg.train.weight_decay),
-                   "mall.ridge": str(cfg.ridge), "mall.kernel": cfg.influence_kernel, "mall.init": cfg.init,
-                   **{k: str(v).lower() for k, v in (("mall.retrain", cfg.retrain),
-                   ("mall.adv", cfg.adversarial_training), ("mall.interventions", cfg.interventions))}})
-    return params, unlinked
-
-
-def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
-    params, unlinked = _sidebar(cfg.data, cfg.archs, cfg.attention, cfg.seeds)
-    params.update({"widths": [str(w) for w in cfg.widths], "ntk.epochs": str(cfg.train.epochs),
-                   "ntk.seeds": str(len(cfg.seeds)), "ntk.ridge": str(cfg.ridge),
-                   "ntk.optimizer": cfg.train.optimizer,
-                   "ntk.metric": NTK_METRIC_LABELS[KERNEL_METRICS[metric][1]]})
-    q = SweepConfig().train  # the NTK page has no learning-rate or decay control: it uses the quick preset's
-    if (cfg.train.lr, cfg.train.weight_decay) != (q.lr, q.weight_decay):
-        unlinked["train"] = f"lr {cfg.train.lr:g}, weight decay {cfg.train.weight_decay:g}"
-    return params, unlinked
 
 
 def with_optimizer(train, optimizer: str):
@@ -153,7 +95,7 @@ def with_optimizer(train, optimizer: str):
 def _flip_cell(cfg: MalleabilityConfig) -> Variant:
     choices = {"attack": f"{cfg.attack.norm}, {cfg.space}", "target": cfg.target, "optimizer": cfg.train.optimizer,
                "ridge": f"{cfg.ridge:g}", "kernel": cfg.influence_kernel}
-    return Variant("flip", choices, cfg, "malleability", *_mall_params(cfg))
+    return Variant("flip", choices, cfg, "malleability")
 
 
 def flip_variants(base: MalleabilityConfig) -> list[Variant]:
@@ -179,8 +121,7 @@ def kernel_variants(base: SweepConfig) -> list[Variant]:
     out = []
     for opt in OPTIMIZERS:
         cfg = replace(base, train=with_optimizer(base.train, opt) if opt != base.train.optimizer else base.train)
-        out += [Variant("kernel", {"optimizer": opt, "metric": m}, cfg, "ntk-sweep", *_ntk_params(cfg, m), m)
-                for m in KERNEL_METRICS]
+        out += [Variant("kernel", {"optimizer": opt, "metric": m}, cfg, "ntk-sweep", m) for m in KERNEL_METRICS]
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -105,6 +106,7 @@ cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay))
 res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()
+chart = partial(render.chart, config=res.config)  # every export carries this run's settings line
 
 st.caption(f"Influence on **{cfg.target}** outputs; attack in **{cfg.attack.norm}**, **{cfg.space}** space; "
            f"{'**adversarially trained** nets' if cfg.adversarial_training else 'nets trained on clean data'}"
@@ -113,15 +115,17 @@ st.caption(f"Influence on **{cfg.target}** outputs; attack in **{cfg.attack.norm
            f"at ridge {cfg.ridge:g}; {cfg.init} init; attack and kernels in "
            f"{res.frames['rows']['attack_precision'].iloc[0]} / {res.frames['rows']['kernel_precision'].iloc[0]}.")
 PCT = {k: st.column_config.NumberColumn(v, format="%.1f") for k, v in tables.FLIP_TABLE.items() if k != "trained"}
-eps_label = f"ε ({cfg.attack.norm} radius, {'pixel units' if cfg.space == 'raw' else 'unit-row units'})"
+eps_label = plots.eps_label(cfg.attack.norm, cfg.space)
 summary = tables.percent(res.frames["summary"], ["flip_rate", "pair_flip_rate"])
 eps_list = sorted(summary["eps"].astype(float).unique())
 shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=len(eps_list) - 1,
                                         key="mall.shown_eps", **BOUND, format_func=lambda e: f"{e:g}")
+nets = res.frames["rows"].drop_duplicates([c for c in ("data_seed", "arch", "seed") if c in res.frames["rows"]])
+bad = render.training_gate(nets, len(res.meta["class_names"]), by=("arch",), what="flip rates")
 verdict = protocols.flip_verdict(res.frames["summary"], eps=shown)
 st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
             f"Rule: {protocols.RULES['flip']}")
-st.dataframe(tables.flip_table(res.frames["summary"]), hide_index=True, column_config={
+st.dataframe(render.greyed(tables.flip_table(res.frames["summary"]), bad, by=("arch",)), hide_index=True, column_config={
     **PCT, "arch": st.column_config.TextColumn("net"), "attack": "attack", "eps": "ε",
     "trained": st.column_config.TextColumn(tables.FLIP_TABLE["trained"], help=(
         "Seeds whose test accuracy is within 10 points of ridge regression with their own trained kernel K_m "
@@ -143,21 +147,21 @@ st.dataframe(tables.flip_table(res.frames["summary"]), hide_index=True, column_c
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]
 with c1:
-    render.chart(nulls_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip rates and nulls",
+    chart(nulls_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip rates and nulls",
                  "Per net and attack: the attack's flip rate (solid) beside the seed null (another network seed, no "
                  "attack) and the random null (a random perturbation of the same size), means over seeds; a flip "
                  "rate no higher than its nulls says nothing about the attack.")
 with c2:
-    render.chart(excess_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip excess",
+    chart(excess_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip excess",
                  "The flip rate minus the larger null, with its 95 % bootstrap interval over seeds and tracked "
                  "points; the claim needs MLP-Attn's bar at least twice 2L-ReLU's and its interval above zero.")
 c1, c2 = st.columns(2)
 with c1:
-    render.chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",
+    chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",
                  "Share of the top-τ training points whose influence changes sign under each attack, mean ± sd "
                  "over seeds; higher bars mean influence is easier to manipulate, and 50 % is a coin toss.")
 with c2:
-    render.chart(plots.flip_bars_fig(summary, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f",
+    chart(plots.flip_bars_fig(summary, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f",
                                      eps_label=eps_label, attention=cfg.attention),
                  data, "spearman rho",
                  "Rank correlation of all training points' influence before and after the attack; 1 means "
@@ -168,12 +172,12 @@ st.caption("Mean relative size of the applied perturbation ‖δ‖₂/‖x‖�
 if len(eps_list) > 1:
     c1, c2 = st.columns(2)
     with c1:
-        render.chart(plots.eps_sweep_fig(summary, eps_label=eps_label, attention=cfg.attention), summary,
+        chart(plots.eps_sweep_fig(summary, eps_label=eps_label, attention=cfg.attention), summary,
                      "flip rate against eps",
                      "Flip rate as the perturbation budget grows, mean ± sd over seeds; at large ε both nets "
                      "approach random sign flips (50 %).")
     with c2:
-        render.chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label,
+        chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label,
                                          attention=cfg.attention), summary,
                      "spearman against eps", "Rank correlation against ε; a steeper fall means more malleable.")
 
@@ -184,11 +188,11 @@ if inter is not None and not inter.empty:
     st.header("Interventions")
     c1, c2 = st.columns(2)
     with c1:
-        render.chart(plots.interventions_fig(inter, attention=cfg.attention), inter, "interventions accuracy",
+        chart(plots.interventions_fig(inter, attention=cfg.attention), inter, "interventions accuracy",
                      "Test accuracy after each change to the training set, per architecture.")
     with c2:
         if "influence_change" in inter:
-            render.chart(plots.interventions_fig(inter, "influence_change", "change of influence (relative)",
+            chart(plots.interventions_fig(inter, "influence_change", "change of influence (relative)",
                                              attention=cfg.attention),
                          inter, "interventions influence change",
                          "How much the influences moved under each intervention; larger means the explanation "
@@ -216,14 +220,18 @@ m[2].metric("sign flipped", "yes" if tables.flip_rate(before[j], after[j]) == 1.
 clean = res.arrays[example_key(arch, attack, eps, "X_clean")][pos]
 pert = res.arrays[example_key(arch, attack, eps, "X_pert")][pos]
 data = pd.DataFrame({"pixel": np.arange(clean.size), "clean": clean, "perturbed": pert})
-render.chart(plots.before_after_fig(clean, pert, shape, f"{plots.arch_label(arch, cfg.attention)}: training image #{j}, "
+chart(plots.before_after_fig(clean, pert, shape, f"{plots.arch_label(arch, cfg.attention)}: training image #{j}, "
                                                          f"{str(attack).upper()} at ε = {float(eps):g}"),
              data, f"{arch} image {j} before and after",
              f"Left the clean training input, middle its perturbed version, right the change per coordinate "
              f"({cfg.attack.norm} ball of radius ε in {cfg.space} space; seed {res.meta.get('shown_seed')}).")
 data = pd.DataFrame({"train_index": np.arange(before.size), "before": before, "after": after})
-render.chart(plots.influence_shift_fig(before, after, j, arch, cfg.attention), data, f"{arch} influence before and after",
+chart(plots.influence_shift_fig(before, after, j, arch, cfg.attention), data, f"{arch} influence before and after",
              "Every training point's aggregate influence before (x) and after (y) the attack; points off the "
              "dotted diagonal moved, and points in the upper-left or lower-right quadrants flipped sign.")
 render.settings(res.config)
+with st.expander("The same view from the command line"):
+    st.caption("Computes (or reads from the same cache) these attacks, and draws the flip-rate chart for a slide:")
+    render.command(cfg)
+    render.command(cfg, figure="malleability.png")
 render.cached_note(res)

@@ -6,9 +6,9 @@ import streamlit as st
 
 from engine import plots
 from engine.experiments import SweepConfig, run_kernels, run_ntk_sweep
-from engine.protocols import NTK_METRIC_LABELS
 from engine.training import TrainSpec
 from ui import configs, render
+from ui.links import NTK_METRIC_LABELS
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain_planned
 

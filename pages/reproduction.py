@@ -13,7 +13,7 @@ from engine.jobs import JobState
 from engine.training import TrainSpec
 from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
-from ui import configs, render
+from ui import configs, links, render
 from ui.common import get_cache, get_manager, require, shared
 from ui.runner import POLL_S, obtain_planned, peek
 
@@ -76,8 +76,9 @@ def sensitivity_ui(claim: str, variants: list[protocols.Variant], what: str) -> 
             row["verdict"], row["why"] = job.state.value, job.error
         if res is None and (job is None or job.done) and v.config not in missing:
             missing[v.config] = " · ".join(str(c) for k, c in v.choices.items() if k != "metric")
-        note = ", ".join(f"{k} = {val}" for k, val in v.unlinked.items())
-        rows.append({**row, "settings": v.link(), "not in the link": note})
+        link = links.of(v)
+        note = ", ".join(f"{k} = {val}" for k, val in link.unlinked.items())
+        rows.append({**row, "settings": link.url, "not in the link": note})
     table = pd.DataFrame(rows)
     counts = table["verdict"].value_counts()
     st.markdown(" · ".join(f"**{word}**: {counts.get(word, 0)}" for word in protocols.VERDICTS)
@@ -177,8 +178,10 @@ if mall is not None:
     st.caption("Each flip rate beside its nulls (another network seed without attack; a random perturbation "
                "of the same size), the excess over the larger one with its 95 % interval, and the accuracies "
                "that say whether the nets trained (percent; means over seeds).")
-    st.dataframe(tables.flip_table(mall.frames["summary"]).rename(columns=tables.FLIP_TABLE), hide_index=True,
-                 width="stretch")
+    nets = mall_rows.drop_duplicates([c for c in ("data_seed", "arch", "seed") if c in mall_rows])
+    bad = render.training_gate(nets, len(mall.meta["class_names"]), by=("arch",), what="flip rates")
+    st.dataframe(render.greyed(tables.flip_table(mall.frames["summary"]).rename(columns=tables.FLIP_TABLE), bad,
+                               by=("arch",)), hide_index=True, width="stretch")
 st.subheader("Adversarial training")
 acfg = configs.malleability_config(s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
                                    adversarial_training=True)

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from engine import protocols as P
+from ui import links as L
 from engine.data import DataSpec
 from engine.malleability import MalleabilityConfig, run_malleability
 from engine.training import OPTIMIZERS, TrainSpec
@@ -115,7 +116,7 @@ def test_flip_grid():
         assert isinstance(c.config, MalleabilityConfig) and c.page == "malleability" and c.claim == "flip"
         assert replace(c.config) == c.config   # validates again
         assert c.config.attacks == base.attacks and c.config.eps == base.eps and c.config.data == base.data
-        assert c.unlinked == {} and c.params["mall.optimizer"] == c.config.train.optimizer
+        assert L.of(c).unlinked == {} and L.of(c).params["mall.optimizer"] == c.config.train.optimizer
         assert set(c.choices) == {"attack", "target", "optimizer", "ridge", "kernel"}
         opt = c.config.train.optimizer           # every optimiser trains with its own lr and decay, never Adam's
         want = P.OPTIMIZER_PRESETS[opt] or {"lr": base.train.lr, "weight_decay": base.train.weight_decay}
@@ -134,14 +135,14 @@ def test_kernel_grid():
     assert {c.config.train.optimizer for c in cells} == set(OPTIMIZERS)
     assert {c.metric for c in cells} == set(P.KERNEL_METRICS)
     assert all(c.page == "ntk-sweep" and replace(c.config) == c.config for c in cells)
-    assert cells[0].config == base and not cells[0].unlinked
+    assert cells[0].config == base and not L.of(cells[0]).unlinked
     sgd = next(c for c in cells if c.config.train.optimizer == "sgd")
-    assert (sgd.config.train.lr, sgd.config.train.weight_decay) == (10.0, 0.0) and "train" in sgd.unlinked
+    assert (sgd.config.train.lr, sgd.config.train.weight_decay) == (10.0, 0.0) and "train" in L.of(sgd).unlinked
 
 
 def test_unreproducible_settings_are_named():
     base = MalleabilityConfig(data=DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=8), seeds=(5, 9))
-    assert set(P.flip_variants(base)[0].unlinked) == {"data", "seeds"}
+    assert set(L.of(P.flip_variants(base)[0]).unlinked) == {"data", "seeds"}
 
 
 def _widget_keys() -> set[str]:
@@ -170,21 +171,21 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
     _, mbase, sbase = _page_bases()
     cells = P.flip_variants(mbase) + P.kernel_variants(sbase)
     for c in cells:
-        assert set(c.params) <= keys, set(c.params) - keys
-        assert set(c.params["archs"]) <= set(ARCH_LABELS.values())
-        assert f"{c.page}?" in c.link() and c.page in ("malleability", "ntk-sweep")
+        assert set(L.of(c).params) <= keys, set(L.of(c).params) - keys
+        assert set(L.of(c).params["archs"]) <= set(ARCH_LABELS.values())
+        assert f"{c.page}?" in L.of(c).url and c.page in ("malleability", "ntk-sweep")
     eps_choices = {str(e) for e in _literal(ROOT / "pages" / "malleability.py", "EPS_CHOICES")}
     widths = {str(w) for w in _literal(ROOT / "pages" / "malleability.py", "WIDTHS")}
     ridges = {str(r) for r in _literal(ROOT / "pages" / "malleability.py", "RIDGES")}
     for c in (c for c in cells if c.claim == "flip"):
-        assert set(c.params["mall.eps"]) <= eps_choices and c.params["mall.width"] in widths
-        assert c.params["mall.attacks"] == ["PGD"] and c.params["mall.ridge"] in ridges
+        assert set(L.of(c).params["mall.eps"]) <= eps_choices and L.of(c).params["mall.width"] in widths
+        assert L.of(c).params["mall.attacks"] == ["PGD"] and L.of(c).params["mall.ridge"] in ridges
     imported = {(n.module, a.name) for n in ast.walk(ast.parse((ROOT / "pages" / "ntk.py").read_text()))
                 if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert ("engine.protocols", "NTK_METRIC_LABELS") in imported  # the page shows the labels the links use
+    assert ("ui.links", "NTK_METRIC_LABELS") in imported  # the page shows the labels the links use
     for c in (c for c in cells if c.claim == "kernel"):
-        assert c.params["ntk.metric"] == P.NTK_METRIC_LABELS[P.KERNEL_METRICS[c.metric][1]]
-        assert {int(w) for w in c.params["widths"]} <= set(WIDTH_CHOICES)
+        assert L.of(c).params["ntk.metric"] == L.NTK_METRIC_LABELS[P.KERNEL_METRICS[c.metric][1]]
+        assert {int(w) for w in L.of(c).params["widths"]} <= set(WIDTH_CHOICES)
 
 
 def test_query_parameters_rebuild_the_configs_as_the_pages_do():
@@ -201,7 +202,7 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
                       attention=p["attention"])
 
     for c in P.flip_variants(mbase):
-        p = c.params
+        p = L.of(c).params
         cfg = configs.malleability_config(
             sidebar(p), attacks=tuple(a.lower() for a in p["mall.attacks"]),
             eps=tuple(float(e) for e in p["mall.eps"]), steps=int(p["mall.steps"]), epochs=int(p["mall.epochs"]),
@@ -211,23 +212,23 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
             target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"],
             ridge=float(p["mall.ridge"]), influence_kernel=p["mall.kernel"], init=p["mall.init"])
         cfg = replace(cfg, train=replace(cfg.train, lr=float(p["mall.lr"]), weight_decay=float(p["mall.decay"])))
-        assert cfg == c.config and not c.unlinked
+        assert cfg == c.config and not L.of(c).unlinked
     for c in P.kernel_variants(sbase):
-        p = c.params
+        p = L.of(c).params
         cfg = configs.sweep_config(sidebar(p, tuple(int(w) for w in p["widths"])), int(p["ntk.epochs"]),
                                    int(p["ntk.seeds"]), float(p["ntk.ridge"]), optimizer=p["ntk.optimizer"])
         assert cfg == replace(c.config, train=replace(c.config.train, lr=cfg.train.lr,
                                                          weight_decay=cfg.train.weight_decay))
-        assert bool(c.unlinked) == (cfg != c.config)   # what the page cannot take is named
+        assert bool(L.of(c).unlinked) == (cfg != c.config)   # what the page cannot take is named
 
 
 def test_a_link_opens_the_malleability_page_with_its_settings(env):  # noqa: F811
     _, base, _ = _page_bases()
     base = replace(base, data=replace(base.data, n=40, n_test=10), train=replace(base.train, epochs=3),
                    attack=replace(base.attack, steps=2))
-    cell = next(c for c in P.flip_variants(base) if not c.unlinked and c.config.space == "normalized"
+    cell = next(c for c in P.flip_variants(base) if not L.of(c).unlinked and c.config.space == "normalized"
                 and c.config.target == "sum")
-    at = settle(app(cell.params).switch_page("pages/malleability.py").run())
+    at = settle(app(L.of(cell).params).switch_page("pages/malleability.py").run())
     assert not at.exception and not at.error
     assert at.radio(key="mall.norm").value == "l2" and at.radio(key="mall.space").value == "normalized"
     assert at.radio(key="mall.target").value == "sum" and at.multiselect(key="mall.attacks").value == ["pgd"]

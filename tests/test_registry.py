@@ -92,6 +92,17 @@ def test_nothing_in_the_engine_or_the_ui_imports_the_command_line():
     assert not users, users
 
 
+def test_the_engine_names_no_widget_key():
+    """The pages' widget keys (``mall.eps``, ``ntk.metric``, ...) are written in ui/ and pages/
+    only: no string constant of the engine starts with a page's key prefix."""
+    prefixes = tuple(f"{p}." for p in ("mall", "ntk", "regime", "influence", "scaling", "spectrum", "grid",
+                                       "retrain", "repro"))
+    found = [(p.name, node.value) for p in (ROOT / "engine").rglob("*.py")
+             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(prefixes)]
+    assert not found, found
+
+
 def test_shared_settings_have_one_help_text_and_one_set_of_limits():
     """ridge, seeds, archs, widths, init_std, attention and storage read the same in every config."""
     from engine.settings import settings

@@ -23,7 +23,7 @@ from engine.jobs import JobManager
 WIDTH_CHOICES = (4, 16, 64, 256, 1024, 4096, 16384)
 ARCH_CHOICES = ("relu", "attn")
 ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
-ATTENTION_CHOICES = ("linear", "stacked:2", "truncated:10", "softmax:0.1", "qkv")
+ATTENTION_CHOICES = ("linear", "centered", "stacked:2", "truncated:10", "softmax:0.1", "qkv")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PAIR_EXAMPLES = {"mnist": "3-8", "fashion-mnist": "0-6", "cifar10": "automobile-airplane",
                  "synthetic": "0-1"}
