@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from engine import paper, plots, protocols, tables
 from engine.attacks import AttackSpec
-from engine.budget import duration
-from engine.errors import EngineError
-from engine.jobs import JobState
 from engine.training import TrainSpec
 from engine.experiments import run_ntk_sweep, run_spectrum
 from engine.malleability import run_malleability
-from ui import configs, links, render
-from ui.common import get_cache, get_manager, require, shared
-from ui.runner import POLL_S, obtain_planned, peek
+from ui import configs, render, sensitivity
+from ui.common import require, shared
+from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
-RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
-PAGE_NAMES = {"malleability": "Malleability", "ntk-sweep": "NTK convergence"}  # Variant.page: the URL path
-
-
 def controls_ui() -> tuple[int, int, int]:
     c1, c2, c3 = st.columns(3)
     epochs = configs.number(c1, "Epochs (NTK distance)", TrainSpec, "epochs", "repro.epochs",
@@ -31,78 +23,6 @@ def controls_ui() -> tuple[int, int, int]:
     steps = configs.number(c3, "Attack steps (PGD, MIM)", AttackSpec, "steps", "repro.steps",
                            value=configs.QUICK["malleability"].attack.steps, hi=200)
     return int(epochs), int(m_epochs), int(steps)
-
-
-def _submit(kind: str, fn, cells: dict, device: str) -> None:
-    """Button callback: one background job per missing config (config -> label)."""
-    manager, cache = get_manager(), get_cache()
-    for cfg, label in cells.items():
-        manager.submit(kind, cfg, fn, f"Protocol cell: {label}", cache=cache, device=device)
-
-
-@st.fragment(run_every=POLL_S)
-def _live(claim: str, keys: tuple[str, ...]) -> None:
-    """Progress of a claim's running cells; redraws the page when one of them ends."""
-    manager = get_manager()
-    jobs = [manager.get_key(k) for k in keys]
-    if any(j is None or j.done for j in jobs):
-        st.rerun(scope="app")
-    st.progress(sum(j.frac for j in jobs) / len(jobs), text=f"{len(jobs)} run(s) of this grid in progress")
-    if st.button("Cancel these runs", key=f"protocols.cancel.{claim}"):
-        for k in keys:
-            manager.cancel(k)
-        st.rerun(scope="app")
-
-
-def sensitivity_ui(claim: str, variants: list[protocols.Variant], what: str) -> None:
-    """A claim's grid: verdict and numbers of every cached cell, links, and one button for the rest."""
-    st.subheader(protocols.CLAIMS[claim])
-    st.caption(f"{what} Verdict: {protocols.RULES[claim]}")
-    kind, fn, manager = RUNS[claim].kind, RUNS[claim], get_manager()
-    results, jobs, missing, rows = {}, {}, {}, []
-    for v in variants:
-        if v.config not in results:
-            results[v.config] = peek(kind, v.config)
-            try:
-                jobs[v.config] = manager.get(kind, v.config)
-            except EngineError as exc:  # the data cannot be read: the sections above say why
-                st.caption(f"Not available: {exc}")
-                return
-        res, job = results[v.config], jobs[v.config]
-        row = protocols.cell(v, None if res is None else res.frames["summary"])
-        if res is None and job is not None and not job.done:
-            row["verdict"] = f"running ({job.frac:.0%})" if job.state is JobState.RUNNING else "queued"
-        elif res is None and job is not None and job.error:
-            row["verdict"], row["why"] = job.state.value, job.error
-        if res is None and (job is None or job.done) and v.config not in missing:
-            missing[v.config] = " · ".join(str(c) for k, c in v.choices.items() if k != "metric")
-        link = links.of(v)
-        note = ", ".join(f"{k} = {val}" for k, val in link.unlinked.items())
-        rows.append({**row, "settings": link.url, "not in the link": note})
-    table = pd.DataFrame(rows)
-    counts = table["verdict"].value_counts()
-    st.markdown(" · ".join(f"**{word}**: {counts.get(word, 0)}" for word in protocols.VERDICTS)
-                + f" · not yet measured: {len(table) - sum(counts.get(w, 0) for w in protocols.VERDICTS)}"
-                + f" (of {len(table)} cells)")
-    st.dataframe(table, hide_index=True, width="stretch", column_config={
-        "settings": st.column_config.LinkColumn(
-            "settings", display_text=f"open on {PAGE_NAMES[variants[0].page]}",
-            help="Opens the page with the settings of this cell (in a new tab)"),
-        "not in the link": st.column_config.TextColumn(
-            help="Settings that page has no control for; the cell used these")})
-    live = tuple(j.key for j in jobs.values() if j is not None and not j.done)
-    if live:
-        _live(claim, live)
-    if not missing:
-        return
-    plans = [configs.plan(cfg, s.device) for cfg in missing]
-    blocked = [p for p in plans if not p.allowed]
-    if blocked:
-        st.warning(f"{len(missing)} run(s) not started: {blocked[0].note}")
-        return
-    st.button(f"Run the {len(missing)} missing run(s): about {duration(sum(p.seconds for p in plans))} in total",
-              key=f"protocols.run.{claim}", on_click=_submit, args=(kind, fn, missing, s.device),
-              help="Background jobs, two at a time; the table fills in as they finish.")
 
 
 s = shared()
@@ -204,18 +124,19 @@ st.markdown(
     "choices, with the sidebar's data and the epochs and attack steps above; every cell reports what came "
     "out, and its link opens the page with the settings that produced it. Nothing here is tuned toward "
     "the paper's numbers.")
-sensitivity_ui("flip", protocols.flip_variants(configs.malleability_config(
+sensitivity.sensitivity_ui("flip", protocols.flip_variants(configs.malleability_config(
     s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
     n_seeds=len(configs.QUICK["malleability"].seeds))),
     f"PGD at ε = {paper.FLIP_EPS} (τ = {paper.TAU}); attack geometry (norm, space) × influence target × "
     "optimiser (adam with coupled L2 as the paper reports; adamw and sgd each with its own learning rate and "
     f"decay: {protocols.OPTIMIZER_PRESETS['adamw']}, {protocols.OPTIMIZER_PRESETS['sgd']}); then a ridge row "
     f"(ridge {', '.join(f'{r:g}' for r in protocols.RIDGES)}) and a kernel row (the trained eNTK or K∞ of the "
-    "same features). A cell whose nets fail the per-seed training gate says **did not train**.")
-sensitivity_ui("kernel", protocols.kernel_variants(sweep_cfg),
-               "The NTK sweep at m = 16 / 1024 / 4096 above, per optimiser (each with its own learning rate and "
-               "decay); the three distances come from the same sweep. A cell whose nets fail the per-seed "
-               "training gate says **did not train**.")
+    "same features). A cell whose nets fail the per-seed training gate says **did not train**.", s.device)
+sensitivity.sensitivity_ui(
+    "kernel", protocols.kernel_variants(sweep_cfg),
+    "The NTK sweep at m = 16 / 1024 / 4096 above, per optimiser (each with its own learning rate and decay); the "
+    "three distances come from the same sweep. A cell whose nets fail the per-seed training gate says **did not "
+    "train**.", s.device)
 
 st.header("Settings used")
 used = {"spectrum": spec.config if spec is not None else None,
