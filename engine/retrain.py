@@ -61,7 +61,6 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 import torch
 
 from . import budget as B
@@ -76,7 +75,7 @@ from .models import Attention, Net, TwoLayerReLU, parse_attention
 from .ntk import empirical_ntk_features, infinite_ntk, kernel_regression
 from .runs import Progress, check_finite, experiment_run, prepare, tick
 from .settings import normalised, setting, validate
-from .tables import summarize
+from .tables import rank_correlation, summarize
 from .training import OPTIMIZER_FNS, TrainSpec, predict_labels, resolve_loss, targets
 
 KERNELS = ("entk", "kinf")   # the trained net's empirical NTK (what the engine reports), K∞
@@ -337,7 +336,7 @@ def agreement(pred: torch.Tensor, actual: torch.Tensor) -> dict:
     varied = p.size > 1 and np.ptp(p) > 0 and np.ptp(a) > 0
     norm = float(np.linalg.norm(a))
     return {
-        "retrain_spearman": float(scipy.stats.spearmanr(p, a).statistic) if varied else math.nan,
+        "retrain_spearman": rank_correlation(p, a) if varied else math.nan,
         "retrain_pearson": float(np.corrcoef(p, a)[0, 1]) if varied else math.nan,
         "retrain_sign_agreement": float(np.mean(np.sign(p) == np.sign(a))),
         "retrain_rel_error": float(np.linalg.norm(p - a)) / norm if norm > 0 else math.nan,

@@ -116,3 +116,16 @@ def test_shared_settings_have_one_help_text_and_one_set_of_limits():
             assert seen.setdefault(f.name, key) == key, (exp.name, f.name)
     assert {"ridge", "seeds", "archs", "widths", "init_std", "storage"} <= set(seen)
     assert dataclasses.is_dataclass(EXPERIMENTS["malleability"].config)
+
+
+def test_importing_the_engine_leaves_scipy_stats_unloaded():
+    """scipy.stats costs about a second of CPU on every ``python -m engine`` start; only the
+    functions that rank or bootstrap import it, when they are called."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, engine, engine.cli, engine.registry; "
+                          "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
