@@ -320,7 +320,7 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     if not a >= FLIP_FACTOR * max(r, 0.0):
         return {**out, "outcome": "fails", "why": f"MLP-Attn's flip excess is {out['ratio']:.2g}× 2L-ReLU's, under "
                 f"{FLIP_FACTOR:g}×"}
-    times = "2L-ReLU's is not above zero" if r <= 0 else f"{out['ratio']:.2g}× 2L-ReLU's"
+    times = f"{_pct(a)} where 2L-ReLU's is not above zero" if r <= 0 else f"{out['ratio']:.2g}× 2L-ReLU's"
     return {**out, "outcome": "holds", "why": f"MLP-Attn's flip excess is {times}, its interval above zero"}
 
 
