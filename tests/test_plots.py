@@ -308,3 +308,18 @@ def test_small_multiples_of_the_regime_share_one_y_axis():
                              "lin_gap_sd": 0.0} for a in ("relu", "attn") for w in (16, 64) for e in (0, 5)])
     fig = plots.regime_epoch_fig(plots.regime_epoch_data(summary, "lin_gap"), "lin_gap")
     assert fig.layout.yaxis2.matches == "y"
+
+
+def test_the_null_charts_name_the_radius_as_the_flip_bars_do():
+    """"attack, at ℓ2 radius ε = 0.3, units of the unit-norm rows", never "(… units = 0.3)"."""
+    from engine.plots.nulls import excess_fig, nulls_fig
+
+    summary = pd.DataFrame([{"arch": a, "attack": "pgd", "eps": 0.3, "n_seeds": 3, "flip_rate_mean": f,
+                             "flip_rate_sd": 0.01, "null_seed_flip_rate_mean": 0.02, "null_random_flip_rate_mean": 0.01,
+                             "flip_excess_mean": f - 0.02, "flip_excess_low": f - 0.05, "flip_excess_high": f}
+                            for a, f in (("relu", 0.05), ("attn", 0.4))])
+    label = plots.eps_label("l2", "normalized")
+    assert excess_fig(summary, 0.3, label).layout.xaxis.title.text == f"attack, at {label.replace('ε', 'ε = 0.3')}"
+    assert nulls_fig(summary, 0.3, label).layout.xaxis.title.text.endswith("ℓ2 radius ε = 0.3, units of the "
+                                                                          "unit-norm rows")
+    assert plots.style.eps_at("radius", 0.05) == "radius = 0.05"

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, styled
+from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, eps_at, styled
 
 
 # ---------------------------------------------------------------- images and influence
@@ -183,8 +183,7 @@ def flip_bars_fig(summary: pd.DataFrame, eps: float, value: str = "flip_rate_pct
     fig.update_layout(barmode="group", scattermode="group")
     if top > 0:
         fig.update_yaxes(range=[0, top * 1.18])  # room for the labels above the tallest cap
-    at = eps_label.replace("ε", f"ε = {eps:g}", 1) if "ε" in eps_label else f"{eps_label} = {eps:g}"
-    x_title = f"attack, at {at}"
+    x_title = f"attack, at {eps_at(eps_label, eps)}"
     return styled(fig, x_title, y_title)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import ARCH_COLORS, arch_label, styled
+from .style import ARCH_COLORS, arch_label, eps_at, styled
 
 NULLS = (("flip_rate", "attack", 1.0), ("null_seed_flip_rate", "seed null", 0.55),
          ("null_random_flip_rate", "random null", 0.3))  # (summary column, legend, opacity)
@@ -38,7 +38,7 @@ def nulls_fig(summary: pd.DataFrame, eps: float, eps_label: str = "ε", attentio
                              text=[f"{v:.0f}" for v in y], textposition="outside",
                              hovertemplate=f"{name}<br>%{{x}}<br>%{{y:.1f}} %<extra></extra>"))
     fig.update_layout(barmode="group")
-    return styled(fig, f"architecture, attack ({eps_label} = {eps:g})", "flip rate (% of top-τ points)")
+    return styled(fig, f"architecture, attack, at {eps_at(eps_label, eps)}", "flip rate (% of top-τ points)")
 
 
 def excess_fig(summary: pd.DataFrame, eps: float, eps_label: str = "ε", attention: str | None = None) -> go.Figure:
@@ -59,4 +59,4 @@ def excess_fig(summary: pd.DataFrame, eps: float, eps_label: str = "ε", attenti
                                             "[%{customdata[0]:.1f}, %{customdata[1]:.1f}]<extra></extra>")))
     fig.add_hline(y=0, line_dash="dot", line_color="grey")
     fig.update_layout(barmode="group")
-    return styled(fig, f"attack ({eps_label} = {eps:g})", "flip excess over the larger null (% points)")
+    return styled(fig, f"attack, at {eps_at(eps_label, eps)}", "flip excess over the larger null (% points)")

@@ -50,6 +50,12 @@ def eps_label(norm: str, space: str) -> str:
     return f"{NORM_SYMBOLS.get(norm, norm)} radius ε, {SPACE_UNITS.get(space, space)}"
 
 
+def eps_at(label: str, eps: float) -> str:
+    """An ``eps_label`` at one radius: "ℓ∞ radius ε = 0.3, pixel units" (a label without ε gets
+    " = 0.3" at its end)."""
+    return label.replace("ε", f"ε = {eps:g}", 1) if "ε" in label else f"{label} = {eps:g}"
+
+
 def arch_label(arch: str, attention: str | None = None) -> str:
     """"2L-ReLU", "MLP-Attn", or "MLP-Attn (softmax:0.1)" when the attention variant is given."""
     label = ARCH_LABELS.get(arch, arch)
