@@ -18,6 +18,7 @@ browser. Small synthetic settings keep the whole module to a few minutes on two 
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlparse
 
 import pytest
 
@@ -61,12 +62,18 @@ from ui import configs  # noqa: E402  (after the skips: the page URLs come from 
 
 
 def app_pages() -> dict[str, str]:
-    """Title → URL path of every page app.py routes (read from its st.Page calls)."""
+    """Title → URL path of every page app.py routes, read from its ``st.Page`` calls (the
+    ``url_path=page_url(...)`` arguments, resolved through the registry as app.py does; the
+    default page has the empty path). Fails if two pages would share a path."""
     pages = {}
-    for call in re.findall(r"st\.Page\((.*?)\)", (ROOT / "app.py").read_text(), flags=re.S):
-        title = re.search(r'title="([^"]+)"', call).group(1)
-        url = re.search(r'url_path=page_url\("([^"]+)"(?:, "([^"]+)")?\)', call)  # from the registry
-        pages[title] = configs.page_url(url.group(1), url.group(2)) if url else ""
+    for node in ast.walk(ast.parse((ROOT / "app.py").read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Page"):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        url = kw.get("url_path")
+        args = [a.value for a in url.args] if isinstance(url, ast.Call) else []
+        pages[kw["title"].value] = configs.page_url(*args) if args else ""
+    assert len(set(pages.values())) == len(pages), pages
     return pages
 
 
@@ -232,7 +239,9 @@ def test_every_page_renders_without_cut_off_labels(server, browser, shots, size)
     for title, path in app_pages().items():
         page.goto(f"{server}/{path}?{urlencode(SMALL)}")
         _settle(page)
-        if not page.locator('[data-testid="stPlotlyChart"]').count():  # settings that wait for a click
+        assert urlparse(page.url).path.strip("/") == path, f"{title}: landed on {page.url}"
+        # settings that wait for a click (the Grid page's button would run the whole paper grid)
+        if title not in TABLE_PAGES and not page.locator('[data-testid="stPlotlyChart"]').count():
             primary = page.locator('[data-testid="stMain"] [data-testid="stBaseButton-primary"]')
             if primary.count():
                 primary.first.click()
