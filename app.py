@@ -15,9 +15,9 @@ import streamlit as st
 st.set_page_config(page_title="Influence malleability in linearized attention", page_icon="🧲",
                    layout="wide")
 with st.spinner("Loading the engine…"):  # only the first run after a server start waits here (torch)
-    from engine.budget import duration
+    from engine.runtime.budget import duration
     from engine.data import DataSpec
-    from engine.settings import meta
+    from engine.runtime.settings import meta
     from ui import configs
     from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                            WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
@@ -25,7 +25,7 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
                            synthetic_note, upload_ui, uploaded_names, usable)
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
-machine_speed()  # once per server: this machine's speed now scales every estimate (engine.budget)
+machine_speed()  # once per server: this machine's speed now scales every estimate (engine.runtime.budget)
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
 QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice

@@ -18,11 +18,11 @@ fi
   > "$OUT/machine.txt" 2>&1
 
 # Which exact count GEMM the empirical NTK picks on the GPU (bf16, int8 or fp32, each timed) and on
-# the host CPU, with the measured rates: engine.ntk.count_path_report.
+# the host CPU, with the measured rates: engine.maths.counts.count_path_report.
 timeout 40 python3 -c "
 import json, torch
 from engine.bench import machine_info
-from engine.ntk import count_path_report
+from engine.maths.counts import count_path_report
 print(json.dumps({'machine': machine_info(torch.device('cuda')), 'cuda': count_path_report('cuda'),
                   'cpu': count_path_report('cpu')}))" > "$OUT/count_path.json" 2> "$OUT/count_path.log"
 cat "$OUT/count_path.json"
@@ -50,10 +50,12 @@ tail -2 "$OUT/paper_grid.log"
 OUT="$OUT" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 - <<'PY' 2>&1 | tee "$OUT/full_mnist_scale.log" | tail -12
 import json, os, time
 import torch
-from engine.influence import influence_matrix, loo_influence
-from engine.models import TwoLayerReLU, normalize_rows
-from engine.ntk import count_path_report, empirical_ntk_features, infinite_ntk
-from engine.spectral import gram_spectrum
+from engine.maths.influence import influence_matrix, loo_influence
+from engine.maths.models import TwoLayerReLU, normalize_rows
+from engine.maths.counts import count_path_report
+from engine.maths.kinf import infinite_ntk
+from engine.maths.ntk import empirical_ntk_features
+from engine.maths.spectral import gram_spectrum
 
 n, n_test, d, m, c, ridge = 60_000, 1000, 784, 4096, 10, 1e-3
 dev = torch.device("cuda")

@@ -5,7 +5,7 @@ Each run is ``python -m engine grid`` in its own process on the same small grid 
 data, so no files are needed) with a fresh cache, so every cell is computed; the wall time
 includes starting the workers (a spawned Python with torch per local worker, a Ray worker
 per CPU). Backends run interleaved ``--repeat`` times and the best wall time counts, since
-other work on a shared machine only slows a run down. All runs must give the same digests (``engine.grid.digest``). The Ray head is
+other work on a shared machine only slows a run down. All runs must give the same digests (``engine.grid.driver.digest``). The Ray head is
 started here with ``ray start --head --block`` in its own session and every process of that
 session is killed at the end (not ``ray stop``, which would stop any Ray on the machine).
 Prints one JSON object on stdout; progress on stderr.
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python benchmarks/grid.py` from anywhere
 
-from engine.loopback import free_port, session_pids  # noqa: E402
+from engine.grid.loopback import free_port, session_pids  # noqa: E402
 SPEC = """
 name = "bench"
 kind = "ntk-sweep"

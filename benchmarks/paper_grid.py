@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.data import DataSpec  # noqa: E402
-from engine.experiments import SweepConfig, run_ntk_sweep  # noqa: E402
-from engine.malleability import MalleabilityConfig, run_malleability  # noqa: E402
-from engine.training import TrainSpec  # noqa: E402
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.malleability import MalleabilityConfig, run_malleability  # noqa: E402
+from engine.maths.training import TrainSpec  # noqa: E402
 
 
 def tasks(args):

@@ -1,7 +1,7 @@
 """``python -m engine``: the engine without a browser, for scripts, sweeps and cache warming.
 
-Every experiment of ``engine.registry.EXPERIMENTS`` is a command of the same name, and its
-flags are generated from its config dataclass (``engine.settings``): the
+Every experiment of ``engine.experiments.registry.EXPERIMENTS`` is a command of the same name, and its
+flags are generated from its config dataclass (``engine.runtime.settings``): the
 default, bounds, unit and help shown by ``--help`` are the ones the engine validates, and
 ``--preset quick|paper`` starts from a named instance of the same dataclass. Results go to
 stdout (``--json`` for one JSON object), progress to stderr. Exit codes: 0 ok, 2 bad
@@ -19,14 +19,14 @@ import sys
 import numpy as np
 import pandas as pd
 
-from . import budget as B
+from .runtime import budget as B
 from . import doctor as _doctor
-from . import report as _report
-from .cache import Cache
+from .reporting import report as _report
+from .runtime.cache import Cache
 from .data import available_datasets, fetch_dataset, resolve_data_dir
-from .errors import EngineError
-from .registry import EXPERIMENTS, NESTED, Experiment, get
-from .settings import add_arguments, from_args
+from .runtime.errors import EngineError
+from .experiments.registry import EXPERIMENTS, NESTED, Experiment, get
+from .runtime.settings import add_arguments, from_args
 
 
 def _jsonable(obj):
@@ -120,7 +120,7 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     _add_grid(sub)  # the grid command: see its block at the end of this file
     _add_figure(sub, preset)  # the figure command: see the figures block
     _doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
-    _report.add_parser(sub)  # a grid spec's flip rates as the README's tables (engine.report)
+    _report.add_parser(sub)  # a grid spec's flip rates as the README's tables (engine.reporting.report)
     return parser
 
 
@@ -134,7 +134,7 @@ def cmd_bench(a, progress) -> dict:
     from . import bench
 
     if a.estimates:
-        from . import calibration
+        from .experiments import calibration
 
         return calibration.run(progress=progress)
     return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress, scale=a.scale,
@@ -151,11 +151,12 @@ def cmd_datasets(a) -> dict:
 
 def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
     """The estimate on the reference CPU and scaled by this machine's speed now (a GEMM timing of a
-    fraction of a second, ``engine.budget.speed_factor``) on the device the run would go to."""
-    from .device import resolve_device
+    fraction of a second, ``engine.runtime.speed.speed_factor``) on the device the run would go to."""
+    from .runtime.device import resolve_device
+    from .runtime.speed import speed_factor
 
     est = exp.estimate(cfg)
-    speed = B.speed_factor(resolve_device(device).type)
+    speed = speed_factor(resolve_device(device).type)
     here = B.Estimate(est.seconds * speed, est.bytes)
     return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "speed_factor": speed,
             "estimate_seconds_here": here.seconds,
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- grid (engine.grid)
+# ---------------------------------------------------------------- grid (engine.grid.driver)
 
 def _add_grid(sub) -> None:
     """``grid SPEC.toml``: every cell of a grid spec into the cache, on local processes or Ray."""
@@ -261,7 +262,7 @@ def _add_grid(sub) -> None:
                    help="local: a pool of worker processes here (default); ray: one task per cell on a cluster")
     p.add_argument("--address", help="ray: the cluster, auto or HOST:PORT of its head (default: start a "
                                      "local Ray instance)")
-    from .grid_backends import CONNECT_TIMEOUT_S
+    from .grid.backends import CONNECT_TIMEOUT_S
 
     p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
                    help=f"ray: seconds to reach the cluster at --address before failing in one line "
@@ -282,7 +283,7 @@ def cmd_grid(a) -> int:
     import contextlib
     import os
 
-    from . import grid as G
+    from .grid import driver as G
 
     workers = a.workers or max(1, (os.cpu_count() or 1) // max(1, a.threads))
     try:
@@ -327,12 +328,12 @@ def cmd_grid(a) -> int:
     return 4 if out["failed"] else 0
 
 
-# ---------------------------------------------------------------- figures (engine.export)
+# ---------------------------------------------------------------- figures (engine.reporting.export)
 # ``figure KIND [the experiment's flags] --out FILE.{png,svg,pdf}`` renders a page's main chart.
 
 def _add_figure(sub, preset: str | None) -> None:
     """``figure KIND``: one sub-command per experiment with a main figure, with its own flags."""
-    from . import export
+    from .reporting import export
 
     p = sub.add_parser("figure", help="render a page's main chart to PNG, SVG or PDF (headless Chromium)",
                        description="Render the main chart of a dashboard page to a file for slides, from the "
@@ -363,7 +364,7 @@ def _add_figure(sub, preset: str | None) -> None:
 
 def cmd_figure(a, progress) -> dict:
     """Compute (or read from the cache) the kind's experiment, draw its main chart, write the file."""
-    from . import export
+    from .reporting import export
 
     exp = get(a.kind)
     out = export.check_output_path(a.out)  # a bad suffix, folder or unwritable place fails before any work

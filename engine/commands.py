@@ -2,7 +2,7 @@
 
 ``command_line(cfg)`` writes ``python -m engine NAME --flag value …`` with one flag for every
 setting (its own or a nested config's) whose value differs from the experiment's default
-config, the flags being those ``engine.settings.add_arguments`` builds from the same field
+config, the flags being those ``engine.runtime.settings.add_arguments`` builds from the same field
 metadata; parsing that line with ``engine.cli.build_parser`` gives back ``cfg`` exactly, so the
 command reads the dashboard's cached result (same cache key) or computes the same one.
 ``figure=FILE`` gives the ``figure NAME … --out FILE`` line that draws the main chart instead.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from .registry import NESTED, of
-from .settings import settings
+from .experiments.registry import NESTED, of
+from .runtime.settings import settings
 
 
 def _flag(f: dataclasses.Field, m) -> str:

@@ -17,11 +17,11 @@ from typing import Callable
 
 import torch
 
-from . import budget as B
-from .device import resolve_device
-from .errors import BadInput, EngineError
-from .models import Net
-from .ntk import empirical_ntk
+from .runtime import budget as B
+from .runtime.device import resolve_device
+from .runtime.errors import BadInput, EngineError
+from .maths.models import Net
+from .maths.ntk import empirical_ntk
 
 # Least Linux driver per CUDA major version (minor-version compatibility; NVIDIA's CUDA
 # compatibility guide): torch 2.14.1's default wheel bundles the CUDA 13.0 runtime.
@@ -69,12 +69,12 @@ def report(device: str | torch.device = "auto", n: int = 256, d: int = 64, width
            gemm: int | None = None, repeats: int = 3) -> dict:
     """torch's build and the device, its memory, and the timing of one empirical NTK and one GEMM.
 
-    device: as ``engine.device.resolve_device`` (auto, cpu, cuda). The NTK is
+    device: as ``engine.runtime.device.resolve_device`` (auto, cpu, cuda). The NTK is
     ``empirical_ntk`` of an MLP-Attn ``Net`` (linear attention, float32 features) of width
     ``width`` on n random points of dimension d: an (n, n) float64 kernel; the GEMM is one
     float32 (gemm, gemm) @ (gemm, gemm) product (default 1024 on CPU, 4096 on CUDA), whose
     rate is also given against the reference 2-core CPU that the run-time estimates assume
-    (``engine.budget.FLOPS``). Returns a JSON-able dict; ``hint`` says what to fix when a
+    (``engine.runtime.budget.FLOPS``). Returns a JSON-able dict; ``hint`` says what to fix when a
     CUDA build sees no GPU (None otherwise).
     """
     for name, value, least in (("n", n, 2), ("d", d, 1), ("width", width, 1), ("repeats", repeats, 1)):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine import grid as G
-from engine.budget import duration
-from engine.errors import EngineError
-from engine.jobs import JobState
+from engine.grid import driver as G
+from engine.runtime.budget import duration
+from engine.runtime.errors import EngineError
+from engine.runtime.jobs import JobState
 from ui import configs, render
 from ui.common import get_cache, get_manager, shared
 from ui.runner import obtain

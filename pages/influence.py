@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine import plots
-from engine.malleability import InfluenceConfig, run_influence
-from engine.training import TrainSpec
+from engine.reporting import plots
+from engine.experiments.influence import InfluenceConfig, run_influence
+from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import require, shared
 from ui.retrain import section as retrain_section

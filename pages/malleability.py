@@ -9,12 +9,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine import plots, protocols, tables
-from engine.attacks import AttackSpec
-from engine.malleability import MalleabilityConfig, example_key, run_malleability
-from engine.plots.nulls import excess_fig, nulls_fig
-from engine.settings import meta
-from engine.training import TrainSpec
+from engine.reporting import plots
+from engine.reporting import protocols
+from engine.reporting import tables
+from engine.maths.attacks import AttackSpec
+from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.reporting.plots.nulls import excess_fig, nulls_fig
+from engine.runtime.settings import meta
+from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain_planned

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import plots
-from engine.experiments import SweepConfig, run_kernels, run_ntk_sweep
-from engine.training import TrainSpec
+from engine.reporting import plots
+from engine.experiments.kernels import run_kernels
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.links import NTK_METRIC_LABELS
 from ui.common import ARCH_LABELS, require, shared

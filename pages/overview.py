@@ -5,9 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import paper, plots, tables
-from engine.experiments import run_ntk_sweep, run_spectrum
-from engine.malleability import run_malleability
+from engine.reporting import paper
+from engine.reporting import plots
+from engine.reporting import tables
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.malleability import run_malleability
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, shared
 from ui.runner import obtain_together

@@ -6,19 +6,22 @@ from dataclasses import replace
 
 import streamlit as st
 
-from engine import dynamics, plots
-from engine.dynamics import PRESETS, CoordCheckConfig, DynamicsConfig, run_coord_check, run_dynamics
-from engine.errors import EngineError
-from engine.training import TrainSpec
+from engine.experiments import dynamics
+from engine.reporting import plots
+from engine.experiments.dynamics import DynamicsConfig, run_dynamics
+from engine.experiments.registry import preset
+from engine.experiments.coord_check import CoordCheckConfig, run_coord_check
+from engine.runtime.errors import EngineError
+from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, available_names, require, shared
 from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
-QUICK = PRESETS["dynamics"]["quick"]
-BINARY = PRESETS["dynamics"]["binary-mse"]  # 3 vs 8, MSE, plain SGD: the set-up that tells the two nets apart
-CC_QUICK = PRESETS["coord-check"]["quick"]
+QUICK = preset("dynamics")
+BINARY = preset("dynamics", "binary-mse")  # 3 vs 8, MSE, plain SGD: the set-up that tells the two nets apart
+CC_QUICK = preset("coord-check")
 LR_CHOICES = (1e-4, 1e-3, 1e-2, 0.1, 0.3, 1.0, 3.0)
 PARAM_LABELS = {"ntk": "NTK (m^-½, the paper's)", "mup": "μP (m^-1, SGD lr × m)"}
 OPTIMIZERS = configs.choices_of(TrainSpec, "optimizer")

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import paper, plots, protocols, tables
-from engine.attacks import AttackSpec
-from engine.training import TrainSpec
-from engine.experiments import run_ntk_sweep, run_spectrum
-from engine.malleability import run_malleability
+from engine.reporting import paper
+from engine.reporting import plots
+from engine.reporting import protocols
+from engine.reporting import tables
+from engine.maths.attacks import AttackSpec
+from engine.maths.training import TrainSpec
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.malleability import run_malleability
 from ui import configs, render, sensitivity
 from ui.common import require, shared
 from ui.runner import obtain_planned

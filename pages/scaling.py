@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import plots
-from engine.scaling import ScalingConfig, run_scaling
-from engine.training import TrainSpec
+from engine.reporting import plots
+from engine.experiments.scaling import ScalingConfig, run_scaling
+from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import ATTENTION_CHOICES, shared
 from ui.runner import obtain_planned

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine import plots
-from engine.experiments import SpectrumConfig, run_spectrum
+from engine.reporting import plots
+from engine.experiments.spectrum import SpectrumConfig, run_spectrum
 from ui import configs, render
 from ui.common import shared
 from ui.runner import obtain_planned

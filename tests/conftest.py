@@ -118,7 +118,7 @@ def mnist_dir() -> Path:
 
 @pytest.fixture()
 def cache(tmp_path):
-    from engine.cache import Cache
+    from engine.runtime.cache import Cache
 
     c = Cache(tmp_path / "cache")
     yield c

@@ -78,6 +78,7 @@ def check_page(at: AppTest, page: str) -> None:
     assert len(at.get("download_button")) >= len(charts) - 1, f"{page}: a chart lacks its CSV"
 
 
+@pytest.mark.slow
 def test_every_page_runs_at_defaults_on_synthetic_data(env):
     at = app(SMALL)
     for page in PAGES:
@@ -159,6 +160,7 @@ def test_engine_errors_show_as_one_line(env):
     assert "synthetic classes" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_heavy_runs_wait_for_a_click_and_can_be_cancelled(env):
     at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
     at.number_input(key="n").set_value(1000)
@@ -182,6 +184,7 @@ def test_heavy_runs_wait_for_a_click_and_can_be_cancelled(env):
     assert not at.exception
 
 
+@pytest.mark.slow
 def test_every_page_runs_on_a_binary_task(env):
     at = app({**SMALL, "classes": "0-1"})
     for page in PAGES:
@@ -268,8 +271,8 @@ def test_the_overview_measures_on_a_click_then_reads_the_cache(env):
 
 
 def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
-    """The button sets the sidebar and the page's controls to engine.dynamics' ``binary-mse`` preset."""
-    from engine.dynamics import PRESETS
+    """The button sets the sidebar and the page's controls to engine.experiments.dynamics' ``binary-mse`` preset."""
+    from engine.experiments.dynamics import PRESETS
 
     preset = PRESETS["dynamics"]["binary-mse"]
     at = app(SMALL)

@@ -1,4 +1,4 @@
-"""engine.attacks against a plain numpy reimplementation (loss, gradient and update rules) in float64."""
+"""engine.maths.attacks against a plain numpy reimplementation (loss, gradient and update rules) in float64."""
 
 import math
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import ATOL64, RTOL64
-from engine.attacks import AttackNorm, AttackSpec, _project, _random_start, attack, training_loss
-from engine.errors import BadInput
-from engine.models import Net
-from engine.training import TrainSpec, train
+from engine.maths.attacks import AttackNorm, AttackSpec, _project, _random_start, attack, training_loss
+from engine.runtime.errors import BadInput
+from engine.maths.models import Net
+from engine.maths.training import TrainSpec, train
 from reference import attack as np_attack
 from reference import loss_grad, project, step_direction
 
@@ -281,7 +281,7 @@ def test_bad_attack_specs(kwargs):
 
 
 def test_spec_declares_its_settings_once():
-    from engine.settings import default, meta
+    from engine.runtime.settings import default, meta
 
     assert AttackSpec().norm == "linf" == default(AttackSpec, "norm")
     assert meta(AttackSpec, "norm").choices == ("linf", "l2")
@@ -294,7 +294,7 @@ def test_spec_declares_its_settings_once():
 def test_a_set_cancel_flag_stops_the_attack_before_its_next_step():
     import threading
 
-    from engine.errors import Cancelled
+    from engine.runtime.errors import Cancelled
 
     torch.manual_seed(0)
     X = torch.rand(6, 5, dtype=torch.float64)

@@ -11,11 +11,11 @@ import torch
 
 from conftest import ATOL64, RTOL32, RTOL64
 from engine import bench
-from engine.bench import (bench_entk, bench_page, bench_torch_func, bench_training, machine_info,
-                          peer_neural_tangents, run, run_scale, torch_func_ntk)
-from engine.errors import BadInput
-from engine.models import TwoLayerReLU, normalize_rows
-from engine.ntk import empirical_ntk_features
+from engine.bench import machine_info, peer_neural_tangents, run, run_scale, timing
+from engine.bench.cases import bench_entk, bench_page, bench_torch_func, bench_training, torch_func_ntk
+from engine.runtime.errors import BadInput
+from engine.maths.models import TwoLayerReLU, normalize_rows
+from engine.maths.ntk import empirical_ntk_features
 
 CPU = torch.device("cpu")
 STEPS = ("spectrum", "kinf", "loo", "entk")
@@ -40,13 +40,13 @@ def test_torch_func_recipe_agrees_with_the_closed_form_in_float64():
 def test_interleaved_alternates_and_stops_at_its_deadline():
     calls = []
     fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    t = bench._interleaved(fns, 3, _sync, calls={"b": 2})
+    t = timing._interleaved(fns, 3, _sync, calls={"b": 2})
     assert calls == ["a", "b"] + ["a", "b", "b"] * 3  # warm-ups, then rounds; b twice per round
     assert t["repeats"] == 3 and set(t) == {"a", "b", "repeats"}
     for name in "ab":
         assert t[name]["seconds"] >= 0 and t[name]["cpu_seconds"] >= 0
     calls.clear()
-    assert bench._interleaved(fns, 5, _sync, deadline=0.0)["repeats"] == 1  # past it: one round kept
+    assert timing._interleaved(fns, 5, _sync, deadline=0.0)["repeats"] == 1  # past it: one round kept
     assert calls == ["a", "b", "a", "b"]
 
 
@@ -79,7 +79,7 @@ def test_machine_info_names_the_cpu_and_threads():
     info = machine_info()
     assert isinstance(info["cpu_model"], str) and info["cpu_model"]
     assert info["threads"] == torch.get_num_threads() and info["torch"] == torch.__version__
-    assert set(info["cpu_flags"]) <= set(bench._SIMD_FLAGS)
+    assert set(info["cpu_flags"]) <= set(timing._SIMD_FLAGS)
 
 
 def _script(tmp_path, body: str) -> Path:

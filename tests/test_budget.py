@@ -1,4 +1,4 @@
-"""engine.budget and engine.calibration: estimates follow every parameter, budgets refuse early.
+"""engine.runtime.budget and engine.experiments.calibration: estimates follow every parameter, budgets refuse early.
 
 No wall-clock timings are asserted: only how estimates move with their parameters and what
 a refusal says.
@@ -15,15 +15,18 @@ import pytest
 
 from conftest import REL_MEMORY_REREAD
 import engine.cli as cli
-from engine import budget as B
-from engine.attacks import AttackSpec
-from engine.registry import EXPERIMENTS, estimate
+from engine.runtime import budget as B
+from engine.maths.attacks import AttackSpec
+from engine.experiments.registry import EXPERIMENTS, estimate
 from engine.data import DataSpec
-from engine.errors import BadInput
-from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig, run_ntk_sweep
-from engine.malleability import InfluenceConfig, MalleabilityConfig, run_malleability
-from engine.scaling import ScalingConfig, run_scaling
-from engine.training import TrainSpec
+from engine.runtime.errors import BadInput
+from engine.experiments.kernels import KernelConfig
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.spectrum import SpectrumConfig
+from engine.experiments.malleability import MalleabilityConfig, run_malleability
+from engine.experiments.influence import InfluenceConfig
+from engine.experiments.scaling import ScalingConfig, run_scaling
+from engine.maths.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = DataSpec("synthetic", n=300, n_test=100, synthetic_d=64)
@@ -116,8 +119,9 @@ def test_memory_grows_with_n_squared(make, n):
 
 
 def test_every_config_has_an_estimate():
-    from engine.dynamics import CoordCheckConfig, DynamicsConfig
-    from engine.retrain import RetrainConfig
+    from engine.experiments.dynamics import DynamicsConfig
+    from engine.experiments.coord_check import CoordCheckConfig
+    from engine.experiments.retrain import RetrainConfig
 
     assert {e.config for e in EXPERIMENTS.values()} == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
                                                         MalleabilityConfig, ScalingConfig, DynamicsConfig,

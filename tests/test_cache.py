@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import engine.cache as cache_mod
-from engine.cache import (ENGINE_VERSION, Cache, Result, cached_run, code_fingerprint, config_key,
+import engine.runtime.cache as cache_mod
+from engine.runtime.cache import (ENGINE_VERSION, Cache, Result, cached_run, code_fingerprint, config_key,
                           tree_fingerprint)
 from engine.data import DataSpec, data_fingerprint
-from engine.errors import CacheCorrupt
+from engine.runtime.errors import CacheCorrupt
 
 SYNTH = DataSpec(dataset="synthetic", n=8, n_test=4)
 

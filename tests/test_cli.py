@@ -20,6 +20,7 @@ def run(*args, env_extra=None, cache_dir=None):
     return p.returncode, p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_spectrum_json(mnist_dir, tmp_path):
     rc, out, err = run("spectrum", "--dataset", "mnist", "--n", "100", "--seed", "0", "--json",
                        "--data-dir", str(mnist_dir), "--cache-dir", str(tmp_path))
@@ -35,6 +36,7 @@ def test_spectrum_json(mnist_dir, tmp_path):
     assert json.loads(out)["cached"]
 
 
+@pytest.mark.slow
 def test_ntk_sweep_json(mnist_dir, tmp_path):
     rc, out, err = run("ntk-sweep", "--dataset", "mnist", "--n", "400", "--n-test", "200", "--widths",
                        "16,256,4096", "--archs", "relu,attn", "--epochs", "0", "--seed", "0", "--seeds", "0",
@@ -79,6 +81,7 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
     assert rc == 2 and needle in err and out == ""
 
 
+@pytest.mark.slow
 def test_over_budget_runs_are_refused_before_they_start(tmp_path):
     rc, out, err = run("ntk-sweep", "--dataset", "synthetic", "--widths", "65536", "--epochs", "20000",
                        "--cache-dir", str(tmp_path))
@@ -94,12 +97,14 @@ def test_n_larger_than_the_split_exits_2(mnist_dir):
     assert rc == 2 and "100000" in err
 
 
+@pytest.mark.slow
 def test_missing_data_exits_3_and_names_the_files(tmp_path):
     rc, out, err = run("spectrum", "--dataset", "mnist", "--data-dir", str(tmp_path / "empty"), "--no-cache",
                        cache_dir=tmp_path)
     assert rc == 3 and "train-images-idx3-ubyte" in err and len(err.strip().splitlines()[-1]) > 20
 
 
+@pytest.mark.slow
 def test_malleability_json_on_real_digits(mnist_dir):
     rc, out, err = run("malleability", "--dataset", "mnist", "--n", "200", "--n-test", "50", "--width", "256",
                        "--archs", "relu,attn", "--epochs", "10", "--attack", "pgd,fgsm", "--eps", "0.05,0.3",
@@ -122,6 +127,7 @@ def test_malleability_bad_tau_exits_2():
     assert rc == 2 and "tau" in err
 
 
+@pytest.mark.slow
 def test_scaling_json():
     rc, out, err = run("scaling", "--n", "16", "--d", "8", "--kappas", "2,8", "--measure", "init", "--target",
                        "0.3", "--max-width", "1024", "--attentions", "linear,stacked:2", "--json", "--no-cache")
@@ -131,6 +137,7 @@ def test_scaling_json():
     assert all("monotone" in r for r in obj["rows"]) and all("exponent_low" in f for f in obj["fit"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["truncated:10", "stacked:2", "softmax:0.5"])
 def test_spectrum_attention_variants(mnist_dir, attention):
     rc, out, err = run("spectrum", "--dataset", "mnist", "--n", "60", "--attention", attention, "--json",

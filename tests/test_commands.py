@@ -8,7 +8,7 @@ import pytest
 
 from engine import cli
 from engine.commands import argv, command_line
-from engine.registry import EXPERIMENTS
+from engine.experiments.registry import EXPERIMENTS
 from ui import configs
 from ui.common import Shared
 

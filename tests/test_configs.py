@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import REL_MEMORY_REREAD
-from engine import budget
-from engine.errors import BadInput
-from engine.registry import EXPERIMENTS, estimate
+from engine.runtime import budget, speed
+from engine.runtime.errors import BadInput
+from engine.experiments.registry import EXPERIMENTS, estimate
 from ui import configs
 from ui.common import Shared
 
@@ -34,7 +34,7 @@ def test_page_configs_take_the_sidebar_data_and_keep_every_other_preset_value():
 
 
 def test_plans_follow_the_engine_estimate(monkeypatch):
-    monkeypatch.setenv(budget.SPEED_ENV, "1")
+    monkeypatch.setenv(speed.SPEED_ENV, "1")
     small = configs.sweep_config(S, epochs=0, n_seeds=1)
     plan = configs.plan(small)
     assert plan.seconds == pytest.approx(estimate(small).seconds)
@@ -51,25 +51,25 @@ def test_plans_scale_by_the_machines_speed_now(monkeypatch):
     cfg = configs.sweep_config(S, epochs=0, n_seeds=1)
     seconds = estimate(cfg).seconds
     slow = budget.QUICK_SECONDS / seconds * 1.5  # just too slow for this config to start unasked
-    monkeypatch.setenv(budget.SPEED_ENV, str(slow))
+    monkeypatch.setenv(speed.SPEED_ENV, str(slow))
     plan = configs.plan(cfg)
     assert plan.seconds == pytest.approx(seconds * slow) and plan.allowed and not plan.auto
     assert budget.duration(plan.seconds) in plan.note
-    monkeypatch.delenv(budget.SPEED_ENV)
-    monkeypatch.setattr(budget, "_speed", {"cpu": slow})  # what finished runs measured here
+    monkeypatch.delenv(speed.SPEED_ENV)
+    monkeypatch.setattr(speed, "_speed", {"cpu": slow})  # what finished runs measured here
     assert configs.plan(cfg).seconds == pytest.approx(seconds * slow)
 
 
 def test_the_gemm_calibration_is_quick_and_within_bounds(monkeypatch):
-    monkeypatch.delenv(budget.SPEED_ENV, raising=False)
-    monkeypatch.setattr(budget, "_speed", {})
-    monkeypatch.setattr(budget, "_gemm_factor", [])
-    factor = budget.speed_factor("cpu")          # calibrates on first use
-    assert budget.SPEED_MIN <= factor <= budget.SPEED_MAX and budget._gemm_factor == [factor]
-    assert budget.speed_factor("cuda") == 1.0    # no run measured on a GPU yet: the CPU estimate bounds it
-    monkeypatch.setenv(budget.SPEED_ENV, "fast")
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(speed, "_speed", {})
+    monkeypatch.setattr(speed, "_gemm_factor", [])
+    factor = speed.speed_factor("cpu")          # calibrates on first use
+    assert speed.SPEED_MIN <= factor <= speed.SPEED_MAX and speed._gemm_factor == [factor]
+    assert speed.speed_factor("cuda") == 1.0    # no run measured on a GPU yet: the CPU estimate bounds it
+    monkeypatch.setenv(speed.SPEED_ENV, "fast")
     with pytest.raises(BadInput, match="ENGINE_SPEED_FACTOR.*'fast'"):
-        budget.speed_factor()
+        speed.speed_factor()
 
 
 def test_a_run_that_cannot_fit_in_memory_is_not_allowed():
@@ -109,7 +109,7 @@ def test_obtain_planned_refuses_settings_over_the_dashboards_limits():
     def script():
         from dataclasses import replace
 
-        from engine.experiments import run_ntk_sweep
+        from engine.experiments.sweep import run_ntk_sweep
         from ui import configs
         from ui.common import Shared
         from ui.runner import obtain_planned
@@ -143,7 +143,7 @@ def test_obtain_planned_can_wait_for_a_click_and_says_why(tmp_path, monkeypatch)
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
 
     def script():
-        from engine.experiments import run_spectrum
+        from engine.experiments.spectrum import run_spectrum
         from ui import configs
         from ui.common import Shared
         from ui.runner import obtain_planned

@@ -6,14 +6,15 @@ import torch
 
 from conftest import (ATOL32_ONE_PASS, ATOL64, RTOL32, RTOL32_ONE_PASS, RTOL64, RTOL_DEVICES_INIT,
                       RTOL_DEVICES_TRAINED, requires_cuda)
-from engine.attacks import AttackSpec, attack
+from engine.maths.attacks import AttackSpec, attack
 from engine.data import DataSpec
-from engine.device import resolve_device
-from engine.experiments import SweepConfig, run_ntk_sweep
-from engine.malleability import MalleabilityConfig, example_key, run_malleability
-from engine.models import Net, TwoLayerReLU, normalize_rows
-from engine.ntk import exact_counts, empirical_ntk, empirical_ntk_features
-from engine.training import TrainSpec
+from engine.runtime.device import resolve_device
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.maths.models import Net, TwoLayerReLU, normalize_rows
+from engine.maths.ntk import empirical_ntk, empirical_ntk_features
+from engine.maths.counts import exact_counts
+from engine.maths.training import TrainSpec
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
 CUDA = torch.device("cuda")
@@ -107,8 +108,8 @@ def test_torch_device_passes_through():
 
 
 def test_kernel_steps_on_cuda_refuse_by_the_gpus_free_memory():
-    from engine.errors import BadInput
-    from engine.ntk import infinite_ntk
+    from engine.runtime.errors import BadInput
+    from engine.maths.kinf import infinite_ntk
 
     X = torch.ones(1, 3, device=CUDA).expand(400_000, 3)
     with pytest.raises(BadInput, match=r"needs [\d.]+ GiB on cuda but [\d.]+ GiB is free; it fits up to n = \d+"):

@@ -23,8 +23,8 @@ from conftest import ATOL32, ATOL64, RTOL64
 from engine.data import (DATASETS, DECAYS, MAX_ABS_VALUE, MAX_NPZ_BYTES, DataSpec,
                          available_datasets, data_fingerprint, engine_data_dir, fetch_dataset,
                          load_sample, parse_dataset, resolve_data_dir, store_npz, writable)
-from engine.errors import BadInput, DataCorrupt, DataMissing
-from engine.settings import meta, settings
+from engine.runtime.errors import BadInput, DataCorrupt, DataMissing
+from engine.runtime.settings import meta, settings
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
 MNIST_RAW = SHARED / "MNIST" / "raw"

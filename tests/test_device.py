@@ -1,10 +1,10 @@
-"""engine.device.resolve_device: names and torch.devices, and the one-line errors."""
+"""engine.runtime.device.resolve_device: names and torch.devices, and the one-line errors."""
 
 import pytest
 import torch
 
-from engine.device import DEVICES, resolve_device
-from engine.errors import BadInput
+from engine.runtime.device import DEVICES, resolve_device
+from engine.runtime.errors import BadInput
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA GPU")
 

@@ -141,8 +141,8 @@ def test_fashion_mnist_comes_from_debian():
 
 
 def test_figures_export_in_the_image():
-    """kaleido needs a browser; the image installs Debian's, where engine.export looks first."""
-    from engine.export import DEBIAN_CHROMIUM
+    """kaleido needs a browser; the image installs Debian's, where engine.reporting.export looks first."""
+    from engine.reporting.export import DEBIAN_CHROMIUM
 
     assert DEBIAN_CHROMIUM == "/usr/bin/chromium"
     assert re.search(r"apt-get install[^\n]* chromium\b", DOCKERFILE)

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from engine import budget as B
+from engine.runtime import budget as B
 from engine.doctor import CUDA_DRIVER, describe, report
-from engine.errors import BadInput
+from engine.runtime.errors import BadInput
 from tests.conftest import requires_cuda
 
 SMALL = dict(n=24, d=8, width=32, gemm=64, repeats=1)

@@ -1,4 +1,4 @@
-"""engine.dynamics: the linearised head against torch.func, K∞ gradient flow against scipy's expm,
+"""engine.experiments.dynamics: the linearised head against torch.func, K∞ gradient flow against scipy's expm,
 μP's scalings against theory, and the run, CLI and page around them."""
 
 import json
@@ -13,15 +13,16 @@ import scipy.linalg
 import torch
 
 from engine import cli
-from engine.registry import EXPERIMENTS
+from engine.experiments.registry import EXPERIMENTS
 from reference import arccos_ntk
-from engine.calibration import estimate
+from engine.experiments.calibration import estimate
 from engine.data import DataSpec, load_sample
-from engine.dynamics import (PRESETS, CoordCheckConfig, DynamicsConfig, KernelFlow, linearised_head,
-                             run_coord_check, run_dynamics, train_pair, width_slopes)
-from engine.errors import BadInput
-from engine.models import Net, TwoLayerReLU
-from engine.training import TrainSpec, train
+from engine.experiments.dynamics import PRESETS, DynamicsConfig, run_dynamics, width_slopes
+from engine.experiments.coord_check import CoordCheckConfig, run_coord_check
+from engine.maths.flow import KernelFlow, linearised_head, train_pair
+from engine.runtime.errors import BadInput
+from engine.maths.models import Net, TwoLayerReLU
+from engine.maths.training import TrainSpec, train
 from tests.conftest import ATOL_ONE_OF_40, ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def test_linearised_head_is_the_first_order_taylor_model_of_torch_func():
 @pytest.mark.parametrize("param,optimizer,wd", [("ntk", "sgd", 0.01), ("mup", "sgd", 0.0), ("ntk", "adam", 1e-3)])
 def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_training(param, optimizer, wd):
     """Two epochs of train_pair against (a) the jvp model trained by hand with torch's own
-    optimiser on the same batches, (b) engine.training.train of the same net (float64)."""
+    optimiser on the same batches, (b) engine.maths.training.train of the same net (float64)."""
     X, y, _, _ = _sample64(BIN)
     spec = TrainSpec(epochs=2, batch_size=16, optimizer=optimizer, lr=0.3 if optimizer == "sgd" else 0.01,
                      weight_decay=wd, param=param)
@@ -293,6 +294,7 @@ def test_cli_defaults_and_presets_are_the_engine_configs():
     assert cli.config_from_args(EXPERIMENTS["ntk-sweep"], ns).train.param == "mup"
 
 
+@pytest.mark.slow
 def test_cli_dynamics_json(tmp_path):
     p = subprocess.run([sys.executable, "-m", "engine", "dynamics", "--dataset", "synthetic", "--n", "40",
                         "--n-test", "20", "--synthetic-classes", "2", "--widths", "16,64", "--archs", "relu,attn",
@@ -338,7 +340,7 @@ def test_page_renders_and_binds_its_settings_to_the_url(tmp_path, monkeypatch):
 
 
 def test_lin_gap_is_the_relative_frobenius_distance_to_the_linearisation():
-    from engine.dynamics import lin_gap
+    from engine.maths.flow import lin_gap
 
     g = torch.Generator().manual_seed(3)
     f, f_lin = torch.randn(7, 3, generator=g), torch.randn(7, 3, generator=g)
@@ -349,9 +351,9 @@ def test_lin_gap_is_the_relative_frobenius_distance_to_the_linearisation():
 
 @pytest.mark.parametrize("classes", [2, 3])
 def test_train_accuracy_is_the_trained_nets_own(classes):
-    """train_acc at epoch e is engine.training's accuracy of the same net trained e epochs, on the
+    """train_acc at epoch e is engine.maths.training's accuracy of the same net trained e epochs, on the
     training set (a point on the decision boundary may fall either way in float32)."""
-    from engine.training import accuracy
+    from engine.maths.training import accuracy
 
     data = DataSpec("synthetic", n=40, n_test=10, synthetic_d=6, synthetic_classes=classes)
     spec = TrainSpec(epochs=4, batch_size=16, optimizer="sgd", lr=0.5, weight_decay=0.0)

@@ -6,11 +6,12 @@ import pytest
 from conftest import (ATOL64, RTOL32_INPUT, RTOL32_ONE_PASS, RTOL64_EIG, RTOL64_EIG_ATTENTION,
                       RTOL64_SAME)
 from engine.data import DataSpec, load_sample
-from engine.errors import BadInput, Cancelled
-from engine.experiments import (KernelConfig, SpectrumConfig, SweepConfig, run_kernels, run_ntk_sweep,
-                                run_spectrum)
-from engine.models import Net
-from engine.training import TrainSpec
+from engine.runtime.errors import BadInput, Cancelled
+from engine.experiments.kernels import KernelConfig, run_kernels
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.spectrum import SpectrumConfig, run_spectrum
+from engine.maths.models import Net
+from engine.maths.training import TrainSpec
 from reference import arccos_ntk
 
 SYN = DataSpec("synthetic", n=60, n_test=20, synthetic_d=12, synthetic_kappa=30.0, synthetic_classes=3)

@@ -1,4 +1,4 @@
-"""engine.export: PNG, SVG and PDF from a headless Chromium, and `python -m engine figure`."""
+"""engine.reporting.export: PNG, SVG and PDF from a headless Chromium, and `python -m engine figure`."""
 
 import json
 import struct
@@ -10,16 +10,18 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from engine import cli, export
-from engine.registry import EXPERIMENTS
+from engine import cli
+from engine.reporting import export
+from engine.experiments.registry import EXPERIMENTS
 from engine.data import DataSpec
-from engine.dynamics import DynamicsConfig, run_dynamics
-from engine.errors import BadInput
-from engine.experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
-from engine.malleability import MalleabilityConfig, run_malleability
-from engine.retrain import RetrainConfig, run_retrain_loo
-from engine.scaling import ScalingConfig, run_scaling
-from engine.training import TrainSpec
+from engine.experiments.dynamics import DynamicsConfig, run_dynamics
+from engine.runtime.errors import BadInput
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.spectrum import SpectrumConfig, run_spectrum
+from engine.experiments.malleability import MalleabilityConfig, run_malleability
+from engine.experiments.retrain import RetrainConfig, run_retrain_loo
+from engine.experiments.scaling import ScalingConfig, run_scaling
+from engine.maths.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_browser = pytest.mark.skipif(export.browser_path() is None,
@@ -45,6 +47,7 @@ def _figure() -> go.Figure:
     return export.titled(fig, TITLE)
 
 
+@pytest.mark.slow
 @needs_browser
 def test_png_svg_and_pdf_bytes():
     fig = _figure()
@@ -74,6 +77,7 @@ def _results(tmp_path):
     }
 
 
+@pytest.mark.slow
 @needs_browser
 def test_every_kind_renders_its_main_chart_with_its_title(tmp_path):
     results = _results(tmp_path)
@@ -118,6 +122,7 @@ def test_figure_help_lists_the_kinds(capsys):
         assert kind in out
 
 
+@pytest.mark.slow
 @needs_browser
 def test_cli_figure_renders_from_the_cache(tmp_path):
     args = [sys.executable, "-m", "engine", "figure", "regime", "--dataset", "synthetic", "--n", "40", "--n-test", "20",
@@ -141,8 +146,8 @@ def test_cli_figure_renders_from_the_cache(tmp_path):
 def test_talk_style_enlarges_text_and_swaps_in_colour_blind_safe_colours():
     import plotly.graph_objects as go
 
-    from engine.export import OKABE_ITO, talk_style
-    from engine.plots import ARCH_COLORS
+    from engine.reporting.export import OKABE_ITO, talk_style
+    from engine.reporting.plots import ARCH_COLORS
 
     fig = go.Figure([go.Scatter(x=[1, 2], y=[1, 2], line=dict(color=ARCH_COLORS["relu"])),
                      go.Bar(x=[1], y=[1], marker_color=ARCH_COLORS["attn"])])

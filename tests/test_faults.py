@@ -13,9 +13,9 @@ import pytest
 
 from diskcache.core import MODE_BINARY, MODE_PICKLE
 
-from engine.cache import Cache, CacheWarning, Result, config_key
+from engine.runtime.cache import Cache, CacheWarning, Result, config_key
 from engine.data import DataSpec
-from engine.errors import CacheError
+from engine.runtime.errors import CacheError
 
 ROOT = os.geteuid() == 0
 

@@ -30,9 +30,9 @@ TINY = ("--n", "4", "--n-test", "2")  # every case fails before or at its first 
 
 def private_cache(folder: Path) -> Path:
     """A cache folder holding one stored result, so that "unchanged" also means "nothing dropped"."""
-    from engine.cache import Cache, Result
+    from engine.runtime.cache import Cache, Result
     from engine.data import DataSpec
-    from engine.experiments import SpectrumConfig
+    from engine.experiments.spectrum import SpectrumConfig
 
     folder.mkdir(mode=0o700, parents=True)
     c = Cache(folder)
@@ -216,13 +216,14 @@ def _duplicates(n: int = 4):
 
 @pytest.mark.parametrize("step", ["kernel_regression", "influence_matrix", "whitened_distance"])
 def test_each_factorisation_names_itself_n_and_the_ridge(step):
-    from engine import influence, ntk
-    from engine.errors import BadInput
+    from engine.maths import influence
+    from engine.maths import ridge
+    from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
-    call = {"kernel_regression": lambda: ntk.kernel_regression(K, K_test, Y, 5e-324),
+    call = {"kernel_regression": lambda: ridge.kernel_regression(K, K_test, Y, 5e-324),
             "influence_matrix": lambda: influence.influence_matrix(K, K_test, Y, 5e-324),
-            "whitened_distance": lambda: ntk.whitened_distance(K, K, 5e-324)}[step]
+            "whitened_distance": lambda: ridge.whitened_distance(K, K, 5e-324)}[step]
     with pytest.raises(BadInput) as info:
         call()
     text = str(info.value)
@@ -231,44 +232,46 @@ def test_each_factorisation_names_itself_n_and_the_ridge(step):
 
 @pytest.mark.parametrize("step", ["kernel_regression", "influence_matrix", "whitened_distance"])
 def test_each_factorisation_refuses_a_non_finite_kernel(step):
-    from engine import influence, ntk
-    from engine.errors import BadInput
+    from engine.maths import influence
+    from engine.maths import ridge
+    from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
     K = K + 4 * torch.eye(4, dtype=torch.float64)
     K[1, 2] = K[2, 1] = float("nan")
-    call = {"kernel_regression": lambda: ntk.kernel_regression(K, K_test, Y, 1e-3),
+    call = {"kernel_regression": lambda: ridge.kernel_regression(K, K_test, Y, 1e-3),
             "influence_matrix": lambda: influence.influence_matrix(K, K_test, Y, 1e-3),
-            "whitened_distance": lambda: ntk.whitened_distance(K, K.nan_to_num(), 1e-3)}[step]
+            "whitened_distance": lambda: ridge.whitened_distance(K, K.nan_to_num(), 1e-3)}[step]
     with pytest.raises(BadInput, match="NaN or infinite"):
         call()
 
 
 @pytest.mark.parametrize("ridge", [float("nan"), float("inf"), 0.0, -1.0])
 def test_ridges_that_are_no_ridge_are_one_line(ridge):
-    from engine import influence, ntk
-    from engine.errors import BadInput
+    from engine.maths import influence
+    from engine.maths import ridge
+    from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
-    for call in (lambda: ntk.kernel_regression(K, K_test, Y, ridge),
+    for call in (lambda: ridge.kernel_regression(K, K_test, Y, ridge),
                  lambda: influence.influence_matrix(K, K_test, Y, ridge)):
         with pytest.raises(BadInput, match="finite number > 0"):
             call()
 
 
 def test_a_good_kernel_still_factors():
-    from engine import ntk
+    from engine.maths import ridge
 
     K, K_test, Y = _duplicates()
     eye = torch.eye(4, dtype=torch.float64)
     K = K + eye  # positive definite
     want = K_test @ torch.linalg.solve(K + 1e-3 * K.diagonal().mean() * eye, Y)
-    torch.testing.assert_close(ntk.kernel_regression(K, K_test, Y, 1e-3), want, rtol=RTOL64, atol=ATOL64)
+    torch.testing.assert_close(ridge.kernel_regression(K, K_test, Y, 1e-3), want, rtol=RTOL64, atol=ATOL64)
 
 
 def test_a_spectrum_of_non_finite_rows_is_one_line():
-    from engine.errors import BadInput
-    from engine.spectral import gram_spectrum
+    from engine.runtime.errors import BadInput
+    from engine.maths.spectral import gram_spectrum
 
     F = torch.ones(5, 3, dtype=torch.float64)
     F[2, 1] = float("inf")
@@ -278,7 +281,7 @@ def test_a_spectrum_of_non_finite_rows_is_one_line():
 
 def test_a_fifo_swapped_in_after_the_spec_was_made_is_refused(tmp_path):
     from engine.data import DataSpec, data_fingerprint, file_sha256, load_sample
-    from engine.errors import BadInput, DataCorrupt
+    from engine.runtime.errors import BadInput, DataCorrupt
 
     path = tmp_path / "later.npz"
     spec = DataSpec(str(path), n=2, n_test=1)  # absent now: allowed, DataMissing when read

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from engine import export
-from engine.errors import BadInput
+from engine.reporting import export
+from engine.runtime.errors import BadInput
 from test_faults_cli import private_cache, refused
 
 ROOT_USER = os.geteuid() == 0

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from engine.errors import BadInput
-from engine.grid_spec import MAX_CELLS, MAX_DEPTH, MAX_SPEC_BYTES, load_spec, parse_spec
+from engine.runtime.errors import BadInput
+from engine.grid.spec import MAX_CELLS, MAX_DEPTH, MAX_SPEC_BYTES, load_spec, parse_spec
 from test_faults_cli import private_cache, refused
 
 BASE = 'kind = "spectrum"\n[base]\n"data.dataset" = "synthetic"\n"data.n" = 20\n'

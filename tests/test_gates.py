@@ -1,9 +1,9 @@
-"""engine.gates: the per-seed training gate against chance level."""
+"""engine.reporting.gates: the per-seed training gate against chance level."""
 
 import pandas as pd
 import pytest
 
-from engine import gates
+from engine.reporting import gates
 
 
 def _rows(accs: dict) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Grids (``engine.grid``, ``python -m engine grid``): specs, dry runs, failing cells, the page,
+"""Grids (``engine.grid.driver``, ``python -m engine grid``): specs, dry runs, failing cells, the page,
 and the same results from a local pool and from a real Ray head on loopback, also when the
 worker running a cell is killed half-way."""
 
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import grid as G
-from engine.loopback import free_port, session_pids
+from engine.grid import driver as G
+from engine.grid.loopback import free_port, session_pids
 from engine.cli import main
-from engine.registry import EXPERIMENTS
-from engine.errors import BadInput
+from engine.experiments.registry import EXPERIMENTS
+from engine.runtime.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = """
@@ -142,7 +142,7 @@ def test_dry_run_lists_estimates_and_computes_nothing(tmp_path, capsys):
     assert main(["grid", str(spec), "--dry-run", "--cache-dir", str(cache)]) == 0
     text = capsys.readouterr().out
     assert "train.optimizer=sgd archs=attn" in text and "total: 4 cells" in text
-    from engine.cache import Cache
+    from engine.runtime.cache import Cache
 
     c = Cache(cache)
     assert not any((cell.cache_kind, cell.config) in c for cell in G.load_spec(spec).cells)
@@ -178,6 +178,7 @@ def cli(*args, cwd=ROOT, timeout=300) -> tuple[int, str, str]:
     return p.returncode, p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_failing_cell_exits_4_lists_it_and_keeps_the_rest(src, tmp_path):
     spec = write(tmp_path, "mixed.toml", FAST.replace('"train.optimizer" = ["adam", "sgd"]\narchs = ["relu", "attn"]',
                                                       'archs = ["relu"]\n"data.dataset" = ["synthetic", "cifar10"]'))
@@ -194,6 +195,7 @@ def test_failing_cell_exits_4_lists_it_and_keeps_the_rest(src, tmp_path):
     assert rc == 4 and (obj["computed"], obj["cached"], obj["failed"]) == (0, 1, 1)
 
 
+@pytest.mark.slow
 def test_the_page_runs_a_grid_in_the_background(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
@@ -267,6 +269,7 @@ def local_slow(src, tmp_path_factory) -> tuple[Path, dict]:
     return spec, json.loads(out)
 
 
+@pytest.mark.slow
 def test_ray_and_local_give_the_same_results_bit_for_bit(ray_head, src, local_slow, tmp_path):
     spec, local = local_slow
     rc, out, err = cli(spec, "--backend", "ray", "--address", ray_head["address"], "--json",
@@ -285,10 +288,11 @@ def test_ray_and_local_give_the_same_results_bit_for_bit(ray_head, src, local_sl
     assert results(again) == results(on_ray)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_retried_and_nothing_is_lost_or_doubled(ray_head, src, local_slow, tmp_path):
     import diskcache
 
-    from engine.cache import Cache
+    from engine.runtime.cache import Cache
 
     spec, local = local_slow
     env = {**os.environ, "XDG_CACHE_HOME": str(ROOT / ".pytest_cache" / "xdg"), **RAY_ENV}

@@ -3,11 +3,12 @@ import pytest
 import torch
 
 from conftest import ATOL64, ATOL64_REFIT, RTOL64, RTOL64_REFIT, RTOL64_SOLVE, RTOL_CHANGED
-from engine.errors import BadInput
-from engine.influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, influence_matrix, loo_influence,
+from engine.runtime.errors import BadInput
+from engine.maths.influence import (DEFAULT_TARGET, INFLUENCE_TARGETS, aggregate, influence_matrix, loo_influence,
                               net_influence, top_indices)
-from engine.models import Net
-from engine.ntk import empirical_ntk, infinite_ntk
+from engine.maths.models import Net
+from engine.maths.ntk import empirical_ntk
+from engine.maths.kinf import infinite_ntk
 from reference import loo_changes, ridge_predict
 
 
@@ -24,7 +25,7 @@ def _problem(n=12, n_test=5, d=4, c=3, seed=0):
 @pytest.mark.parametrize("block", [5, None])  # diag M by blocks of L⁻¹ columns: several, or one
 def test_loo_influence_equals_brute_force_refits(ridge, c, block, monkeypatch):
     if block:
-        monkeypatch.setattr("engine.influence._INVERSE_BLOCK", block)
+        monkeypatch.setattr("engine.maths.influence._INVERSE_BLOCK", block)
     K, K_test, Y = _problem(c=c)
     infl = loo_influence(K, K_test, Y, ridge).numpy()  # (n_test, n, c)
     Kn, Ktn, Yn = K.numpy(), K_test.numpy(), Y.numpy()

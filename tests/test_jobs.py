@@ -1,4 +1,4 @@
-"""engine.jobs: dedupe by cache key, cancel, progress and ETA, captured errors, shutdown."""
+"""engine.runtime.jobs: dedupe by cache key, cancel, progress and ETA, captured errors, shutdown."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import engine.jobs
-from engine.cache import Result, config_key
-from engine.errors import BadInput, Cancelled
-from engine.jobs import Job, JobManager, JobState
+import engine.runtime.jobs
+from engine.runtime.cache import Result, config_key
+from engine.runtime.errors import BadInput, Cancelled
+from engine.runtime.jobs import Job, JobManager, JobState
 from tests.conftest import REL_ETA
 
 
@@ -180,15 +180,15 @@ def test_before_any_rate_the_eta_is_the_scaled_estimate():
 
 def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     """A registered config's run records measured / estimated seconds; a cache read does not."""
-    from engine import budget
-    from engine.registry import EXPERIMENTS
+    from engine.runtime import speed
+    from engine.experiments.registry import EXPERIMENTS
 
-    monkeypatch.delenv(budget.SPEED_ENV, raising=False)
-    monkeypatch.setattr(budget, "_speed", {})
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(speed, "_speed", {})
     cfg = EXPERIMENTS["spectrum"].probe()
     reference = EXPERIMENTS["spectrum"].estimate(cfg).seconds
-    monkeypatch.setattr(budget, "SPEED_MIN_RUN_S", 0.0)
-    monkeypatch.setattr(budget, "SPEED_MIN", 1e-9)      # a 0.2 s fake run is far faster than the estimate
+    monkeypatch.setattr(speed, "SPEED_MIN_RUN_S", 0.0)
+    monkeypatch.setattr(speed, "SPEED_MIN", 1e-9)      # a 0.2 s fake run is far faster than the estimate
     clock = {"cached": False}
 
     def run(cfg, progress=None, cancel=None, **kwargs):
@@ -199,12 +199,12 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     job = m.submit("spectrum", cfg, run, device="cpu")
     assert job.wait(10) and job.state is JobState.DONE
     assert job.estimate_s is not None
-    factor = budget.speed_factor("cpu")
+    factor = speed.speed_factor("cpu")
     assert 0.2 / reference <= factor <= job.elapsed_s() / reference  # the run's own seconds, not its setup
     m.forget(job.key)
     clock["cached"] = True
     assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
-    assert budget.speed_factor("cpu") == factor          # a cache read says nothing of speed
+    assert speed.speed_factor("cpu") == factor          # a cache read says nothing of speed
     m.shutdown()
 
 
@@ -335,7 +335,7 @@ def test_data_dir_is_part_of_the_key_and_reaches_the_run(manager, monkeypatch):
         seen.append(data_dir)
         return config_key(kind, config, data_dir) + f"|{data_dir}"
 
-    monkeypatch.setattr(engine.jobs, "config_key", key)
+    monkeypatch.setattr(engine.runtime.jobs, "config_key", key)
     fn = Counter(steps=1, open_gate=True)
     a = manager.submit("fake", Cfg(1), fn, data_dir="/data/a")
     b = manager.submit("fake", Cfg(1), fn, data_dir="/data/b")
@@ -350,7 +350,7 @@ def test_data_dir_is_part_of_the_key_and_reaches_the_run(manager, monkeypatch):
 SIGTERM_SCRIPT = """
 import signal, sys, time
 sys.path.insert(0, {root!r})
-from engine.jobs import JobManager, JobState
+from engine.runtime.jobs import JobManager, JobState
 from tests.test_jobs import looping
 
 signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))   # as streamlit's server does, in effect

@@ -1,17 +1,30 @@
-"""Dependencies point one way: the engine never loads streamlit, the pages never load torch."""
+"""The engine's layers: packages with lazy public names, dependencies that point one way,
+modules readable in one sitting; the engine never loads streamlit, the pages never load torch."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _modules() -> list[str]:
+    """Every module of the engine by its dotted name (packages by theirs), ``__main__`` left out."""
+    out = []
+    for p in sorted((ROOT / "engine").rglob("*.py")):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
 def test_engine_runs_without_streamlit():
-    modules = sorted(p.stem for p in (ROOT / "engine").glob("*.py") if p.stem not in ("__main__",))
     code = ("import importlib, sys\n"
-            f"for m in {modules!r}: importlib.import_module('engine.' + m if m != '__init__' else 'engine')\n"
+            f"for m in {_modules()!r}: importlib.import_module(m)\n"
             "assert 'streamlit' not in sys.modules, 'engine imported streamlit'\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
@@ -23,3 +36,85 @@ def test_dashboard_files_import_no_torch():
         names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "torch" not in names, f"{path.relative_to(ROOT)} imports torch"
+
+
+PACKAGES = ("engine", "engine.maths", "engine.data", "engine.runtime", "engine.experiments", "engine.reporting",
+            "engine.grid", "engine.bench")
+# What each layer may import at module level (a function may import upwards lazily, e.g. a job
+# that runs a registered experiment). The experiments read the numbers' own definitions
+# (``reporting.tables``, ``reporting.gates``), not the pages' presentation.
+ALLOWED = {
+    "maths": {"maths", "runtime", "data"},
+    "data": {"data", "runtime"},
+    "runtime": {"runtime", "data"},
+    "experiments": {"experiments", "maths", "data", "runtime", "reporting.tables", "reporting.gates"},
+    "grid": {"grid", "experiments", "runtime", "data"},
+}
+
+
+def _top_level_targets(path: Path, module: str) -> set[str]:
+    """The engine modules ``path`` imports at module level, as dotted names below ``engine.``."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("engine."):
+                out.update(f"{target}.{a.name}" if not node.module else target for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("engine."))
+    return {t.removeprefix("engine.") for t in out}
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for module in _modules():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in ALLOWED:
+            continue
+        path = ROOT / Path(*parts)
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        for target in _top_level_targets(path, module):
+            if target == "_lazy":
+                continue
+            if not any(target == a or target.startswith(a + ".") for a in ALLOWED[parts[1]]):
+                wrong.append(f"{module} imports engine.{target}")
+    assert not wrong, wrong
+
+
+def test_no_engine_module_is_longer_than_one_sitting():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "engine").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long
+
+
+def test_the_packages_load_nothing_heavy_until_a_name_is_read():
+    """``import engine`` and every layer package cost no torch, numpy, pandas or plotly: their
+    public names are imported on first use, so ``python -m engine --help`` stays lean."""
+    code = (f"import importlib, sys\nfor m in {PACKAGES!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'plotly', 'scipy') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
+
+
+def test_every_public_name_of_every_package_resolves_to_its_own_module():
+    import importlib
+
+    for name in PACKAGES:
+        package = importlib.import_module(name)
+        assert package.__all__ == sorted(package.__all__) and len(package.__all__) == len(set(package.__all__))
+        for public in package.__all__:
+            value = getattr(package, public)
+            assert value is not None, (name, public)
+        assert set(dir(package)) >= set(package.__all__)
+    import engine
+
+    assert engine.__version__ == engine.ENGINE_VERSION
+    assert engine.maths.ntk.empirical_ntk is engine.empirical_ntk  # a submodule is an attribute too
+    with pytest.raises(AttributeError, match="engine.maths.*no_such_name"):
+        engine.maths.no_such_name

@@ -1,4 +1,4 @@
-"""engine.malleability: flip rates end to end against a plain numpy reference, and the run's frames.
+"""engine.experiments.malleability: flip rates end to end against a plain numpy reference, and the run's frames.
 
 The reference takes only the trained weights from the engine. Everything else — features
 (normalised rows; linearised attention C z with C = Zᵀ Z of the perturbed set), the loss
@@ -15,15 +15,15 @@ import torch
 
 from conftest import (ATOL32, ATOL64, ATOL64_MEAN, RTOL32, RTOL64, RTOL64_CHAIN, RTOL64_GRAD, RTOL_POWER_ITERATION,
                       RTOL_SAME_RANKS, RTOL_SAME_RANKS_REDRAWN)
-from engine.attacks import AttackSpec, training_loss
+from engine.maths.attacks import AttackSpec, training_loss
 from engine.data import DataSpec
-from engine.errors import BadInput
-from engine.influence import net_influence
-from engine.malleability import (ROW_METRICS, InfluenceConfig, MalleabilityConfig, _fit, _in_space,
-                                 example_key, run_influence, run_malleability)
-from engine.models import Net
-from engine.runs import prepare
-from engine.training import TrainSpec, accuracy, n_outputs, targets, train
+from engine.runtime.errors import BadInput
+from engine.maths.influence import net_influence
+from engine.experiments.malleability import ROW_METRICS, MalleabilityConfig, example_key, run_malleability
+from engine.experiments.influence import InfluenceConfig, _fit, _in_space, run_influence
+from engine.maths.models import Net
+from engine.experiments.runs import prepare
+from engine.maths.training import TrainSpec, accuracy, n_outputs, targets, train
 from reference import features, loo_true, loss_grad, ntk_relu, unit
 
 TINY = DataSpec("synthetic", n=12, n_test=4, synthetic_d=6, synthetic_kappa=10.0, synthetic_classes=3)
@@ -305,12 +305,12 @@ def test_one_seed_has_no_seed_null_and_nulls_can_be_switched_off():
                                               eps=(0.1,), tau=0.5, nulls=False))
     cols = ["null_seed_flip_rate", "null_random_flip_rate", "flip_excess", "flip_excess_low"]
     assert off.frames["rows"][cols].isna().all().all() and off.frames["summary"].flip_excess_low.isna().all()
-    from engine.paper import flip_rule
+    from engine.reporting.paper import flip_rule
     assert "nulls off" in flip_rule(off.frames["summary"])["why"]
 
 
 def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_random():
-    from engine.malleability import random_perturbation
+    from engine.experiments.malleability import random_perturbation
 
     g = torch.Generator().manual_seed(3)
     X = torch.rand(20, 7, generator=g, dtype=torch.float64)
@@ -328,7 +328,7 @@ def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_rand
 
 
 def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
-    from engine.malleability import _null_seed, random_perturbation
+    from engine.experiments.malleability import _null_seed, random_perturbation
 
     cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",), eps=(0.1, 0.5),
                              tau=0.5, attack=AttackSpec(norm="l2"))
@@ -394,7 +394,7 @@ def test_data_seeds_repeat_the_run_on_fresh_draws():
 # ---------------------------------------------------------------- kernels, baselines, precision
 
 def test_test_acc_kernel_is_kernel_ridge_with_the_trained_nets_own_kernel():
-    from engine.paper import passes_gate
+    from engine.reporting.gates import passes_gate
     from reference import ridge_predict
 
     cfg = InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0, 1))

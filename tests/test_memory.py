@@ -24,13 +24,14 @@ import pytest
 import torch
 
 from conftest import REL_MEMORY_REREAD_RAW, RTOL64_SAME
-from engine import budget as B
-from engine.errors import BadInput
-from engine.influence import influence_matrix, loo_influence
-from engine.models import Net, TwoLayerReLU
-from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
-                        relative_distance, whitened_distance)
-from engine.spectral import gram_spectrum
+from engine.runtime import budget as B
+from engine.runtime.errors import BadInput
+from engine.maths.influence import influence_matrix, loo_influence
+from engine.maths.models import Net, TwoLayerReLU
+from engine.maths.ntk import NTKMethod, empirical_ntk, empirical_ntk_features
+from engine.maths.kinf import infinite_ntk
+from engine.maths.ridge import kernel_regression, relative_distance, whitened_distance
+from engine.maths.spectral import gram_spectrum
 
 U32 = 2.0**-24  # unit roundoff of float32
 HUGE = 400_000  # points: a float64 kernel of 1.2 TiB, more than any machine this runs on
@@ -205,7 +206,7 @@ def test_float32_storage_costs_at_most_kappa_times_one_rounding_on_mnist(mnist_d
     differs from float64 by at most κ(K + λI)·2⁻²⁴ (κ from numpy), and MLP-Attn, whose
     kernel is far worse conditioned (κ³), pays far more than 2L-ReLU."""
     from engine.data import DataSpec, load_sample
-    from engine.training import TrainSpec, n_outputs, train
+    from engine.maths.training import TrainSpec, n_outputs, train
 
     sample = load_sample(DataSpec(n=400, n_test=50), mnist_dir)
     X, y, Xt, yt = sample.X.float(), sample.y, sample.X_test.float(), sample.y_test
@@ -231,11 +232,11 @@ def test_runs_take_storage_from_their_config(cache, tmp_path):
     """float32 storage is part of the config (and so of the cache key), halves the kernels'
     memory in the estimate, stores the kernel views in float32, and the influence run agrees
     with its float64 twin to the documented cost."""
-    from engine.cache import config_key
+    from engine.runtime.cache import config_key
     from engine.data import DataSpec
-    from engine.experiments import KernelConfig, estimate_kernels, run_kernels
-    from engine.malleability import InfluenceConfig, estimate_influence, run_influence
-    from engine.training import TrainSpec
+    from engine.experiments.kernels import KernelConfig, estimate_kernels, run_kernels
+    from engine.experiments.influence import InfluenceConfig, estimate_influence, run_influence
+    from engine.maths.training import TrainSpec
 
     data = DataSpec("synthetic", n=60, n_test=20, synthetic_d=8)
     kc = KernelConfig(data=data, train=TrainSpec(epochs=2), width=32)
@@ -263,8 +264,8 @@ PEAK_SCRIPT = r"""
 import gc, json, sys
 import torch
 torch.set_num_threads(1)
-from engine import influence, ntk, spectral
-from engine.models import Net, TwoLayerReLU
+from engine.maths import counts, influence, kinf, ntk, ridge, spectral
+from engine.maths.models import Net, TwoLayerReLU
 
 step, n = sys.argv[1], int(sys.argv[2])
 g = torch.Generator().manual_seed(0)
@@ -277,23 +278,23 @@ def case(n):
         phi, head = torch.randn(n, d, generator=g), TwoLayerReLU(d, m, 1, seed=0)
         size = 4 if step == "closed32" else 8
         return (lambda: ntk.empirical_ntk_features(head, phi, storage={4: "float32", 8: "float64"}[size]),
-                ntk.closed_ntk_bytes(n, n, m, 2048, True, ntk.cpu_count_dtype().itemsize, size))
+                ntk.closed_ntk_bytes(n, n, m, 2048, True, counts.cpu_count_dtype().itemsize, size))
     if step == "kinf":
         X = torch.randn(n, d, generator=g, dtype=f64)
-        return lambda: ntk.infinite_ntk(X), ntk.kinf_bytes(n, n, d, max(1, min(n, 2**21 // n)), True, 8)
+        return lambda: kinf.infinite_ntk(X), kinf.kinf_bytes(n, n, d, max(1, min(n, 2**21 // n)), True, 8)
     X = torch.randn(n + nt, d, generator=g, dtype=f64)
     Y = torch.randn(n, c, generator=g, dtype=f64)
     if step in ("factor", "factor32"):
-        K = ntk.infinite_ntk(X[:n], storage="float32" if step == "factor32" else "float64")
-        Kt = ntk.infinite_ntk(X[n:], X[:n])
+        K = kinf.infinite_ntk(X[:n], storage="float32" if step == "factor32" else "float64")
+        Kt = kinf.infinite_ntk(X[n:], X[:n])
         return lambda: influence.influence_matrix(K, Kt, Y, 1e-3), influence.factor_bytes(n, nt, c)
     if step == "ridge":
-        K, Kt = ntk.infinite_ntk(X[:n]), ntk.infinite_ntk(X[n:], X[:n])
-        return lambda: ntk.kernel_regression(K, Kt, Y, 1e-3), ntk.ridge_bytes(n, nt, c)
+        K, Kt = kinf.infinite_ntk(X[:n]), kinf.infinite_ntk(X[n:], X[:n])
+        return lambda: ridge.kernel_regression(K, Kt, Y, 1e-3), ridge.ridge_bytes(n, nt, c)
     if step in ("whitened", "whitened32"):
-        K1 = ntk.infinite_ntk(X[:n], storage="float32" if step == "whitened32" else "float64")
-        K2 = ntk.infinite_ntk(X[:n] + 0.01)
-        return lambda: ntk.whitened_distance(K1, K2), ntk.whitened_bytes(n)
+        K1 = kinf.infinite_ntk(X[:n], storage="float32" if step == "whitened32" else "float64")
+        K2 = kinf.infinite_ntk(X[:n] + 0.01)
+        return lambda: ridge.whitened_distance(K1, K2), ridge.whitened_bytes(n)
     if step == "spectrum":
         F = torch.randn(n, 2 * n, generator=g)
         return lambda: spectral.gram_spectrum(F), spectral.spectrum_bytes(n, 2 * n)

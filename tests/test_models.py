@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import ATOL64, ATOL64_CHAIN, ATOL64_POWER, RTOL64, RTOL64_CHAIN, RTOL64_POWER
-from engine.errors import BadInput
-from engine.models import Net, TwoLayerReLU, attention_features, features, parse_attention
+from engine.runtime.errors import BadInput
+from engine.maths.models import Net, TwoLayerReLU, attention_features, features, parse_attention
 
 
 def _rand(n, d, seed=0):
@@ -163,7 +163,7 @@ def test_antisymmetric_init_has_the_entk_law_of_the_gaussian_init():
     """Same K∞ in the mean (Monte-Carlo over seeds, against the arc-cosine kernel), and the
     antisymmetric eNTK at width m is exactly the gaussian eNTK at width m/2 of the same seed."""
     from conftest import ATOL_CHANGED, MC_SIGMAS
-    from engine.ntk import empirical_ntk
+    from engine.maths.ntk import empirical_ntk
     from reference import arccos_ntk
 
     X = _rand(6, 4)

@@ -7,10 +7,11 @@ import torch
 
 from conftest import (ATOL32_ONE_PASS, ATOL64, ATOL64_SAME, ATOL_MC_NTK, RTOL32_ONE_PASS, RTOL64, RTOL64_SAME,
                       RTOL64_SOLVE)
-from engine.models import Net, TwoLayerReLU
-from engine.errors import BadInput
-from engine.ntk import (NTKMethod, empirical_ntk, empirical_ntk_features, infinite_ntk, kernel_regression,
-                        prediction_gap, relative_distance, whitened_distance)
+from engine.maths.models import Net, TwoLayerReLU
+from engine.runtime.errors import BadInput
+from engine.maths.ntk import NTKMethod, empirical_ntk, empirical_ntk_features
+from engine.maths.kinf import infinite_ntk
+from engine.maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 
 
 def _rand(n, d, seed=0):
@@ -157,7 +158,7 @@ def test_kernel_distance_falls_like_inverse_sqrt_width():
 
 @pytest.mark.parametrize("m", [1, 3, 4096, 70_000])
 def test_low_precision_counts_are_exact(m):
-    from engine.ntk import exact_counts, cpu_count_dtype
+    from engine.maths.counts import exact_counts, cpu_count_dtype
 
     g = torch.Generator().manual_seed(m)
     S1, S2 = torch.rand(37, m, generator=g) > 0.5, torch.rand(23, m, generator=g) > 0.3
@@ -180,7 +181,7 @@ def _numpy_closed_form(phi1, phi2, W):
 
 @pytest.mark.parametrize("chunk", [7, 2048])
 def test_closed_form_is_bit_for_bit_the_same_on_every_count_path(monkeypatch, chunk):
-    from engine.ntk import COUNT_ENV, count_dtype
+    from engine.maths.counts import COUNT_ENV, count_dtype
 
     phi = torch.nn.functional.normalize(torch.rand(300, 24, generator=torch.Generator().manual_seed(0)), dim=1)
     phi_t = phi[:37] + 0.01
@@ -215,7 +216,7 @@ def test_tiled_closed_form_matches_numpy_in_float64():
 
 
 def test_count_path_report_says_what_runs_and_why(monkeypatch):
-    from engine.ntk import COUNT_ENV, count_path_report
+    from engine.maths.counts import COUNT_ENV, count_path_report
 
     monkeypatch.delenv(COUNT_ENV, raising=False)
     r = count_path_report("cpu")
@@ -231,7 +232,7 @@ def test_count_path_report_says_what_runs_and_why(monkeypatch):
 @pytest.mark.parametrize("value,match", [("int4", "allowed: auto, int8, float32, bfloat16"),
                                          ("bfloat16", "needs CUDA")])
 def test_a_bad_count_path_is_refused_in_one_line(monkeypatch, value, match):
-    from engine.ntk import COUNT_ENV
+    from engine.maths.counts import COUNT_ENV
 
     monkeypatch.setenv(COUNT_ENV, value)
     head = TwoLayerReLU(4, 16, 1)
@@ -241,7 +242,7 @@ def test_a_bad_count_path_is_refused_in_one_line(monkeypatch, value, match):
 
 
 def test_exact_counts_agree_on_every_path_and_shape():
-    from engine.ntk import exact_counts
+    from engine.maths.counts import exact_counts
 
     g = torch.Generator().manual_seed(9)
     for n1, m, n2 in ((1, 1, 1), (17, 7, 3), (40, 520, 24)):  # inner sizes below and above int8's minimum
@@ -274,7 +275,7 @@ def test_tiled_infinite_ntk_matches_the_closed_form_and_keeps_threads(threads):
 
 
 def test_measured_count_paths_lists_only_devices_already_timed():
-    from engine.ntk import count_path_report, measured_count_paths
+    from engine.maths.counts import count_path_report, measured_count_paths
 
     report = count_path_report("cpu")  # times the CPU paths if this process had not yet
     paths = measured_count_paths()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cache import ENGINE_VERSION
+from engine.runtime.cache import ENGINE_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -49,7 +49,7 @@ def test_pyproject_reads_the_runtime_pins_and_names_the_console_command():
     project, dynamic = PYPROJECT["project"], PYPROJECT["tool"]["setuptools"]["dynamic"]
     assert set(project["dynamic"]) == {"version", "dependencies"} and "dependencies" not in project
     assert dynamic["dependencies"] == {"file": ["requirements.txt"]}   # one source of truth for the pins
-    assert dynamic["version"] == {"attr": "engine.cache.ENGINE_VERSION"}
+    assert dynamic["version"] == {"attr": "engine.runtime.cache.ENGINE_VERSION"}
     assert "==" not in (ROOT / "pyproject.toml").read_text()
     assert project["scripts"] == {"malleability": "engine.cli:main"}
     assert PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"] == ["engine", "engine.*"]
@@ -100,7 +100,7 @@ def test_the_wheel_installs_the_engine_and_its_command_elsewhere(tmp_path):
                            cwd=tmp_path, env=env, timeout=300)
     assert help_.returncode == 0, help_.stderr
     assert "doctor" in help_.stdout and "spectrum" in help_.stdout
-    where = subprocess.run([str(py), "-c", "import engine, engine.cache as c; print(engine.__file__); "
+    where = subprocess.run([str(py), "-c", "import engine, engine.runtime.cache as c; print(engine.__file__); "
                                            "print(c.DEFAULT_CACHE_DIR)"],
                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert where.returncode == 0, where.stderr

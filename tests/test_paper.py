@@ -1,4 +1,4 @@
-"""engine.paper: the reported tables and the plain-words verdicts."""
+"""engine.reporting.paper: the reported tables and the plain-words verdicts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine import paper
+from engine.reporting import gates, paper, report
 
 NOTES = Path(__file__).resolve().parents[2] / "shared" / "paper" / "NOTES.md"
 
@@ -193,10 +193,10 @@ def test_flip_rule_picks_its_attack_and_eps_and_needs_both_nets_and_the_nulls():
 
 
 def test_training_gate_is_per_net_and_relative_to_the_kernel_baseline():
-    assert paper.passes_gate(0.80, 0.89) and paper.passes_gate(0.79, 0.89)
-    assert not paper.passes_gate(0.78, 0.89)
-    assert paper.passes_gate([0.5, 0.9], [0.55, 0.99]).tolist() == [True, True]
-    assert paper.passes_gate([0.1, 0.9], [0.85, 0.85]).tolist() == [False, True]
+    assert gates.passes_gate(0.80, 0.89) and gates.passes_gate(0.79, 0.89)
+    assert not gates.passes_gate(0.78, 0.89)
+    assert gates.passes_gate([0.5, 0.9], [0.55, 0.99]).tolist() == [True, True]
+    assert gates.passes_gate([0.1, 0.9], [0.85, 0.85]).tolist() == [False, True]
 
 
 def test_flip_gap():
@@ -236,7 +236,7 @@ def test_verdict_table_has_one_row_per_claim():
 def test_readme_tables_read_every_cell_with_the_flip_rule():
     good = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38))
     untrained = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), trained=(1.0, 0.0))
-    text = paper.readme_tables([("ℓ2 0.3", good), ("Adam", untrained), ("later", None)])
+    text = report.readme_tables([("ℓ2 0.3", good), ("Adam", untrained), ("later", None)])
     lines = text.splitlines()
     assert lines[0].startswith("| setting | attack |") and lines[1].startswith("|---|")
     assert "| ℓ2 0.3 | PGD ε = 0.3 |" in lines[2] and "**holds**" in lines[2] and "25 [12, 38]" in lines[2]
@@ -247,8 +247,9 @@ def test_readme_tables_read_every_cell_with_the_flip_rule():
 
 
 def test_the_readme_grid_and_its_report_command(capsys):
-    from engine import cli, report
-    from engine.grid import load_spec
+    from engine import cli
+    from engine.reporting import report
+    from engine.grid.driver import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "grids" / "readme.toml")
     cells = [c for c in spec.cells if c.kind == "malleability"]

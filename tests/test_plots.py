@@ -1,4 +1,4 @@
-"""engine.plots: axis titles on every figure, block averages against a plain numpy loop."""
+"""engine.reporting.plots: axis titles on every figure, block averages against a plain numpy loop."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 import pytest
 
 from conftest import ATOL32, ATOL32_ONE_PASS, RTOL32, RTOL32_ONE_PASS
-from engine import plots, tables
+from engine.reporting import plots
+from engine.reporting import tables
 
 
 def _block_means_loop(K: np.ndarray, b: int) -> np.ndarray:
@@ -157,7 +158,7 @@ def test_scaling_data_follows_the_fit_and_keeps_censored_points():
 
     import pandas as pd
 
-    from engine import plots
+    from engine.reporting import plots
 
     widths = pd.DataFrame({"arch": ["relu", "relu", "attn", "attn"], "attention": [None, None, "linear", "linear"],
                            "kappa": [2.0, 8.0, 2.0, 8.0], "width_needed": [100.0, 400.0, 300.0, None],
@@ -176,7 +177,7 @@ def test_scaling_data_follows_the_fit_and_keeps_censored_points():
 def test_trajectory_data_averages_seeds():
     import pandas as pd
 
-    from engine import plots
+    from engine.reporting import plots
 
     traj = pd.DataFrame({"arch": ["relu"] * 4, "width": [16] * 4, "seed": [0, 1, 0, 1], "epoch": [0, 0, 5, 5],
                          "kernel_dist": [0.2, 0.4, 0.3, 0.5]})
@@ -312,7 +313,7 @@ def test_small_multiples_of_the_regime_share_one_y_axis():
 
 def test_the_null_charts_name_the_radius_as_the_flip_bars_do():
     """"attack, at ℓ2 radius ε = 0.3, units of the unit-norm rows", never "(… units = 0.3)"."""
-    from engine.plots.nulls import excess_fig, nulls_fig
+    from engine.reporting.plots.nulls import excess_fig, nulls_fig
 
     summary = pd.DataFrame([{"arch": a, "attack": "pgd", "eps": 0.3, "n_seeds": 3, "flip_rate_mean": f,
                              "flip_rate_sd": 0.01, "null_seed_flip_rate_mean": 0.02, "null_random_flip_rate_mean": 0.01,

@@ -1,4 +1,4 @@
-"""engine.protocols: the verdict rules, the protocol grids, and their links to the pages."""
+"""engine.reporting.protocols: the verdict rules, the protocol grids, and their links to the pages."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine import protocols as P
+from engine.reporting import protocols as P
 from ui import links as L
 from engine.data import DataSpec
-from engine.malleability import MalleabilityConfig, run_malleability
-from engine.training import OPTIMIZERS, TrainSpec
+from engine.experiments.malleability import MalleabilityConfig, run_malleability
+from engine.maths.training import OPTIMIZERS, TrainSpec
 from tests.test_app import app, env, settle  # noqa: F401  (env is a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_traine
 # ---------------------------------------------------------------- verdict rules
 
 def test_flip_verdict_is_the_papers_rule():
-    from engine import paper
+    from engine.reporting import paper
 
     cases = [((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 1)), ((0.2, 0.1, 0.3), (0.3, 0.1, 0.5), (1, 1)),
              ((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 0.5)), ((0.04, 0.0, 0.08), (0.30, -0.1, 0.5), (1, 1))]

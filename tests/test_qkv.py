@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from conftest import ATOL64, RTOL32, RTOL64
-from engine.attacks import AttackSpec
+from engine.maths.attacks import AttackSpec
 from engine.data import DataSpec, load_sample
-from engine.experiments import SpectrumConfig, SweepConfig, run_ntk_sweep, run_spectrum
-from engine.malleability import MalleabilityConfig, example_key, run_malleability
-from engine.models import Net, QKVAttention
-from engine.ntk import empirical_ntk
-from engine.training import TrainSpec, train
+from engine.experiments.sweep import SweepConfig, run_ntk_sweep
+from engine.experiments.spectrum import SpectrumConfig, run_spectrum
+from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.maths.models import Net, QKVAttention
+from engine.maths.ntk import empirical_ntk
+from engine.maths.training import TrainSpec, train
 
 SYN = DataSpec("synthetic", n=24, n_test=8, synthetic_d=6, synthetic_kappa=5.0, synthetic_classes=3)
 
@@ -112,7 +113,7 @@ def test_qkv_malleability_rows_follow_the_stored_influences():
 
 
 def test_autograd_memory_guard():
-    from engine.errors import BadInput
+    from engine.runtime.errors import BadInput
 
     X = torch.rand(3000, 784)
     net = Net("attn", X[:10], 4096, 10, attention="qkv")

@@ -1,4 +1,4 @@
-"""engine.registry: one record per experiment, read by the CLI, the grid, calibration, export and pages."""
+"""engine.experiments.registry: one record per experiment, read by the CLI, the grid, calibration, export and pages."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, export, grid_spec
-from engine.errors import BadInput
-from engine.registry import ALIASES, EXPERIMENTS, NESTED, estimate, get, of, preset
+from engine import cli
+from engine.reporting import export
+from engine.grid import spec as grid_spec
+from engine.runtime.errors import BadInput
+from engine.experiments.registry import ALIASES, EXPERIMENTS, NESTED, estimate, get, of, preset
 from ui import configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +54,7 @@ def test_figures_and_old_spellings_resolve():
     assert with_figure == {"spectrum", "ntk-sweep", "malleability", "scaling", "dynamics", "retrain-loo"}
     for name in with_figure:
         module, fn = EXPERIMENTS[name].figure.split(":")
-        assert module == "engine.export" and callable(getattr(export, fn))
+        assert module == "engine.reporting.export" and callable(getattr(export, fn))
     assert dict(ALIASES) == {"ntk": "ntk-sweep", "regime": "dynamics"}
     assert get("regime") is EXPERIMENTS["dynamics"]
 
@@ -105,7 +107,7 @@ def test_the_engine_names_no_widget_key():
 
 def test_shared_settings_have_one_help_text_and_one_set_of_limits():
     """ridge, seeds, archs, widths, init_std, attention and storage read the same in every config."""
-    from engine.settings import settings
+    from engine.runtime.settings import settings
 
     seen: dict[str, tuple] = {}
     for exp in EXPERIMENTS.values():
@@ -124,7 +126,7 @@ def test_importing_the_engine_leaves_scipy_stats_unloaded():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", "import sys, engine, engine.cli, engine.registry; "
+    out = subprocess.run([sys.executable, "-c", "import sys, engine, engine.cli, engine.experiments.registry; "
                           "print(sorted(m for m in sys.modules if m.startswith('scipy.stats')))"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""engine.retrain: retraining without a point against the kernel's leave-one-out.
+"""engine.experiments.retrain: retraining without a point against the kernel's leave-one-out.
 
 References: kernel ridge regression's exact leave-one-out (a converged linearised head is
 that regression), a loop of separate retrainings with the net's own forward (bit for bit),
@@ -13,18 +13,19 @@ import scipy.linalg
 import scipy.stats
 import torch
 
-from engine import export, plots
-from engine.budget import Estimate
+from engine.reporting import export
+from engine.reporting import plots
+from engine.runtime.budget import Estimate
 from engine.data import DataSpec
-from engine.dynamics import BATCH_SEED_OFFSET
-from engine.errors import BadInput
-from engine.influence import influence_matrix
-from engine.models import Net, TwoLayerReLU
-from engine.ntk import empirical_ntk_features
-from engine.registry import EXPERIMENTS, estimate
-from engine.retrain import (PRESETS, RetrainConfig, agreement, best_other, flow_loo, head_outputs, kernel_loo, picks,
-                            run_retrain_loo, score, train_masked)
-from engine.training import OPTIMIZER_FNS, TrainSpec, targets, train
+from engine.maths.training import BATCH_SEED_OFFSET
+from engine.runtime.errors import BadInput
+from engine.maths.influence import influence_matrix
+from engine.maths.models import Net, TwoLayerReLU
+from engine.maths.ntk import empirical_ntk_features
+from engine.experiments.registry import EXPERIMENTS, estimate
+from engine.experiments.retrain import PRESETS, RetrainConfig, agreement, picks, run_retrain_loo
+from engine.maths.loo import best_other, flow_loo, head_outputs, kernel_loo, score, train_masked
+from engine.maths.training import OPTIMIZER_FNS, TrainSpec, targets, train
 from reference import loo_changes
 from tests.conftest import ATOL64, ATOL64_EXPM, RTOL64, RTOL64_EXPM, RTOL64_SAME
 
@@ -107,7 +108,7 @@ def test_converged_linearised_retraining_is_the_kernel_loo(init):
 def test_batched_retrainings_are_separate_retrainings_bit_for_bit(width, init, classes, optimizer, param):
     """Each head of the batched model ends, bit for bit on CPU, where it ends trained alone with its own
     forward. (MKL computes products with fewer than 12 output columns by another kernel, in another
-    order, so a head narrower than 12 units, 24 antisymmetric, alone rounds differently; see engine.retrain.)"""
+    order, so a head narrower than 12 units, 24 antisymmetric, alone rounds differently; see engine.experiments.retrain.)"""
     n = 40
     X, y = _features(n, 32, classes, seed=3)
     n_out = 1 if classes == 2 else classes
@@ -126,7 +127,7 @@ def test_batched_retrainings_are_separate_retrainings_bit_for_bit(width, init, c
 
 
 def test_the_full_copy_follows_engine_training_bit_for_bit():
-    """A head kept everywhere is engine.training.train's run: the same batches, the same steps. At
+    """A head kept everywhere is engine.maths.training.train's run: the same batches, the same steps. At
     width 64 the output scale 1/8 is a power of two, so train's premultiplied readout a/√m and the
     head's (h·a)/√m round alike."""
     X, y = _features(40, 32, 3, seed=6)

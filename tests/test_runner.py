@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.cache import Result
-from engine.errors import BadInput, Cancelled, EngineError
+from engine.runtime.cache import Result
+from engine.runtime.errors import BadInput, Cancelled, EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,8 +204,8 @@ SERVER_PAGE = """
 import time
 from pathlib import Path
 
-from engine.cache import Result
-from engine.errors import Cancelled
+from engine.runtime.cache import Result
+from engine.runtime.errors import Cancelled
 from ui.runner import obtain
 
 

@@ -1,4 +1,4 @@
-"""engine.scaling: the fixed width grid, the width-needed rule, the exponent fit and a tiny run."""
+"""engine.experiments.scaling: the fixed width grid, the width-needed rule, the exponent fit and a tiny run."""
 
 import math
 
@@ -9,11 +9,12 @@ import torch
 
 from conftest import RTOL32, RTOL64, RTOL64_SAME, RTOL64_SOLVE
 from engine.data import DataSpec, load_sample
-from engine.errors import BadInput
-from engine.models import Net
-from engine.ntk import empirical_ntk, infinite_ntk
-from engine.scaling import ScalingConfig, fit_exponent, run_scaling, theory_exponent, width_grid, width_needed
-from engine.training import TrainSpec, n_outputs, train
+from engine.runtime.errors import BadInput
+from engine.maths.models import Net
+from engine.maths.ntk import empirical_ntk
+from engine.maths.kinf import infinite_ntk
+from engine.experiments.scaling import ScalingConfig, fit_exponent, run_scaling, theory_exponent, width_grid, width_needed
+from engine.maths.training import TrainSpec, n_outputs, train
 
 FAST = TrainSpec(epochs=5)
 
@@ -89,6 +90,7 @@ def _keyed(ev):
     return ev.assign(attention=ev.attention.fillna("")).set_index(["arch", "attention", "kappa", "width", "seed"])
 
 
+@pytest.mark.slow
 def test_a_larger_range_keeps_the_widths_found_and_the_evaluations():
     small, large = run_scaling(_tiny()), run_scaling(_tiny(max_width=128))
     assert small.meta["grid"] == width_grid(16, 64, 2) and set(small.meta["grid"]) <= set(large.meta["grid"])
@@ -166,7 +168,7 @@ def test_bad_configs(kwargs, match):
 
 def test_the_exponent_resolution_is_one_grid_step_over_the_kappa_range():
     """One grid step (2^(1/p) in width) at one end of the κ range moves the fitted slope by exactly it."""
-    from engine.scaling import exponent_resolution, fit_exponent
+    from engine.experiments.scaling import exponent_resolution, fit_exponent
 
     kappas, widths = [2.0, 4.0, 16.0], [64, 128, 512]
     base, _ = fit_exponent(kappas[::2], widths[::2])

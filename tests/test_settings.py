@@ -1,4 +1,4 @@
-"""engine.settings: every config validates its own fields, and the CLI's flags are those fields.
+"""engine.runtime.settings: every config validates its own fields, and the CLI's flags are those fields.
 
 Bad values are generated from each field's declared type, bounds and choices, for every config
 of every experiment in the registry, so a new setting or a new experiment is covered without
@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 import engine.cli as cli
-from engine.attacks import AttackSpec
+from engine.maths.attacks import AttackSpec
 from engine.data import DataSpec
-from engine.errors import BadInput
-from engine.registry import EXPERIMENTS, NESTED
-from engine.scaling import ScalingConfig
-from engine.experiments import SweepConfig
-from engine.malleability import MalleabilityConfig
-from engine.settings import meta, settings, validate
-from engine.training import TrainSpec
+from engine.runtime.errors import BadInput
+from engine.experiments.registry import EXPERIMENTS, NESTED
+from engine.experiments.scaling import ScalingConfig
+from engine.experiments.sweep import SweepConfig
+from engine.experiments.malleability import MalleabilityConfig
+from engine.runtime.settings import meta, settings, validate
+from engine.maths.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (*NESTED.values(), *(e.config for e in EXPERIMENTS.values()))

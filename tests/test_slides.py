@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine import export, plots
-from engine.registry import EXPERIMENTS
+from engine.reporting import export, fit
+from engine.reporting import plots
+from engine.experiments.registry import EXPERIMENTS
 
 needs_browser = pytest.mark.skipif(export.browser_path() is None,
                                    reason="no Chromium or Chrome here (apt-get install chromium)")
@@ -167,7 +168,7 @@ def test_every_figure_kind_fits_a_slide_at_16_9_and_4_3(tmp_path):
             shown = export.talk_style(fig) if talk else fig
             for ratio, (w, h) in SIZES.items():
                 name = f"{kind} at {ratio}{' (Presentation)' if talk else ''}"
-                jobs.append((name, export.fit(shown, w, h), {"format": "svg", "width": w, "height": h}))
+                jobs.append((name, fit.fit(shown, w, h), {"format": "svg", "width": w, "height": h}))
     svgs = asyncio.run(_render(jobs))
     found = {name: problems(svg) for name, svg in svgs.items()}
     assert not {k: v for k, v in found.items() if v}, found
@@ -212,7 +213,7 @@ def test_log_axes_get_full_size_labels_not_minor_digits():
 
 @pytest.mark.parametrize("name", [n for n, e in EXPERIMENTS.items() if e.figure])
 def test_the_settings_line_names_data_sizes_seeds_and_protocol(name):
-    from engine.cache import canonical
+    from engine.runtime.cache import canonical
 
     cfg = EXPERIMENTS[name].presets["quick"]
     line = export.settings_line(canonical(cfg))

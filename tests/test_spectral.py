@@ -7,8 +7,8 @@ import torch
 
 from conftest import ATOL64_EIG, ATOL64_EIG_ATTENTION, RTOL64, RTOL64_EIG, RTOL64_EIG_ATTENTION
 from engine.data import DataSpec, load_sample
-from engine.models import attention_features, normalize_rows
-from engine.spectral import EPS64, eig_spectrum, gram_spectrum, width_thresholds_log10
+from engine.maths.models import attention_features, normalize_rows
+from engine.maths.spectral import EPS64, eig_spectrum, gram_spectrum, width_thresholds_log10
 
 
 def _low_rank(n, d, r, seed=0):

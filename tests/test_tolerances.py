@@ -112,7 +112,7 @@ def test_no_test_file_has_a_literal_tolerance():
     "np.testing.assert_allclose(a, b, atol=1)",
     "tol = 1e-3\nnp.testing.assert_allclose(a, b, rtol=tol)",
     "assert math.isclose(a, b, rel_tol=1e-6)",
-    "from engine.spectral import eig_spectrum\nassert helper(a, rtol=-1e-3)",
+    "from engine.maths.spectral import eig_spectrum\nassert helper(a, rtol=-1e-3)",
 ])
 def test_each_kind_of_literal_tolerance_is_found(source):
     assert len(literal_tolerances(source)) == 1
@@ -124,7 +124,7 @@ def test_each_kind_of_literal_tolerance_is_found(source):
     "np.testing.assert_allclose(a, b, rtol=0, atol=RTOL32 * np.abs(b).max())",
     "assert x == pytest.approx(y)",
     "tol = 40 * EPS64 * k**3 * 10\nassert x == pytest.approx(y, rel=max(tol, RTOL64))",
-    "from engine.spectral import eig_spectrum\ns = eig_spectrum(lam, rtol=1e-6)",
+    "from engine.maths.spectral import eig_spectrum\ns = eig_spectrum(lam, rtol=1e-6)",
     "np.testing.assert_allclose(a, b - 0.1 * g, rtol=RTOL64)",
     "n = 40\nnp.testing.assert_allclose(a, b, atol=n * EPS64)",
     "from ui import configs\nc = configs.spectrum_config(s, rtol=1e-8)",

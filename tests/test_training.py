@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import ATOL32_ONE_PASS, ATOL64, ATOL64_STEP, RTOL32, RTOL64, RTOL64_STEP, RTOL_POWER_ITERATION
-from engine.errors import BadInput, Cancelled
-from engine.models import Net
-from engine.training import TrainSpec, accuracy, targets, train
+from engine.runtime.errors import BadInput, Cancelled
+from engine.maths.models import Net
+from engine.maths.training import TrainSpec, accuracy, targets, train
 
 
 def _blobs(n=60, d=5, c=3, seed=0):
@@ -100,7 +100,7 @@ def test_cross_entropy_on_binary_is_refused():
 @pytest.mark.parametrize("dtype,rtol,atol", [(torch.float64, RTOL64, ATOL64),
                                              (torch.float32, RTOL32, ATOL32_ONE_PASS)])
 def test_batched_widths_follow_the_separate_trajectories(arch, c, optimizer, dtype, rtol, atol):
-    from engine.training import train_many
+    from engine.maths.training import train_many
 
     if optimizer == "adamw" and dtype == torch.float32:
         # Without coupled decay, dead units get gradients of pure rounding noise, which
@@ -196,8 +196,8 @@ def test_fixed_epoch_inputs_equal_training_on_those_inputs(arch, attention):
 
 
 def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_reaches_it():
-    from engine.ntk import empirical_ntk
-    from engine.training import MAX_LR, sgd_lr_limit, top_eigenvalue
+    from engine.maths.ntk import empirical_ntk
+    from engine.maths.training import MAX_LR, sgd_lr_limit, top_eigenvalue
 
     X, _ = _blobs(c=3)
     K = empirical_ntk(Net("relu", X, 64, 3, seed=1), X)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 import streamlit as st
 
-from engine.cache import DEFAULT_CACHE_DIR, Cache
+from engine.runtime.cache import DEFAULT_CACHE_DIR, Cache
 from engine.data import DataSpec, available_datasets, check_npz_sizes, parse_dataset, resolve_data_dir
-from engine.device import resolve_device
-from engine.errors import EngineError
-from engine.jobs import JobManager
+from engine.runtime.device import resolve_device
+from engine.runtime.errors import EngineError
+from engine.runtime.jobs import JobManager
 
 WIDTH_CHOICES = (4, 16, 64, 256, 1024, 4096, 16384)
 ARCH_CHOICES = ("relu", "attn")
@@ -352,8 +352,8 @@ def get_cache() -> Cache:
 @st.cache_resource(show_spinner=False)
 def machine_speed() -> float:
     """This machine's speed factor, measured once when the server starts (a float32 GEMM timed
-    for a fraction of a second, ``engine.budget.calibrate``); finished runs refresh it later."""
-    from engine.budget import calibrate
+    for a fraction of a second, ``engine.runtime.speed.calibrate``); finished runs refresh it later."""
+    from engine.runtime.speed import calibrate
 
     return calibrate()
 

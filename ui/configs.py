@@ -1,7 +1,7 @@
 """Page settings -> engine configs, built from the engine's own presets and estimates.
 
 The dashboard's defaults are the ``quick`` presets of the engine's config dataclasses, its
-widgets take their bounds and help text from the dataclass fields (``engine.settings``),
+widgets take their bounds and help text from the dataclass fields (``engine.runtime.settings``),
 and whether a run starts by itself comes from the engine's ``estimate``; nothing here is a
 second copy of a default, a bound or a cost formula. The same settings give the same cache
 key on every page, so a result computed on one page is reused by the others.
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine import budget
-from engine.device import resolve_device
-from engine.errors import EngineError
-from engine.experiments import KernelConfig, SpectrumConfig, SweepConfig
-from engine.malleability import InfluenceConfig, MalleabilityConfig
-from engine.registry import EXPERIMENTS, estimate, of
-from engine.settings import default, meta
+from engine.runtime import budget
+from engine.runtime.device import resolve_device
+from engine.runtime.errors import EngineError
+from engine.experiments.kernels import KernelConfig
+from engine.experiments.sweep import SweepConfig
+from engine.experiments.spectrum import SpectrumConfig
+from engine.experiments.malleability import MalleabilityConfig
+from engine.experiments.influence import InfluenceConfig
+from engine.experiments.registry import EXPERIMENTS, estimate, of
+from engine.runtime.settings import default, meta
 from ui.common import Shared
 
 QUICK = {name: exp.presets["quick"] for name, exp in EXPERIMENTS.items()}  # the dashboard's defaults
@@ -27,7 +30,7 @@ BOUND = dict(bind="query-params", persist_state="session")
 
 def page_url(page: str, fallback: str | None = None) -> str:
     """The URL path of ``page`` (``pages/ntk.py``): the name of the experiment it leads with
-    (``engine.registry``), or ``fallback`` for pages that lead with none (Grid, Reproduction)."""
+    (``engine.experiments.registry``), or ``fallback`` for pages that lead with none (Grid, Reproduction)."""
     for name, exp in EXPERIMENTS.items():
         if exp.page == page:
             return name
@@ -80,12 +83,14 @@ def _memory_limit(device: str) -> int:
 
 
 def speed(device: str = "cpu") -> float:
-    """This machine's speed factor now on the device runs go to (``engine.budget.speed_factor``)."""
+    """This machine's speed factor now on the device runs go to (``engine.runtime.speed.speed_factor``)."""
     try:
         kind = resolve_device(device).type
     except EngineError:
         kind = "cpu"
-    return budget.speed_factor(kind)
+    from engine.runtime.speed import speed_factor
+
+    return speed_factor(kind)
 
 
 def plan(cfg, device: str = "cpu") -> Plan:

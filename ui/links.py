@@ -1,7 +1,7 @@
 """Where a protocol cell lives on the dashboard: its page and the URL query parameters (widget
 key → the value as the widget shows it) that reproduce it there.
 
-``engine.protocols`` decides which cells a claim is checked on; the widget keys are the pages'
+``engine.reporting.protocols`` decides which cells a claim is checked on; the widget keys are the pages'
 business, so they are written here, once, beside the labels the NTK page's metric selectbox
 shows. ``of(variant)`` gives the cell's ``Link``: its parameters, its relative URL, and
 ``unlinked``, the settings the page cannot take from its URL.
@@ -14,9 +14,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from engine.data import DataSpec
-from engine.experiments import SweepConfig
-from engine.malleability import MalleabilityConfig
-from engine.protocols import KERNEL_METRICS, Variant
+from engine.experiments.sweep import SweepConfig
+from engine.experiments.malleability import MalleabilityConfig
+from engine.reporting.protocols import KERNEL_METRICS, Variant
 from ui.common import ARCH_LABELS
 
 # What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
@@ -44,7 +44,7 @@ class Link:
 
 
 def of(variant: Variant) -> Link:
-    """The ``Link`` of a protocol cell (``engine.protocols.flip_variants`` / ``kernel_variants``)."""
+    """The ``Link`` of a protocol cell (``engine.reporting.protocols.flip_variants`` / ``kernel_variants``)."""
     if variant.claim == "flip":
         return Link(variant.page, *_mall_params(variant.config))
     return Link(variant.page, *_ntk_params(variant.config, variant.metric))

@@ -11,7 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine import export, gates
+from engine.reporting import export, fit
+from engine.reporting import gates
 
 PAGE_WIDTH_PX = 450  # a half-width column at 1280 px (about 400 px): titles wrap and legends stack for it
 WIDE_PX = 1000       # a chart across the page
@@ -30,7 +31,7 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     PNG and SVG where a Chromium can render them).
 
     Every chart has a title: ``title``, else the figure's own, else ``name`` capitalised. The
-    PNG and SVG carry a settings line under it (``engine.export.settings_line`` of ``config``,
+    PNG and SVG carry a settings line under it (``engine.reporting.export.settings_line`` of ``config``,
     the result's canonical config; else the sidebar's data and n) and are fitted to their
     canvas, so nothing is clipped on a slide. The sentence and the buttons share a row that
     sizes each button to its label and gives the sentence the rest; in a narrow column the
@@ -41,7 +42,7 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     fig = export.titled(go.Figure(fig), heading)
     if st.session_state.get("presentation"):
         fig = export.talk_style(fig)
-    on_page = export.fit(fig, WIDE_PX if wide else PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
+    on_page = fit.fit(fig, WIDE_PX if wide else PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
     st.plotly_chart(on_page, key=f"chart.{slug}", config=PLOTLY_CONFIG)
     row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=True)
     row.caption(how_to_read, width="stretch")
@@ -117,8 +118,8 @@ GREY = "color: #9e9e9e"  # the numbers of a net at chance: still there, visibly 
 
 def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("arch", "width"),
                   what: str = "numbers") -> pd.DataFrame:
-    """A banner naming every net whose worst seed trains to within ``engine.gates.CHANCE_POINTS``
-    of chance (``engine.gates.untrained``); returns those groups (empty when every net trained).
+    """A banner naming every net whose worst seed trains to within ``engine.reporting.gates.CHANCE_POINTS``
+    of chance (``engine.reporting.gates.untrained``); returns those groups (empty when every net trained).
     ``rows``: one row per net with ``train_acc``; ``what``: the page's numbers, for the banner."""
     from ui.common import ARCH_LABELS
 

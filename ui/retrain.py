@@ -1,4 +1,4 @@
-"""The leave-one-out retraining section of the Influence and Kernel regime pages (``engine.retrain``).
+"""The leave-one-out retraining section of the Influence and Kernel regime pages (``engine.experiments.retrain``).
 
 It never starts by itself: the run trains 2k + 1 heads per width and seed, so it waits for its
 button (``obtain_planned(..., wait=True)``) and shows a finished result from the cache at once.
@@ -10,12 +10,13 @@ from dataclasses import replace
 
 import streamlit as st
 
-from engine import plots
-from engine.errors import EngineError
-from engine.retrain import PRESETS, run_retrain_loo
+from engine.reporting import plots
+from engine.runtime.errors import EngineError
+from engine.experiments.registry import preset
+from engine.experiments.retrain import run_retrain_loo
 from ui import render
 
-QUICK = PRESETS["retrain-loo"]["quick"]
+QUICK = preset("retrain-loo")
 COLUMNS = ["arch", "width", "kernel", "loo", "pick", "n_seeds", "retrain_spearman_mean", "retrain_spearman_sd",
            "retrain_pearson_mean", "retrain_sign_agreement_mean", "retrain_rel_error_mean", "actual_rms_mean",
            "predicted_rms_mean", "test_acc_mean", "weight_movement_mean"]

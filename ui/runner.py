@@ -17,10 +17,10 @@ from typing import Callable
 
 import streamlit as st
 
-from engine.budget import duration
-from engine.cache import Result
-from engine.errors import EngineError
-from engine.jobs import Job, JobManager, JobState
+from engine.runtime.budget import duration
+from engine.runtime.cache import Result
+from engine.runtime.errors import EngineError
+from engine.runtime.jobs import Job, JobManager, JobState
 from ui.common import get_cache, get_manager, shared
 
 INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment

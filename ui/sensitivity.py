@@ -1,5 +1,5 @@
 """The Reproduction page's protocol-sensitivity grids: one table per claim, a verdict per cell
-(``engine.protocols``), a link per cell to the page that shows it (``ui.links``), and one
+(``engine.reporting.protocols``), a link per cell to the page that shows it (``ui.links``), and one
 button that runs the missing cells as background jobs, with their live progress and Cancel.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine import protocols
-from engine.budget import duration
-from engine.errors import EngineError
-from engine.experiments import run_ntk_sweep
-from engine.jobs import JobState
-from engine.malleability import run_malleability
+from engine.reporting import protocols
+from engine.runtime.budget import duration
+from engine.runtime.errors import EngineError
+from engine.experiments.sweep import run_ntk_sweep
+from engine.runtime.jobs import JobState
+from engine.experiments.malleability import run_malleability
 from ui import configs, links
 from ui.common import get_cache, get_manager
 from ui.runner import POLL_S, peek

@@ -15,20 +15,17 @@ allows, or a ``DataMissing`` error says which files to put where.
 Modules: ``spec`` (DataSpec, Sample, names, the seeded draw), ``folders`` (data folders,
 writability, file hashes), ``images``, ``synthetic``, ``npz`` (user files), ``load``
 (``load_sample`` and ``data_fingerprint``, which dispatch on the data set).
+
+Public names are imported on first use (``engine._lazy``).
 """
 
-from .folders import engine_data_dir, file_sha256, resolve_data_dir, user_cache_dir, writable
-from .images import (DOWNLOAD_TIMEOUT_S, SYSTEM_COPIES, available_datasets, fetch_dataset,
-                     image_files)
-from .load import data_fingerprint, load_sample
-from .npz import MAX_ABS_VALUE, MAX_NPZ_BYTES, check_npz_sizes, store_npz
-from .spec import DATASETS, DECAYS, DataSpec, DatasetInfo, Sample, draw, parse_dataset
-from .synthetic import MAX_SYNTHETIC_ENTRIES
+from .._lazy import attach
 
-__all__ = [
-    "available_datasets", "check_npz_sizes", "data_fingerprint", "DATASETS", "DatasetInfo",
-    "DataSpec", "DECAYS", "DOWNLOAD_TIMEOUT_S", "draw", "engine_data_dir", "fetch_dataset",
-    "file_sha256", "image_files", "load_sample", "MAX_ABS_VALUE", "MAX_NPZ_BYTES",
-    "MAX_SYNTHETIC_ENTRIES", "parse_dataset", "resolve_data_dir", "Sample", "store_npz",
-    "SYSTEM_COPIES", "user_cache_dir", "writable",
-]
+__getattr__, __dir__, __all__ = attach(__name__, {
+    "folders": ["engine_data_dir", "file_sha256", "resolve_data_dir", "user_cache_dir", "writable"],
+    "images": ["DOWNLOAD_TIMEOUT_S", "SYSTEM_COPIES", "available_datasets", "fetch_dataset", "image_files"],
+    "load": ["data_fingerprint", "load_sample"],
+    "npz": ["MAX_ABS_VALUE", "MAX_NPZ_BYTES", "check_npz_sizes", "store_npz"],
+    "spec": ["DATASETS", "DECAYS", "DataSpec", "DatasetInfo", "Sample", "draw", "parse_dataset"],
+    "synthetic": ["MAX_SYNTHETIC_ENTRIES"],
+})

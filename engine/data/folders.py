@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import BadInput, DataCorrupt, DataMissing
+from ..runtime.errors import BadInput, DataCorrupt, DataMissing
 
 NAME_MAX = 255    # bytes in one file or folder name (Linux file systems)
 PATH_MAX = 4096   # bytes in a whole path, its terminating NUL included

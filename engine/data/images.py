@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import BadInput, DataCorrupt, DataMissing
+from ..runtime.errors import BadInput, DataCorrupt, DataMissing
 from .folders import engine_data_dir, resolve_data_dir, undone_on_failure, writable
 from .spec import CLASSES, DataSpec, DatasetInfo, Sample, draw, resolve_class
 

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.lib.format as npy
 import torch
 
-from ..errors import BadInput, DataCorrupt
+from ..runtime.errors import BadInput, DataCorrupt
 from .folders import regular_file
 from .spec import DataSpec, Sample, draw
 

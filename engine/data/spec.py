@@ -1,7 +1,7 @@
 """What a draw is: ``DataSpec`` (the settings), ``Sample`` (the result), data set names.
 
 ``DataSpec`` declares each setting once, with its default, unit, bounds and help text
-(``engine.settings``), and validates itself on construction. ``parse_dataset`` reads the
+(``engine.runtime.settings``), and validates itself on construction. ``parse_dataset`` reads the
 ``dataset`` field; ``draw`` is the seeded subsampling every source uses.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import BadInput
-from ..settings import setting, validate
+from ..runtime.errors import BadInput
+from ..runtime.settings import setting, validate
 from .folders import expand_path
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")  # plus a path to a user .npz

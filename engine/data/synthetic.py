@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import BadInput
+from ..runtime.errors import BadInput
 from .spec import DataSpec, Sample
 
 MAX_SYNTHETIC_ENTRIES = 50_000_000  # n * d and n_test * d: 400 MB of float64 each

@@ -1,0 +1,47 @@
+"""Public names of a package, imported on first use (the scientific-Python SPEC 1 pattern).
+
+A package's ``__init__`` lists which of its modules defines each public name; the module is
+imported the first time the name is read. So ``import engine`` (or ``engine.runtime``) costs
+nothing, a name pulls in only its own module (``engine.BadInput`` loads no torch), and the
+packages can name each other's modules without import cycles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+
+def attach(package: str, exports: dict[str, list[str]]) -> tuple[Callable, Callable, list[str]]:
+    """``__getattr__``, ``__dir__`` and ``__all__`` for ``package`` from {module: [names]}.
+
+    ``module`` is relative to ``package`` (``"runtime.cache"``); a name written ``"alias=name"``
+    exports ``name`` of that module as ``alias``. A submodule not in the table is still reached as
+    an attribute (``engine.maths.ntk``), as after a plain import.
+    """
+    where = {}
+    for module, names in exports.items():
+        for spec in names:
+            alias, _, name = spec.partition("=")
+            if alias in where:
+                raise ValueError(f"{package}: {alias!r} is exported twice")
+            where[alias] = (module, name or alias)
+
+    def __getattr__(name: str):
+        if name in where:
+            module, source = where[name]
+            value = getattr(importlib.import_module(f"{package}.{module}"), source)
+        else:
+            try:
+                value = importlib.import_module(f"{package}.{name}")
+            except ModuleNotFoundError as e:
+                if e.name != f"{package}.{name}":
+                    raise
+                raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        importlib.import_module(package).__dict__[name] = value   # resolved once
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(where)
+
+    return __getattr__, __dir__, sorted(where)

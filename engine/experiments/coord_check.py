@@ -1,0 +1,150 @@
+"""The ``coord-check`` experiment: μP's coordinate check of the first optimiser steps.
+
+Coordinate check (after Yang et al. 2022, "Tensor Programs V", and the ``mup`` package):
+the RMS change of the outputs Δf and of the hidden pre-activations Δh = φ (W_t − W_0)ᵀ after
+t = 1 … T steps, against width. Theory (``COORD_THEORY``, log-log slopes, no weight decay):
+ntk + SGD: Δh ∝ m^-1/2 (lazy), Δf flat; ntk + Adam: Δh flat, Δf ∝ m^+1/2; μP: both flat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..runtime import budget as B
+from . import options
+from ..runtime.budget import Estimate
+from ..runtime.cache import Result
+from ..data import DataSpec
+from ..maths.models import PARAMS, Net
+from .runs import Progress, experiment_run, prepare, tick
+from ..runtime.settings import normalised, setting, validate
+from ..reporting.tables import loglog_slope, summarize
+from ..maths.training import TrainSpec, per_model_loss, resolve_loss
+from ..maths.flow import _stack, _steps
+from .dynamics import _attention_setting
+
+
+COORD_METRICS = ("delta_f", "delta_h", "f_rms")
+COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of (Δf, Δh)
+    ("ntk", "sgd"): {"delta_f": 0.0, "delta_h": -0.5},
+    ("ntk", "adam"): {"delta_f": 0.5, "delta_h": 0.0},
+    ("mup", "sgd"): {"delta_f": 0.0, "delta_h": 0.0},
+    ("mup", "adam"): {"delta_f": 0.0, "delta_h": 0.0},
+}
+
+
+@dataclass(frozen=True)
+class CoordCheckConfig:
+    data: DataSpec = DataSpec(n=256, n_test=64)
+    # optimiser, lr, batch size and loss of the steps; its epochs and param are not used
+    train: TrainSpec = TrainSpec(epochs=1, optimizer="sgd", lr=0.1, batch_size=64, weight_decay=0.0)
+    arch: str = options.arch()
+    attention: str = _attention_setting()
+    widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
+    params: tuple[str, ...] = setting(PARAMS, "parametrisations compared", choices=PARAMS)
+    steps: int = setting(5, "optimiser steps t = 1 … T measured", unit="steps", lo=1, hi=100)
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    init: str = options.init()
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        options.check_init_widths(self.init, self.widths)
+
+
+PRESETS = {
+    "coord-check": {
+        "quick": CoordCheckConfig(),
+        "paper": CoordCheckConfig(data=DataSpec(n=512, n_test=128),  # the paper's Adam, without decay
+                                  train=TrainSpec(epochs=1, lr=1e-3, batch_size=128, weight_decay=0.0)),
+    },
+}
+
+
+def theory_slopes(param: str, optimizer: str) -> dict[str, float]:
+    """Log-log slopes against width of Δf and Δh for a parametrisation and optimiser."""
+    return COORD_THEORY[(param, "sgd" if optimizer == "sgd" else "adam")]
+
+
+def estimate_coord_check(cfg: CoordCheckConfig) -> Estimate:
+    nt, d, m = cfg.data.n_test, B.input_dim(cfg.data), sum(cfg.widths)
+    b = min(cfg.train.batch_size, cfg.data.n)
+    runs = len(cfg.params) * len(cfg.seeds)
+    # each width steps on its own, and every step is measured on the test points (three small passes)
+    per_step = 3 * B.gemm_s(b, m, d) + 2 * B.gemm_s(nt, m, d) + 2 * len(cfg.widths) * B.STEP_OVERHEAD_S \
+        + 3 * nt * m / B.FLOPS
+    seconds = B.FIXED_S + B.attention_s(cfg.attention, cfg.data.n + nt, d) + runs * (cfg.steps + 1) * per_step
+    return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m) + B.head_bytes(m, b + nt, B.n_outputs(cfg.data))))
+
+
+@experiment_run("coord-check")
+def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+    """μP's coordinate check for the head: sizes of the changes after t = 1 … T steps against width.
+
+    Frame ``rows``: one row per (param, width, seed, step) with delta_f = RMS over test points
+    and outputs of f_t − f_0, delta_h = RMS over test points and units of φ (W_t − W_0)ᵀ, and
+    f_rms = RMS of f_t. Frame ``summary``: mean ± sd over seeds per (param, width, step).
+    Frame ``fit``: per (param, step, quantity) the log-log slope of the mean against width
+    beside ``theory`` (``COORD_THEORY``; it assumes no weight decay).
+    """
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    X, y, Xt, c = p.X, p.y, p.Xt, p.c
+    loss_name = resolve_loss(cfg.train, c)
+    rows = []
+    runs = [(param, seed) for param in cfg.params for seed in cfg.seeds]
+    units = np.cumsum([0, *cfg.widths])
+    for j, (param, seed) in enumerate(runs):
+        tick(progress, cancel, j / len(runs), f"{param} seed {seed}")
+        spec = TrainSpec(epochs=cfg.train.epochs, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
+                         weight_decay=cfg.train.weight_decay, optimizer=cfg.train.optimizer,
+                         loss=cfg.train.loss, param=param)
+        nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                    init=cfg.init).to(dev)
+                for w in cfg.widths]
+        with torch.no_grad():
+            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+        W0, A, weights = _stack(nets, spec)
+        k, n_out = len(nets), p.n_out
+        W = torch.nn.Parameter(W0.clone())
+        with torch.no_grad():
+            H0_t = phi_t @ W0.T
+            F0_t = torch.relu(H0_t) @ A
+
+        def loss_of(idx):
+            out = (torch.relu(phi[idx] @ W.T) @ A).reshape(-1, k, n_out)
+            per = per_model_loss(out, y[idx], loss_name, c)
+            return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
+
+        for _, step, _ in _steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
+            with torch.no_grad():
+                dH = phi_t @ (W - W0).T
+                F_t = torch.relu(phi_t @ W.T) @ A
+            dF = (F_t - F0_t).double()
+            for i, width in enumerate(cfg.widths):
+                cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
+                rows.append({"param": param, "optimizer": spec.optimizer, "width": width, "seed": seed,
+                             "step": step,
+                             "delta_f": float(dF[:, cols].pow(2).mean().sqrt()),
+                             "delta_h": float(dH[:, seg].double().pow(2).mean().sqrt()),
+                             "f_rms": float(F_t[:, cols].double().pow(2).mean().sqrt())})
+            if step >= cfg.steps:
+                break
+    tick(progress, cancel, 1.0, "done")
+    frame = pd.DataFrame(rows)
+    summary = summarize(frame, ["param", "optimizer", "width", "step"], COORD_METRICS)
+    fit = []
+    for (param, step), g in summary.groupby(["param", "step"], sort=False):
+        theory = theory_slopes(param, cfg.train.optimizer)
+        for q in ("delta_f", "delta_h"):
+            slope = loglog_slope(g["width"], g[f"{q}_mean"])[0]
+            fit.append({"param": param, "step": int(step), "quantity": q, "slope": slope,
+                        "theory": theory[q]})
+    meta = {"n": int(X.shape[0]), "n_test": int(Xt.shape[0]), "n_classes": c, "loss": loss_name,
+            "optimizer": cfg.train.optimizer, "source": p.sample.source, "device": str(dev)}
+    return Result("coord-check", {}, {"rows": frame, "summary": summary, "fit": pd.DataFrame(fit)},
+                  {}, meta)

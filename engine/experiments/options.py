@@ -1,0 +1,124 @@
+"""Settings that several experiments share, each declared once: one default, help text and set of limits.
+
+Every config that has a ridge, network seeds, architectures, widths, an initial scale, an
+initialisation, an attention variant or a kernel storage takes its field from here (``ridge: float = ridge()``),
+so ``--help``, the dashboard's widgets and the validation agree across experiments. A config
+may pass a different *default* (a width sweep wants several widths) or a stricter ``check``
+(the linearised-head experiments refuse trainable attention); the help text and the limits
+stay the same.
+"""
+
+from __future__ import annotations
+
+from ..maths.models import ARCHS, INITS, MAX_WIDTH, check_init, parse_attention
+from ..maths.influence import INFLUENCE_TARGETS
+from ..maths.ntk import STORAGE
+from ..runtime.settings import setting
+
+SEED_MAX = 2**31 - 1   # torch.manual_seed takes any 64-bit value; 31 bits keeps the seeds portable
+MAX_SEEDS = 50         # rows per seed are kept; 50 seeds of the quick presets still fit a dashboard table
+MAX_WIDTHS = 16        # widths of one sweep: each is a model trained in the same batched step
+
+ATTENTION_HELP = ("attention variant of MLP-Attn: linear (X Xᵀ X, the paper's), centered (linear minus the "
+                  "training set's mean attention feature: a different model), stacked:K (K layers), "
+                  "truncated:R (rank-R C), softmax:T (temperature T), qkv (trainable query/key/value)")
+RIDGE_HELP = ("ridge λ of kernel regression, relative to the mean diagonal of the kernel "
+              "(λ_abs = ridge · mean diag K)")
+
+
+def ridge(default: float = 1e-3):
+    """Ridge λ of every kernel regression (influence, baselines, whitened distances)."""
+    return setting(default, RIDGE_HELP, lo=0, lo_open=True, hi=1e3)
+
+
+def seeds(default: tuple[int, ...] = (0, 1, 2)):
+    """Network seeds: initialisation, batch order and an attack's random start; a row per seed."""
+    return setting(default, "network seeds (initialisation, batch order, an attack's random start); "
+                   "a row per seed and mean ± sd over them", lo=0, hi=SEED_MAX, max_len=MAX_SEEDS)
+
+
+def data_seeds(default: tuple[int, ...] = ()):
+    """Data draws to repeat a run on (``DataSpec.seed`` of each); empty: the data spec's own draw."""
+    return setting(default, "seeds of the data draw to repeat the run on (each a fresh sample of the same "
+                   "size); empty: only the data spec's own seed. Rows carry data_seed; nulls pair nets "
+                   "within a draw, intervals resample (draw, network seed) pairs", flag="--data-seeds",
+                   lo=0, hi=SEED_MAX, max_len=20)
+
+
+PRECISIONS = ("float64", "float32")
+
+
+def precision(default: str = "float64"):
+    """Precision of what happens after training: features, kernels, attacks (training stays float32)."""
+    return setting(default, "precision of everything after training: the attack's gradients and iterates, the "
+                   "features and the kernels' entries (training itself runs in float32): float64 (the "
+                   "default, on every device) or float32 (faster on GPUs, but MLP-Attn's ill-conditioned kernel makes "
+                   "its flips depend on it; rows record attack_precision and kernel_precision)", choices=PRECISIONS)
+
+
+def seed(default: int = 0):
+    """One network seed (the views that show a single net)."""
+    return setting(default, "network seed (initialisation and batch order)", flag="--net-seed", lo=0, hi=SEED_MAX)
+
+
+def archs(default: tuple[str, ...] = ARCHS):
+    """Architectures compared: 2L-ReLU and MLP-Attn."""
+    return setting(default, "architectures: relu (2L-ReLU), attn (MLP-Attn: attention features, then "
+                   "the same ReLU net)", choices=ARCHS)
+
+
+def arch(default: str = "relu"):
+    """One architecture (the views that show a single net)."""
+    return setting(default, "architecture: relu (2L-ReLU), attn (MLP-Attn)", choices=ARCHS)
+
+
+def widths(default: tuple[int, ...]):
+    """Hidden widths of a sweep (one batched model per width)."""
+    return setting(default, "hidden widths m", unit="units", lo=1, hi=MAX_WIDTH, max_len=MAX_WIDTHS)
+
+
+def width(default: int = 1024):
+    """One hidden width."""
+    return setting(default, "hidden width m", unit="units", lo=1, hi=MAX_WIDTH)
+
+
+def init_std(default: float = 1.0):
+    """Scale of the first layer at initialisation; K∞ does not depend on it."""
+    return setting(default, "standard deviation σ of the initial weights W ~ N(0, σ²); K∞ does not "
+                   "depend on it", lo=0, lo_open=True, hi=100.0)
+
+
+INIT_HELP = ("initialisation of the head: gaussian (W ~ N(0, σ²), readout a = ±1, the paper's) or antisymmetric "
+             "(W = [W₁; W₁], a = [a₁; −a₁]: f₀ ≡ 0, the same eNTK in law as a gaussian net of half the width; "
+             "needs even widths)")
+
+
+def init(default: str = "gaussian"):
+    """How the head is initialised (``engine.maths.models.INITS``); the config checks even widths."""
+    return setting(default, INIT_HELP, choices=INITS)
+
+
+def check_init_widths(init: str, widths) -> None:
+    """One-line ``BadInput`` when ``antisymmetric`` meets an odd width (call in ``__post_init__``)."""
+    for w in (widths if isinstance(widths, tuple) else (widths,)):
+        check_init(init, w)
+
+
+def attention(default: str = "linear", check=parse_attention, only: str = ""):
+    """The attention variant of MLP-Attn; ``check`` may be stricter (``only`` says how, in the help)."""
+    return setting(default, ATTENTION_HELP + (f"; {only}" if only else ""), check=check)
+
+
+def influence_target(default: str = "true"):
+    """Which output an influence scores (``engine.maths.influence.INFLUENCE_TARGETS``)."""
+    return setting(default, "influence on: true = each test point's own-class output; margin = own class minus the "
+                   "best other class; sum = the label-free sum over outputs (binary tasks have one output: all "
+                   "agree)", flag="--influence", choices=INFLUENCE_TARGETS)
+
+
+def storage():
+    """The precision kernels are stored in (solves always run in float64)."""
+    return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "
+                   "fit otherwise (half the memory; each float64 entry rounded once, solves stay float64; "
+                   "influence then moves by up to κ(K+λI)·6e-8: on 8000 MNIST digits 8e-6 for 2L-ReLU, but "
+                   "4e-4 and 0.7 % of signs for MLP-Attn)", choices=STORAGE)

@@ -1,0 +1,191 @@
+"""Every experiment as one value: ``EXPERIMENTS[name]`` holds its config, run, estimate, presets,
+tables and main figure.
+
+The name is the experiment's only name: the CLI command (``python -m engine NAME``), the cache
+kind, the preset key, the grid spec's ``kind``, the ``figure`` kind and the dashboard page's URL
+path where the page leads with it. The CLI, the grid, calibration, export, the dashboard and the
+tests all read this mapping; none keeps its own table, so a new experiment is one more record
+here (and its module: config, presets, estimate, ``@experiment_run`` body).
+
+Old spellings (``figure ntk``, ``figure regime``) resolve through ``get`` for one release.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from ..runtime import budget as B
+from . import coord_check, dynamics, influence, kernels, malleability, retrain, scaling, spectrum, sweep
+from ..runtime.budget import Estimate
+from ..runtime.cache import Result, cached_run
+from ..data import DataSpec
+from ..runtime.errors import BadInput
+from ..maths.attacks import AttackSpec
+from ..maths.training import TrainSpec
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One kind of experiment. ``run`` is the public run function (``engine.experiments.runs.experiment_run``)."""
+
+    name: str                       # CLI command, cache kind, preset key, grid kind, figure kind, page URL
+    config: type                    # frozen config dataclass; its fields are the CLI flags and widgets
+    runner: Callable                # the module's run_* (signature of every run; .compute is the body)
+    estimate: Callable[[object], Estimate]  # seconds on the reference CPU and peak bytes, from all fields
+    presets: Mapping[str, object]   # "default" (the dataclass's own), "quick", "paper", ...
+    help: str                       # one line: what it measures
+    what: str                       # how a budget refusal names it ("this width sweep needs …")
+    tables: tuple[str, ...]         # result frames the CLI prints; the first is the main table ("rows")
+    probe: Callable[[], object]     # a small real config on synthetic data (calibration, tests): seconds
+    figure: str | None = None       # "module:function" drawing the main chart from a Result
+    figure_help: str = ""           # what the main chart shows, for `figure --help`
+    page: str | None = None         # pages/*.py that leads with it (its URL path is ``name``)
+    hint: str = ""                  # what to change when over budget (default: fewer widths, seeds, epochs)
+    aliases: tuple[str, ...] = ()   # old spellings, accepted for one release
+    nested: tuple[str, ...] = field(default=())  # nested config fields whose settings are flags too
+
+    def run(self, cfg, cache=None, data_dir=None, device: str = "cpu", progress=None, cancel=None,
+            budget: B.Budget | None = None) -> Result:
+        """Resolve the device, refuse work over ``budget`` before it starts, then read the cached
+        result or compute it and store it (see ``engine.runtime.cache.cached_run``)."""
+        from ..runtime.device import resolve_device
+
+        if type(cfg) is not self.config:  # MalleabilityConfig is an InfluenceConfig, but not that run's
+            raise BadInput(f"experiment {self.name!r} takes a {self.config.__name__}, got {type(cfg).__name__}")
+        dev = resolve_device(device)
+
+        def compute() -> Result:
+            B.check(self.estimate(cfg), budget, self.what, self.hint, device=dev)
+            return self.runner.compute(cfg, data_dir, dev, progress, cancel)
+
+        return cached_run(self.name, cfg, compute, cache, data_dir=data_dir)
+
+    def main_figure(self, result: Result, metric: str | None = None):
+        """The chart the page leads with, drawn from ``result`` (plotly imported only here)."""
+        if self.figure is None:
+            raise BadInput(f"experiment {self.name!r} has no main figure; those with one: "
+                           f"{', '.join(n for n, e in EXPERIMENTS.items() if e.figure)}")
+        module, fn = self.figure.split(":")
+        return getattr(importlib.import_module(module), fn)(result, metric)
+
+
+def _nested(cls) -> tuple[str, ...]:
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if dataclasses.is_dataclass(f.default) and f.name in NESTED)
+
+
+NESTED = {"data": DataSpec, "train": TrainSpec, "attack": AttackSpec}  # flags of nested configs
+
+# Probes: synthetic draws, a few seconds each on 2 cores, that exercise every stage of the run.
+_SYN = dict(dataset="synthetic", n=300, n_test=100, synthetic_d=256, synthetic_kappa=100.0)
+
+
+def _records() -> dict[str, Experiment]:
+    Sp, Sw, K, I, M, S, D, C = spectrum, sweep, kernels, influence, malleability, scaling, dynamics, coord_check
+    syn = DataSpec(**_SYN)
+    recs = [
+        Experiment("spectrum", Sp.SpectrumConfig, Sp.run_spectrum, Sp.estimate_spectrum, Sp.PRESETS["spectrum"],
+                   "Gram spectrum, condition numbers and width thresholds", "this spectrum", ("growth",),
+                   lambda: Sp.SpectrumConfig(data=DataSpec(dataset="synthetic", n=1500, n_test=1, synthetic_d=512),
+                                            growth_ns=(200, 800)),
+                   "engine.reporting.export:spectrum_figure",
+                   "eigenvalues of G and of the attention features' Gram (Spectrum page)", "pages/spectrum.py"),
+        Experiment("ntk-sweep", Sw.SweepConfig, Sw.run_ntk_sweep, Sw.estimate_sweep, Sw.PRESETS["ntk-sweep"],
+                   "kernel and function distances to K∞ across widths, per seed", "this width sweep",
+                   ("rows", "summary"),
+                   lambda: Sw.SweepConfig(data=syn, train=TrainSpec(epochs=30), widths=(64, 512, 2048), seeds=(0, 1)),
+                   "engine.reporting.export:ntk_figure", "kernel distance to K∞ against width (NTK convergence page)",
+                   "pages/ntk.py", aliases=("ntk",)),
+        Experiment("kernels", K.KernelConfig, K.run_kernels, K.estimate_kernels, K.PRESETS["kernels"],
+                   "K_m at init and after training and K∞ of one net, as arrays", "these kernels", (),
+                   lambda: K.KernelConfig(data=DataSpec(**{**_SYN, "n_test": 1}), train=TrainSpec(epochs=30))),
+        Experiment("influence", I.InfluenceConfig, I.run_influence, I.estimate_influence, I.PRESETS["influence"],
+                   "NTK leave-one-out influence of trained nets on one draw", "this influence run",
+                   ("summary", "aggregate"),
+                   lambda: I.InfluenceConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,)),
+                   page="pages/influence.py"),
+        Experiment("malleability", M.MalleabilityConfig, M.run_malleability, M.estimate_malleability,
+                   M.PRESETS["malleability"], "influence flip rates under attacks on the training data",
+                   "this malleability run", ("rows", "summary", "interventions", "interventions_summary"),
+                   lambda: M.MalleabilityConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,),
+                                                attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
+                   "engine.reporting.export:malleability_figure",
+                   "influence flip rates per attack at the largest ε (Malleability page)", "pages/malleability.py"),
+        Experiment("scaling", S.ScalingConfig, S.run_scaling, S.estimate_scaling, S.PRESETS["scaling"],
+                   "width needed to stay near K∞ against κ, with the fitted exponent", "this scaling run",
+                   ("widths", "fit", "curve"),
+                   lambda: S.ScalingConfig(train=TrainSpec(epochs=30, lr=1e-2), kappas=(2.0, 8.0), max_width=1024,
+                                           seeds=(0, 1)),
+                   "engine.reporting.export:scaling_figure",
+                   "width needed against κ with the fitted power law (Scaling law page)", "pages/scaling.py",
+                   hint="use fewer κ values, seeds or a smaller max width"),
+        Experiment("dynamics", D.DynamicsConfig, D.run_dynamics, D.estimate_dynamics, D.PRESETS["dynamics"],
+                   "real against linearised training (kernel regime or not) across widths, per seed",
+                   "this comparison with the linearised nets", ("rows", "summary"),
+                   lambda: D.DynamicsConfig(data=syn, train=TrainSpec(epochs=30, optimizer="sgd", lr=1.0,
+                                                                      weight_decay=0.0),
+                                            widths=(64, 512, 2048), seeds=(0,)),
+                   "engine.reporting.export:dynamics_figure",
+                   "distance to the linearised net against width, m^-1/2 reference (Kernel regime page)",
+                   "pages/regime.py", aliases=("regime",)),
+        Experiment("coord-check", C.CoordCheckConfig, C.run_coord_check, C.estimate_coord_check,
+                   C.PRESETS["coord-check"], "μP's coordinate check: sizes of the first steps' changes against width",
+                   "this coordinate check", ("rows", "summary", "fit"), lambda: C.CoordCheckConfig(data=syn)),
+        Experiment("retrain-loo", retrain.RetrainConfig, retrain.run_retrain_loo, retrain.estimate_retrain,
+                   retrain.PRESETS["retrain-loo"], "leave-one-out by retraining against the kernels' leave-one-out, "
+                   "per architecture and width", "this leave-one-out retraining", ("rows", "summary"),
+                   lambda: retrain.RetrainConfig(data=syn, train=replace(retrain.LAZY_SGD, epochs=5), widths=(64, 256),
+                                                 seeds=(0,), k=3),
+                   "engine.reporting.export:retrain_figure",
+                   "1 − agreement of kernel and retrained influence against width, m^-1/2 reference (Influence and "
+                   "Kernel regime pages)", hint="use fewer widths, seeds or epochs, or a smaller k"),
+    ]
+    out = {}
+    for r in recs:
+        if r.runner.kind != r.name:
+            raise RuntimeError(f"{r.runner.__name__} is registered as {r.runner.kind!r}, not {r.name!r}")
+        presets = {"default": r.config(), **r.presets}
+        out[r.name] = Experiment(**{**r.__dict__, "presets": MappingProxyType(presets), "nested": _nested(r.config)})
+    return out
+
+
+EXPERIMENTS: Mapping[str, Experiment] = MappingProxyType(_records())
+ALIASES = MappingProxyType({a: e.name for e in EXPERIMENTS.values() for a in e.aliases})
+BY_CONFIG = MappingProxyType({e.config: e for e in EXPERIMENTS.values()})
+
+
+def get(name: str) -> Experiment:
+    """The record of ``name`` (or of an old spelling); ``BadInput`` naming the allowed names otherwise."""
+    if not isinstance(name, str):
+        raise BadInput(f"an experiment is named by text, got {name!r}; allowed: {', '.join(EXPERIMENTS)}")
+    key = ALIASES.get(name, name)
+    if key not in EXPERIMENTS:
+        raise BadInput(f"unknown experiment {name!r}; allowed: {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[key]
+
+
+def of(cfg) -> Experiment:
+    """The record whose config class ``cfg`` is an instance of (exact class)."""
+    rec = BY_CONFIG.get(type(cfg))
+    if rec is None:
+        raise BadInput(f"no experiment takes a {type(cfg).__name__}; known configs: "
+                       f"{', '.join(c.__name__ for c in BY_CONFIG)}")
+    return rec
+
+
+def estimate(cfg) -> Estimate:
+    """Estimated seconds (reference 2-core CPU) and peak bytes of running ``cfg``."""
+    return of(cfg).estimate(cfg)
+
+
+def preset(name: str, which: str = "quick"):
+    """A named preset of experiment ``name``; ``BadInput`` naming the allowed ones otherwise."""
+    rec = get(name)
+    if not isinstance(which, str) or which not in rec.presets:
+        raise BadInput(f"unknown preset {which!r} of {rec.name}; allowed: {', '.join(sorted(rec.presets))}")
+    return rec.presets[which]

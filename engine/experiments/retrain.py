@@ -1,0 +1,339 @@
+"""Leave-one-out by retraining, against the kernel's prediction: is the NTK influence the network's?
+
+Every influence the engine reports is a kernel's (``engine.maths.influence``: exact leave-one-out of
+kernel ridge regression with the trained net's eNTK, or K∞). Here the network itself is
+retrained without each of k training points and the change of its test outputs is set beside
+the kernel's prediction. For each architecture, width and network seed:
+
+1. train the head on the full set (all widths as one batched model, ``train_masked``);
+2. pick k points by |aggregate eNTK influence| (``top``, the points malleability tracks) and k
+   at random (``random``, drawn once per seed, the same for every arch and width);
+3. retrain from the same initialisation with the same mini-batches without each picked point,
+   all of them (and one more copy of the full run) as one batched model;
+4. compare the actual change f(x_t) − f₋ᵢ(x_t) on the influence target with each kernel's
+   (``KERNELS``: the trained net's eNTK, K∞) leave-one-out prediction (``LOOS``: ``ridge``, the
+   exact leave-one-out of kernel ridge regression, i.e. the engine's influence; ``flow``, that
+   of kernel gradient descent run for the net's own SGD steps, ``engine.maths.flow.KernelFlow``,
+   the kernel regime's prediction of this very training), over the k points × the test points.
+
+Masking, not deleting. Every retraining draws the full run's batch order (``engine.maths.training``'s
+generator for the seed); the left-out point stays in its batch with its loss terms multiplied
+by 0, and each batch keeps its normaliser 1/(|batch| · c). The retrained objective is then the
+full one minus that point's term: every other point keeps its weight, so weight decay, hence
+the ridge relative to the data term, is what it was, as the kernel's leave-one-out assumes
+(f₋ᵢ refits with the same λ). With the head linearised around W₀ (``frozen``), MSE, weight
+decay w and full batches run to convergence, the retrained change is exactly kernel ridge
+regression's leave-one-out with the eNTK at W₀ and λ_abs = n·c·w/2 (``tests/test_retrain.py``).
+
+Batched. The k heads' weights are stacked into one (Σm, d) parameter: one GEMM forward, one
+for the weight gradient. The readout runs head by head with ``TwoLayerReLU.forward``'s own
+operations (k small (B, m) x (m, c) products), not through a block-diagonal matrix, whose
+longer sums round differently: on CPU every head then follows, bit for bit, the run it would
+follow alone (tested against a loop of separate retrainings). One exception, MKL's: a product
+with fewer than 12 output columns runs another kernel with another order of summation, so a
+head narrower than 12 units (24 antisymmetric, whose halves are multiplied apart) rounds
+differently alone than as a slice of the stacked product (a few ulps a step).
+
+Sign convention as ``engine.maths.influence``: change = f(x_t) − f₋ᵢ(x_t), positive when removing i
+lowers the scored output. Targets (``INFLUENCE_TARGETS``) score the same output combination on
+both sides: for ``margin`` the best other class j* is that of the kernel's own ridge
+prediction (as ``influence_matrix`` defines it) and is applied to the network's change too.
+
+Initialisation. The kernel's leave-one-out describes f = k(x, X)(K + λI)⁻¹Y, with no f₀; a
+lazily trained gaussian net fits the residual Y − f₀, so its f₀ (of the targets' size at init)
+enters its retrained change but not the kernel's. ``init="antisymmetric"`` (f₀ ≡ 0) removes
+that difference, which is why the presets use it.
+
+Early stopping. Kernel ridge regression at the default ridge 1e-3 is the (nearly) converged
+interpolant; a net trained for τ SGD steps with rate η on MSE is regularised by its stopping
+time, roughly like a ridge λ ≈ n·c / (2ητ) (``stopping_ridge``, in meta). Spearman ρ, Pearson r
+and the sign agreement do not depend on the changes' scale; the relative error does. The
+``flow`` leave-one-out has no such mismatch: it stops where the net stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..runtime import budget as B
+from . import options
+from ..runtime.budget import Estimate
+from ..runtime.cache import Result
+from ..data import DataSpec
+from ..runtime.errors import BadInput
+from ..maths.influence import factor_bytes
+from ..maths.models import Attention, Net, parse_attention
+from ..maths.ntk import empirical_ntk_features
+from ..maths.kinf import infinite_ntk
+from .runs import Progress, check_finite, experiment_run, prepare, tick
+from ..runtime.settings import normalised, setting, validate
+from ..reporting.tables import summarize
+from ..maths.training import TrainSpec, predict_labels, resolve_loss
+from ..maths.loo import KernelLOO, flow_loo, head_outputs, kernel_loo, stopping_ridge, train_masked
+from ..reporting.tables import rank_correlation
+
+KERNELS = ("entk", "kinf")   # the trained net's empirical NTK (what the engine reports), K∞
+PICKS = ("top", "random")
+LOOS = ("ridge", "flow")     # kernel ridge regression's exact leave-one-out; kernel gradient descent's
+MAX_K = 200                  # points per pick: 2k + 1 heads per width are trained in one batched model
+RANDOM_SEED_OFFSET = 15485863  # the random pick's generator: seed + this, apart from init and batch order
+METRICS = ("retrain_spearman", "retrain_pearson", "retrain_sign_agreement", "retrain_rel_error",
+           "actual_rms", "predicted_rms", "train_acc", "test_acc", "weight_movement", "final_loss")
+
+
+def _check_attention(text: str) -> None:
+    if parse_attention(text).kind is Attention.QKV:
+        raise BadInput("attention 'qkv' trains its own parameters, so the retrainings cannot share one set of "
+                       "features; use a parameter-free variant")
+
+
+# ---------------------------------------------------------------- config
+
+# Lazy SGD on MSE, the NTK setting: no decay; η = 16 lies below SGD's lazy limit n·c/λ₁ (about 30 on MNIST,
+# engine.maths.training.sgd_lr_limit) and trains 16x further per epoch than η = 1, so 20 epochs (40 steps) fit in minutes.
+LAZY_SGD = TrainSpec(epochs=20, optimizer="sgd", lr=16.0, weight_decay=0.0, loss="mse")
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    data: DataSpec = DataSpec(n=200, n_test=100)
+    train: TrainSpec = LAZY_SGD
+    widths: tuple[int, ...] = options.widths((64, 1024, 4096))
+    archs: tuple[str, ...] = options.archs()
+    attention: str = options.attention(check=_check_attention, only="parameter-free variants only (qkv's features "
+                                       "move with training)")
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    init: str = options.init("antisymmetric")  # f₀ ≡ 0: the kernel's LOO has no f₀ term (module notes)
+    ridge: float = options.ridge()  # of the kernels' leave-one-out (the engine's influence)
+    target: str = options.influence_target()
+    k: int = setting(10, "training points left out one at a time, per pick (the top-|influence| ones and as many "
+                     "drawn at random): up to 2k + 1 heads per width, trained as one batched model", unit="points",
+                     lo=1, hi=MAX_K)
+    kernels: tuple[str, ...] = setting(KERNELS, "kernels whose leave-one-out predicts the change: entk (the trained "
+                                       "net's empirical NTK, what the engine reports) and kinf (K∞)", choices=KERNELS)
+    loo: tuple[str, ...] = setting(LOOS, "the kernels' leave-one-out: ridge (exact, of kernel ridge regression at "
+                                   "the ridge; the engine's influence) and flow (of kernel gradient descent run for "
+                                   "the net's own SGD steps: the kernel regime's prediction of this training; needs "
+                                   "sgd and MSE)", choices=LOOS)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        options.check_init_widths(self.init, self.widths)
+        if self.k > self.data.n:
+            raise BadInput(f"k = {self.k} points cannot be left out of n = {self.data.n}; use k <= n")
+        if "flow" in self.loo and (self.train.optimizer != "sgd" or self.train.loss == "ce"):
+            raise BadInput(f"loo 'flow' follows plain SGD on MSE, not {self.train.optimizer} with loss "
+                           f"{self.train.loss}: use --optimizer sgd --loss mse, or --loo ridge")
+
+
+PRESETS = {"retrain-loo": {
+    "quick": RetrainConfig(),
+    "paper": RetrainConfig(
+        data=DataSpec(n=1000, n_test=200),   # the paper's n; 200 test points keep the k × n_test pairs at 5000
+        # 5x the epochs at 8 batches of 1/5 the per-point rate: 4x the SGD time η'τ, a 4x smaller stopping ridge
+        train=replace(LAZY_SGD, epochs=100),
+        widths=(64, 256, 1024, 4096),        # four widths, an octave pair apart: the m^-1/2 trend needs more than three
+        k=25,                                # 25 of 1000 points per pick, 2.5 %: near the share malleability's τ tracks
+    ),
+}}
+
+
+# ---------------------------------------------------------------- agreement, and the points left out
+
+def agreement(pred: torch.Tensor, actual: torch.Tensor) -> dict:
+    """How well predicted changes (n_test, k) match the actual ones, over all n_test · k pairs.
+
+    retrain_spearman / retrain_pearson: rank and linear correlation; retrain_sign_agreement:
+    share of pairs with the same sign (zero is its own sign, as ``engine.reporting.tables.sign_flipped``);
+    retrain_rel_error ‖pred − actual‖_F / ‖actual‖_F; actual_rms and predicted_rms, the scales.
+    """
+    p, a = pred.double().flatten().cpu().numpy(), actual.double().flatten().cpu().numpy()
+    varied = p.size > 1 and np.ptp(p) > 0 and np.ptp(a) > 0
+    norm = float(np.linalg.norm(a))
+    return {
+        "retrain_spearman": rank_correlation(p, a) if varied else math.nan,
+        "retrain_pearson": float(np.corrcoef(p, a)[0, 1]) if varied else math.nan,
+        "retrain_sign_agreement": float(np.mean(np.sign(p) == np.sign(a))),
+        "retrain_rel_error": float(np.linalg.norm(p - a)) / norm if norm > 0 else math.nan,
+        "actual_rms": float(np.sqrt(np.mean(a ** 2))),
+        "predicted_rms": float(np.sqrt(np.mean(p ** 2))),
+    }
+
+
+def picks(agg: torch.Tensor, k: int, seed: int) -> dict[str, torch.Tensor]:
+    """``top``: the k points of largest |agg| (n,); ``random``: k points drawn for ``seed`` (any arch, width)."""
+    g = torch.Generator().manual_seed(int(seed) + RANDOM_SEED_OFFSET)
+    return {"top": torch.topk(agg.abs().cpu(), k).indices, "random": torch.randperm(agg.numel(), generator=g)[:k]}
+
+
+# ---------------------------------------------------------------- estimate and run
+
+def _heads_per_width(cfg: RetrainConfig) -> int:
+    return 1 + 2 * cfg.k  # the full run's copy and at most 2k left-out points
+
+
+def estimate_retrain(cfg: RetrainConfig) -> Estimate:
+    n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
+    tr, groups, m = cfg.train, len(cfg.archs) * len(cfg.seeds), sum(cfg.widths)
+    c_out, h = B.n_outputs(cfg.data), _heads_per_width(cfg)
+    steps = tr.epochs * math.ceil(n / tr.batch_size)
+    heads = h * len(cfg.widths)
+    # the head-by-head readout: a few small ops per head and step, forward and backward
+    readout = steps * heads * 8 * B.STEP_OVERHEAD_S / 40
+    per_group = (B.train_s(n, d, m, tr.epochs, tr.batch_size, c_out) + B.train_s(n, d, h * m, tr.epochs,
+                 tr.batch_size, c_out) + readout + B.gemm_s(n + nt, h * m, d))
+    for w in cfg.widths:  # the trained net's eNTK and its leave-one-out
+        per_group += B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) + 2 * B.chol_s(n) + B.gemm_s(nt, n, n, True)
+    if "flow" in cfg.loo:  # an eigendecomposition of K without each point, per width and kernel
+        per_group += len(cfg.widths) * len(cfg.kernels) * (h - 1) * (B.eig_s(n) + B.gemm_s(nt, n, n, True))
+    reference = 0.0
+    if "kinf" in cfg.kernels:
+        reference = len(cfg.archs) * (B.gemm_s(n + nt, n, d, True) + 2 * B.chol_s(n) + B.gemm_s(nt, n, n, True))
+    reference += len(cfg.archs) * B.attention_s(cfg.attention, n + nt, d)
+    seconds = B.FIXED_S + reference + groups * per_group
+    units = h * m
+    state = 4 if tr.optimizer.startswith("adam") else 2   # W and its gradient, plus Adam's two moments
+    memory = (4 * units * d * (state + 1) + 4 * 4 * max(tr.batch_size, nt) * units
+              + 8 * 3 * nt * n * c_out + 8 * 4 * n * n + factor_bytes(n, nt, c_out)
+              + B.head_bytes(units, n + nt, c_out))
+    return Estimate(seconds, int(memory))
+
+
+@experiment_run("retrain-loo")
+def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+    """Leave-one-out by retraining against the kernels' leave-one-out, per (arch, width, seed).
+
+    Frame ``rows``: one row per (arch, width, seed, kernel, loo, pick) with the ``agreement``
+    metrics over the k left-out points × the test points (retrain_spearman, retrain_pearson,
+    retrain_sign_agreement, retrain_rel_error, actual_rms, predicted_rms) and, of the net
+    trained on the full set, train_acc, test_acc, weight_movement ‖W − W₀‖_F / ‖W₀‖_F and
+    final_loss. Frame ``summary``: mean and sd over seeds per (arch, attention, width, kernel,
+    loo, pick). Frame ``changes``: every (arch, width, seed, kernel, loo, pick, point, test
+    index) with ``predicted`` and ``actual``. Meta: n, n_test, n_classes, loss, target,
+    stopping_ridge (per arch: the ridge, relative to mean diag K∞, that early stopping roughly
+    amounts to), full_rerun_gap (largest |difference| of test outputs between the full run and
+    its copy trained beside the retrainings: 0 on CPU), source, device.
+    """
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    X, y, Xt, yt, c, Y = p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    n, n_out = X.shape[0], p.n_out
+    loss_name = resolve_loss(cfg.train, c)
+    if "flow" in cfg.loo and loss_name != "mse":
+        raise BadInput(f"loo 'flow' follows MSE training; this task trains with {loss_name}: add --loss mse "
+                       "or use --loo ridge")
+    rows, changes, kinf, stop, gap = [], [], {}, {}, 0.0
+    groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    sizes = list(cfg.widths)
+    for j, (arch, seed) in enumerate(groups):
+        stage = f"{arch} seed {seed}"
+        lo, hi = j / len(groups), (j + 1) / len(groups)
+        tick(progress, cancel, lo, stage)
+        t0 = time.perf_counter()
+        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize, init=cfg.init).to(dev)
+                for w in sizes]
+        heads = [net.mlp for net in nets]
+        with torch.no_grad():
+            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+        if arch not in kinf:  # features, hence K∞ and its ridge leave-one-out, depend on neither seed nor width
+            K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+            check_finite(K, f"the infinite-width kernel of {arch}")
+            stop[arch] = stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean()))
+            ridge = kernel_loo(K, K_t, Y, yt, cfg.ridge) if "ridge" in cfg.loo else None
+            kinf[arch] = (K, K_t, ridge)
+
+        # 1. the full runs, every width in one batched model
+        sub = lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}")  # noqa: E731
+        full = train_masked(phi, y, c, heads, torch.ones(len(heads), n, dtype=torch.bool, device=dev), cfg.train,
+                            seed, None if progress is None else sub, cancel)
+        tick(progress, cancel, lo + 0.2 * (hi - lo), f"{stage}: kernels of the trained nets")
+
+        # 2. the picks from each trained net's eNTK influence, and every kernel's prediction at them
+        offsets = np.cumsum([0, *sizes])
+        chosen, points, preds = [], [], []
+        for i, head in enumerate(heads):
+            seg = slice(int(offsets[i]), int(offsets[i + 1]))
+            twin = copy.deepcopy(head)  # the trained head, for its kernel
+            with torch.no_grad():
+                twin.W.copy_(full.W[seg])
+                F0, F0_t = (head_outputs(f @ full.W0[seg].T, [head])[0].double() for f in (phi, phi_t))
+            K, K_t = empirical_ntk_features(twin, phi), empirical_ntk_features(twin, phi_t, phi)
+            check_finite(K, f"the empirical kernel of {arch} at width {head.width}")
+            influence = kernel_loo(K, K_t, Y, yt, cfg.ridge)  # the engine's influence: it picks the top points
+            pk = picks(influence.scored(cfg.target, yt).mean(dim=0), cfg.k, seed)
+            pts = torch.unique(torch.cat([pk["top"], pk["random"]])).to(dev)  # each point retrained once
+            mine = {}
+            for kernel in cfg.kernels:
+                KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else kinf[arch]
+                if "ridge" in cfg.loo:
+                    mine[kernel, "ridge"] = KernelLOO(ridge.D[:, pts], pts, ridge.jstar)
+                if "flow" in cfg.loo:
+                    mine[kernel, "flow"] = flow_loo(KK, KK_t, Y, yt, pts, cfg.train, F0, F0_t)
+            del K, K_t, influence
+            chosen.append(pk)
+            points.append(pts)
+            preds.append(mine)
+
+        # 3. every retraining (and a copy of each full run) as one batched model
+        batch_heads, keep_rows = [], []
+        for head, pts in zip(heads, points):
+            keep = torch.ones(1 + len(pts), n, dtype=torch.bool, device=dev)
+            keep[torch.arange(1, 1 + len(pts), device=dev), pts] = False
+            batch_heads += [head] * (1 + len(pts))
+            keep_rows.append(keep)
+        sub = lambda f, s, a=lo, b=hi: progress(a + (0.25 + 0.7 * f) * (b - a),  # noqa: E731
+                                                f"{stage}: retrainings, {s}")
+        run = train_masked(phi, y, c, batch_heads, torch.cat(keep_rows), cfg.train, seed,
+                           None if progress is None else sub, cancel)
+        tick(progress, cancel, lo + 0.95 * (hi - lo), f"{stage}: comparing")
+        seconds = (time.perf_counter() - t0) / len(sizes)
+        units = np.cumsum([0, *[h.width for h in batch_heads]])
+        first = 0
+        for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds)):
+            seg = slice(int(offsets[i]), int(offsets[i + 1]))
+            group = slice(int(units[first]), int(units[first + 1 + len(pts)]))
+            with torch.no_grad():
+                out_t = head_outputs(phi_t @ run.W[group].T, batch_heads[first:first + 1 + len(pts)]).double()
+                out_x, ref_t = (head_outputs(f @ full.W[seg].T, [head])[0].double() for f in (phi, phi_t))
+            first += 1 + len(pts)
+            gap = max(gap, float((out_t[0] - ref_t).abs().max()))
+            D_act = (out_t[0][None] - out_t[1:]).permute(1, 0, 2)  # (n_test, points, c): f − f₋ᵢ
+            net_metrics = {
+                "train_acc": float((predict_labels(out_x) == y).double().mean()),
+                "test_acc": float((predict_labels(ref_t) == yt).double().mean()),
+                "weight_movement": float(torch.linalg.norm(full.W[seg] - full.W0[seg])
+                                         / torch.linalg.norm(full.W0[seg])),
+                "final_loss": full.losses[-1][i],
+            }
+            for (kernel, loo), pred_loo in mine.items():
+                actual_loo = KernelLOO(D_act, pts, pred_loo.jstar)  # the net's changes, on the kernel's j*
+                for pick in PICKS:
+                    idx = pk[pick].to(dev)
+                    pred, actual = pred_loo.scored(cfg.target, yt, idx), actual_loo.scored(cfg.target, yt, idx)
+                    rows.append({"arch": arch, "attention": cfg.attention if arch == "attn" else None,
+                                 "init": cfg.init, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo,
+                                 "pick": pick, "k": int(idx.numel()), "n_test": int(Xt.shape[0]),
+                                 **agreement(pred, actual), **net_metrics, "seconds": seconds})
+                    nt = pred.shape[0]
+                    changes.append(pd.DataFrame({
+                        "arch": arch, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo, "pick": pick,
+                        "point": np.repeat(idx.cpu().numpy(), nt), "test_index": np.tile(np.arange(nt), idx.numel()),
+                        "predicted": pred.T.flatten().cpu().numpy(), "actual": actual.T.flatten().cpu().numpy()}))
+        del run, full
+    tick(progress, cancel, 1.0, "done")
+    frame = pd.DataFrame(rows)
+    meta = {"n": n, "n_test": int(Xt.shape[0]), "d": p.sample.d, "n_classes": c, "loss": loss_name,
+            "target": cfg.target, "stopping_ridge": stop, "full_rerun_gap": gap, "source": p.sample.source,
+            "device": str(dev)}
+    frames = {"rows": frame,
+              "summary": summarize(frame, ["arch", "attention", "width", "kernel", "loo", "pick"], METRICS),
+              "changes": pd.concat(changes, ignore_index=True)}
+    return Result("retrain-loo", {}, frames, {}, meta)

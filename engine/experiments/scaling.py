@@ -1,0 +1,255 @@
+"""The width–conditioning scaling law, measured on a fixed width grid.
+
+The paper's bound says the width needed to stay in the kernel regime grows like κ(G)⁶ for
+linearised attention (κ^(2(2k+1)) for k stacked layers), against κ² for the same bound on
+the un-amplified Gram of the ReLU net. Here κ is dialled with the ``synthetic`` data set
+(prescribed Gram spectrum). For each κ and model the kernel distance is measured on a fixed,
+log-spaced width grid (anchored at powers of two, so a smaller range's grid is part of a
+larger one's) and averaged over network seeds. The *width needed* is the smallest grid width
+from which the mean distance stays within ``target`` at every larger grid width; where the
+criterion holds at a smaller width and fails again above it, the row says it is not
+monotone. The exponent of width against κ is fitted on log-log axes over the uncensored κ
+values, with a 95 % interval from a bootstrap over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..runtime import budget as B
+from . import options
+from ..runtime.budget import Estimate
+from ..runtime.cache import Result
+from ..data import DECAYS, DataSpec, load_sample
+from ..runtime.errors import BadInput
+from ..maths.models import MAX_WIDTH, Attention, Net, parse_attention
+from ..maths.ntk import empirical_ntk
+from ..maths.kinf import infinite_ntk
+from ..maths.ridge import relative_distance, whitened_distance
+from .runs import Progress, experiment_run, tick, to_device
+from ..runtime.settings import normalised, setting, validate
+from ..reporting.tables import loglog_slope
+from ..maths.training import TrainSpec, n_outputs, train
+
+MEASURES = ("trained", "init", "movement")
+METRICS = ("frobenius", "whitened")
+BOOTSTRAP = 400   # resamples of the seeds for the exponent's interval
+
+
+def _check_attention(a: str) -> None:
+    parse_attention(a)
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    train: TrainSpec = TrainSpec(epochs=50)
+    n: int = setting(64, "training points of each synthetic draw", unit="points", lo=4, hi=2000)
+    d: int = setting(32, "input dimension of the synthetic data", lo=2, hi=1024)
+    kappas: tuple[float, ...] = setting((2.0, 4.0, 8.0, 16.0, 32.0), "dialled condition numbers κ(G) of "
+                                        "the raw Gram", lo=1.0, hi=1e6, max_len=12)
+    decay: str = setting("geometric", "eigenvalue profile of the synthetic Gram", choices=DECAYS)
+    classes: int = setting(2, "classes of the synthetic teacher", lo=2, hi=20)
+    normalize: bool = setting(False, "ℓ2-normalise rows (changes κ; off so that κ is the dialled one)")
+    archs: tuple[str, ...] = options.archs()
+    attentions: tuple[str, ...] = setting(("linear",), "attention variants tried for attn, e.g. "
+                                          "linear,stacked:2,truncated:8", check=_check_attention, max_len=6)
+    target: float = setting(0.1, "kernel distance to stay within", lo=0, lo_open=True, hi=10.0)
+    measure: str = setting("trained", "trained: K_t vs K∞; init: K_0 vs K∞; movement: K_t vs K_0 "
+                           "(training drift alone)", choices=MEASURES)
+    metric: str = setting("frobenius", "kernel distance: frobenius = ‖ΔK‖_F/‖K_ref‖_F; whitened = "
+                          "‖(K_ref+λI)^-½ ΔK (K_ref+λI)^-½‖₂ (κ-sensitive)", choices=METRICS)
+    min_width: int = setting(16, "smallest grid width", unit="units", lo=1, hi=MAX_WIDTH)
+    max_width: int = setting(4096, "largest grid width", unit="units", lo=2, hi=MAX_WIDTH)
+    per_octave: int = setting(2, "grid widths per doubling (grid: 2^(j/per_octave))", lo=1, hi=8)
+    seeds: tuple[int, ...] = options.seeds()  # distances averaged over them, bootstrapped for the interval
+    seed: int = setting(0, "data draw seed", flag="--data-seed", lo=0, hi=2**31 - 1)
+    ridge: float = options.ridge()  # of the whitened metric
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        if self.min_width >= self.max_width:
+            raise BadInput(f"min_width ({self.min_width}) must be smaller than max_width ({self.max_width})")
+
+
+PRESETS = {"scaling": {
+    "quick": ScalingConfig(train=TrainSpec(epochs=100, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0),
+                           measure="movement", target=0.05, max_width=4096, per_octave=1),
+    "paper": ScalingConfig(train=TrainSpec(epochs=200, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0, 32.0),
+                           measure="movement", target=0.05, max_width=16384),
+}}
+
+
+def width_grid(min_width: int, max_width: int, per_octave: int) -> list[int]:
+    """Grid widths round(2^(j/per_octave)) within [min_width, max_width], ascending, distinct."""
+    lo = math.ceil(math.log2(min_width) * per_octave - 1e-9)
+    hi = math.floor(math.log2(max_width) * per_octave + 1e-9)
+    return sorted({int(round(2 ** (j / per_octave))) for j in range(lo, hi + 1)})
+
+
+def theory_exponent(arch: str, attention: str) -> float | None:
+    """Exponent p of m ∝ κ^p from the paper's bound (ReLU: the same bound on G, p = 2)."""
+    if arch == "relu":
+        return 2.0
+    att = parse_attention(attention)
+    if att.kind is Attention.LINEAR:
+        return 6.0
+    if att.kind is Attention.STACKED:
+        return 2.0 * (2 * int(att.param) + 1)
+    return None
+
+
+def width_needed(widths, dists, target: float) -> tuple[int | None, bool]:
+    """Smallest width from which every larger width has dist ≤ target, and whether the
+    criterion is monotone (never holds below that width). None when the largest fails."""
+    ok = np.asarray(dists) <= target
+    i = len(ok)
+    while i > 0 and ok[i - 1]:
+        i -= 1                     # ok[i:] is the run of passing widths at the top of the grid
+    if i == len(ok):
+        return None, not ok.any()
+    return int(widths[i]), not ok[:i].any()
+
+
+def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
+    """Slope and intercept of log width against log κ over the found widths (None: < 2 κ).
+
+    A width of None or NaN (how a pandas column holds None) is censored and left out."""
+    pts = [(k, w) for k, w in zip(kappas, widths) if w is not None and not pd.isna(w)]
+    if len({k for k, _ in pts}) < 2:
+        return None, None
+    return loglog_slope([k for k, _ in pts], [w for _, w in pts])
+
+
+def exponent_resolution(kappas, per_octave: int) -> float | None:
+    """The smallest change of a fitted exponent the width grid can show: one grid step (a
+    factor 2^(1/per_octave) in width) at one end of the κ range moves the slope by
+    log 2^(1/per_octave) / log(κ_max / κ_min). A bootstrap interval narrower than this (say
+    [0.30, 0.30]) is the grid's artefact, not a measurement that exact. None for < 2 κ values."""
+    ks = [float(k) for k in kappas if k is not None and not pd.isna(k)]
+    if len(set(ks)) < 2:
+        return None
+    return math.log(2.0) / per_octave / math.log(max(ks) / min(ks))
+
+
+def _distance(cfg, K, K_ref) -> float:
+    if cfg.metric == "whitened":
+        return whitened_distance(K, K_ref, cfg.ridge)
+    return relative_distance(K, K_ref)
+
+
+def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel) -> list[float]:
+    """The distance of each seed's net at one width."""
+    out = []
+    for seed in cfg.seeds:
+        net = Net(arch, X, width, n_outputs(c), seed, 1.0, attention, cfg.normalize).to(dev)
+        K0 = empirical_ntk(net, X)
+        if cfg.measure == "init":
+            out.append(_distance(cfg, K0, K_inf))
+            continue
+        train(net, X, y, c, cfg.train, seed, cancel=cancel)
+        Kt = empirical_ntk(net, X)
+        out.append(_distance(cfg, Kt, K_inf if cfg.measure == "trained" else K0))
+    return out
+
+
+def _models(cfg) -> list[tuple[str, str]]:
+    return [("relu", "linear")] * ("relu" in cfg.archs) + [("attn", a) for a in cfg.attentions
+                                                           if "attn" in cfg.archs]
+
+
+def estimate_scaling(cfg: ScalingConfig) -> Estimate:
+    grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
+    epochs = 0 if cfg.measure == "init" else cfg.train.epochs
+    per_kappa_model = 0.0
+    for w in grid:
+        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 1 if cfg.classes == 2 else cfg.classes)
+                                             + 2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
+    attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
+    seconds = B.FIXED_S + len(cfg.kappas) * (len(_models(cfg)) * per_kappa_model + attention)
+    return Estimate(seconds, int(8 * 6 * cfg.n ** 2 + 16 * max(grid) * cfg.d + 8 * cfg.n * max(grid)))
+
+
+@experiment_run("scaling")
+def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+    """Width needed against κ, and the fitted exponent with its interval, per (arch, attention).
+
+    Frames: ``widths`` (arch, attention, kappa, kappa_measured, width_needed, censored,
+    monotone), ``evaluations`` (arch, attention, kappa, width, seed, distance) and ``curve``
+    (the same averaged over seeds, with sd), ``fit`` (arch, attention, exponent,
+    exponent_low, exponent_high, intercept, points, theory_exponent).
+    """
+    grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
+    models = _models(cfg)
+    total = len(models) * len(cfg.kappas) * len(grid)
+    rows, evals, done = [], [], 0
+    for kappa in cfg.kappas:
+        spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
+                        synthetic_d=cfg.d, synthetic_kappa=float(kappa), synthetic_decay=cfg.decay,
+                        synthetic_classes=cfg.classes)
+        sample = load_sample(spec, data_dir)
+        X, y, _, _ = to_device(sample, dev)
+        c = sample.n_classes
+        lam = torch.linalg.eigvalsh(sample.X @ sample.X.T).clamp_min(0)
+        lam = lam[lam > lam.max() * cfg.n * 2.2e-16]
+        for arch, attention in models:
+            probe = Net(arch, X, 1, n_outputs(c), 0, 1.0, attention, cfg.normalize).to(dev)
+            with torch.no_grad():
+                K_inf = infinite_ntk(probe.features(X))
+            label = attention if arch == "attn" else None
+            for w in grid:
+                tick(progress, cancel, done / total, f"κ = {kappa:g}, {arch} {label or ''} m = {w}")
+                done += 1
+                for seed, dist in zip(cfg.seeds, _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel)):
+                    evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
+                                  "seed": seed, "distance": dist})
+            rows.append({"arch": arch, "attention": label, "kappa": float(kappa),
+                         "kappa_measured": float(lam.max() / lam.min())})
+    ev = pd.DataFrame(evals)
+    curve = (ev.assign(attention=ev.attention.fillna(""))
+             .groupby(["arch", "attention", "kappa", "width"], sort=False)["distance"]
+             .agg(mean="mean", sd="std").reset_index())
+    curve["attention"] = curve["attention"].replace("", None)
+    for row in rows:
+        g = curve[(curve.arch == row["arch"]) & (curve.kappa == row["kappa"])
+                  & (curve.attention.fillna("") == (row["attention"] or ""))].sort_values("width")
+        w, mono = width_needed(g.width.to_numpy(), g["mean"].to_numpy(), cfg.target)
+        row.update(width_needed=w, censored=w is None, monotone=mono)
+    widths = pd.DataFrame(rows)
+    fits = [_fit_row(cfg, arch, attention, widths, ev, grid) for arch, attention in models]
+    tick(progress, cancel, 1.0, "done")
+    return Result("scaling", {}, {"widths": widths, "evaluations": ev, "curve": curve,
+                                         "fit": pd.DataFrame(fits)}, {}, {"grid": grid})
+
+
+def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
+    label = attention if arch == "attn" else None
+    mine = widths[(widths.arch == arch) & (widths.attention.fillna("") == (label or ""))]
+    slope, icpt = fit_exponent(mine.kappa.tolist(), mine.width_needed.tolist())
+    low = high = None
+    seeds = list(cfg.seeds)
+    if slope is not None and len(seeds) > 1:
+        e = ev[(ev.arch == arch) & (ev.attention.fillna("") == (label or ""))]
+        table = {(k, w): g.set_index("seed")["distance"] for (k, w), g in e.groupby(["kappa", "width"])}
+        rng = np.random.default_rng(12345)
+        slopes = []
+        for _ in range(BOOTSTRAP):
+            pick = rng.choice(seeds, size=len(seeds), replace=True)
+            found = []
+            for k in mine.kappa:
+                means = [float(table[(k, w)].loc[pick].mean()) for w in grid]
+                found.append(width_needed(grid, means, cfg.target)[0])
+            s, _ = fit_exponent(mine.kappa.tolist(), found)
+            if s is not None:
+                slopes.append(s)
+        if slopes:
+            low, high = (float(v) for v in np.percentile(slopes, [2.5, 97.5]))
+    return {"arch": arch, "attention": label, "points": int((~mine.censored).sum()), "exponent": slope,
+            "exponent_low": low, "exponent_high": high, "intercept": icpt,
+            "resolution": exponent_resolution(mine.kappa[~mine.censored].tolist(), cfg.per_octave),
+            "theory_exponent": theory_exponent(arch, attention)}

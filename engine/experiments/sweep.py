@@ -1,0 +1,192 @@
+"""The ``ntk-sweep`` experiment: how far a trained net's empirical NTK lies from K∞, across widths.
+
+Per seed, width and architecture: the kernel distance (Frobenius and whitened) at init and after
+training, the ridge predictions' gap, and the net's accuracies beside the kernel-ridge
+accuracy its own K_m reaches, so that a distance is read against a net that trained.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from ..runtime import budget as B
+from . import options
+from ..runtime.budget import Estimate
+from ..runtime.cache import Result
+from ..data import DataSpec
+from ..maths.models import Net
+from ..maths.ntk import empirical_ntk
+from ..maths.kinf import infinite_ntk
+from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
+from ..reporting.gates import passes_gate
+from .runs import Progress, check_finite, experiment_run, prepare, tick
+from ..runtime.settings import normalised, validate
+from ..reporting.tables import summarize
+from ..maths.training import TrainSpec, accuracy, n_outputs, predict_labels, train_many
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    data: DataSpec = DataSpec()
+    train: TrainSpec = TrainSpec()
+    widths: tuple[int, ...] = options.widths((16, 64, 256, 1024, 4096))
+    archs: tuple[str, ...] = options.archs()
+    attention: str = options.attention()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    init: str = options.init()
+    ridge: float = options.ridge()  # of K∞ ridge regression and of the whitened distances
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        options.check_init_widths(self.init, self.widths)
+
+
+PRESETS = {"ntk-sweep": {  # named instances of the config: the dashboard's quick run and the paper's
+    "quick": SweepConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),  # seconds on 2 cores
+                         widths=(16, 64, 256, 1024)),
+    "paper": SweepConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),  # the paper's protocol
+                         widths=(16, 1024, 4096)),
+    # nets that train to their K_m baseline (engine.experiments.influence.TRAINED): Adam without decay,
+    # centred attention features for MLP-Attn
+    "trained": SweepConfig(data=DataSpec(n=500, n_test=100), train=TrainSpec(epochs=500, lr=1e-3, weight_decay=0.0),
+                           widths=(256, 1024, 4096), attention="centered"),
+}}
+
+
+SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
+                 "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
+                 "function_dist", "function_dist_rel", "function_dist_rms", "f_norm", "f_ntk_norm",
+                 "test_acc", "train_acc", "test_acc_ntk", "test_acc_kernel", "trained", "weight_movement",
+                 "final_loss")
+
+
+def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """The net's empirical NTK on X with weights W put in place for the call."""
+    current = net.mlp.W.detach().clone()
+    with torch.no_grad():
+        net.mlp.W.copy_(W)
+    try:
+        return empirical_ntk(net, X)
+    finally:
+        with torch.no_grad():
+            net.mlp.W.copy_(current)
+
+
+def estimate_sweep(cfg: SweepConfig) -> Estimate:
+    n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
+    tr, groups = cfg.train, len(cfg.archs) * len(cfg.seeds)
+    c_out = B.n_outputs(cfg.data)
+    reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
+                                  + 2 * B.chol_s(n) + B.eig_s(n))
+    per_group = B.train_s(n, d, sum(cfg.widths), tr.epochs, tr.batch_size, c_out)
+    snaps = len(tr.snapshot_epochs)
+    for w in cfg.widths:
+        per_group += (3 + snaps) * B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) * 2 + 2 * B.eig_s(n) + 4 * B.chol_s(n)
+    if cfg.attention == "qkv" and "attn" in cfg.archs:
+        per_group *= B.QKV_SLOWDOWN
+    seconds = B.FIXED_S + reference + groups * per_group
+    memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
+              + B.head_bytes(sum(cfg.widths), n + nt, c_out) + 8 * 4 * (n + nt) * c_out)  # f_NTK, solves
+    return Estimate(seconds, int(memory))
+
+
+@experiment_run("ntk-sweep")
+def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+    """Kernel and function distances to the infinite-width NTK across widths, per seed.
+
+    Frame ``rows``: one row per (arch, width, seed) with
+      - kernel_dist_init / _trained: ‖K_m − K∞‖_F / ‖K∞‖_F on the training set;
+      - kernel_dist_whitened_init / _trained: ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂, the
+        distance as kernel regression sees it (κ-sensitive), λ = ridge · mean diag K∞;
+      - prediction_gap_init / _trained: ‖f_KRR(K_m) − f_KRR(K∞)‖_F / ‖f_KRR(K∞)‖_F on the test points;
+      - function_dist: ‖f_m(X_test) − f_NTK(X_test)‖_F (f_NTK: ridge regression on K∞ with
+        the training targets), function_dist_rel = that / f_ntk_norm, function_dist_rms,
+        f_norm = ‖f_m(X_test)‖_F and f_ntk_norm = ‖f_NTK(X_test)‖_F (the scales compared);
+      - test_acc, train_acc of the net, test_acc_ntk of f_NTK (the K∞ ridge baseline),
+        test_acc_kernel(_init) of ridge regression with the net's own K_m (trained; at init),
+        trained (1/0: ``engine.reporting.gates.passes_gate`` of test_acc against test_acc_kernel; NaN
+        without training);
+      - weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F, final_loss, n_test, seconds.
+    Frame ``summary``: mean and sd of each metric over seeds per (arch, width).
+    Frame ``losses``: arch, width, seed, epoch, loss. Frame ``trajectory``: the kernel
+    distance at each of ``cfg.train.snapshot_epochs`` (arch, width, seed, epoch, kernel_dist).
+    """
+    p = prepare(cfg.data, data_dir, dev, progress, cancel)
+    sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    rows, losses, trajectory, ref = [], [], [], {}
+    groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
+    for j, (arch, seed) in enumerate(groups):
+        stage = f"{arch} seed {seed}"
+        tick(progress, cancel, j / len(groups), stage)
+        t0 = time.perf_counter()
+        nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                    init=cfg.init).to(dev)
+                for w in cfg.widths]
+        if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
+            with torch.no_grad():
+                phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+                K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+                f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
+            check_finite(K_inf, f"the infinite-width kernel of {arch}")
+            ref[arch] = K_inf, K_inf_t, f_ntk
+        K_inf, K_inf_t, f_ntk = ref[arch]
+
+        def kernel_metrics(net, suffix):
+            K = empirical_ntk(net, X)
+            check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
+            K_t = empirical_ntk(net, Xt, X)
+            f_m = kernel_regression(K, K_t, Y, cfg.ridge)
+            return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
+                    f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
+                    f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge),
+                    f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == yt).double().mean())}
+
+        init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
+        sub = None if progress is None else (
+            lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
+        results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
+        tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
+        seconds = (time.perf_counter() - t0) / len(cfg.widths)
+        for width, net, m0, tr in zip(cfg.widths, nets, init, results):
+            tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
+            mt = kernel_metrics(net, "trained")
+            with torch.no_grad():
+                f_test = net(Xt).double()
+            fdist = float(torch.linalg.norm(f_test - f_ntk))
+            f_ntk_norm = float(torch.linalg.norm(f_ntk))
+            W = net.mlp.W.detach()
+            test_acc = accuracy(net, Xt, yt)
+            rows.append({
+                "arch": arch, "attention": cfg.attention if arch == "attn" else None,
+                "width": width, "seed": seed, **m0, **mt,
+                "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
+                "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+                "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
+                "test_acc": test_acc, "train_acc": accuracy(net, X, y),
+                "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
+                "test_acc_kernel": mt["test_acc_kernel_trained"],
+                "trained": float(passes_gate(test_acc, mt["test_acc_kernel_trained"])) if cfg.train.epochs else math.nan,
+                "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
+                "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
+            })
+            losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
+                       for e, v in enumerate(tr.losses)]
+            if net.fixed_features:  # snapshots hold W only; trainable attention moves too
+                trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
+                                "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
+                               for e, W_e in sorted(tr.snapshots.items())]
+    tick(progress, cancel, 1.0, "done")
+    meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
+            "source": sample.source, "device": str(dev)}
+    frame = pd.DataFrame(rows)
+    frames = {"rows": frame, "summary": summarize(frame, ["arch", "attention", "width"], SWEEP_METRICS),
+              "losses": pd.DataFrame(losses),
+              "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}
+    return Result("ntk-sweep", {}, frames, {}, meta)

@@ -1,0 +1,107 @@
+"""The infinite-width NTK of the two-layer ReLU head (the arc-cosine kernel of degree 1), in tiles.
+
+K∞(x, x') = xᵀx' · (π − θ) / (2π) with θ the angle between x and x'. It is computed by row
+tiles sized for the cache, the symmetric half once, with its element-wise passes on one thread
+for small tiles (``engine.maths.tiles._serial``): a busy machine's thread barrier costs more
+than the work there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime.errors import BadInput
+from .ntk import _require_kernel, storage_dtype
+from .tiles import _SERIAL_WORK, _serial, _tiles
+
+
+_KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # entries per block at most: cache-sized on CPU, large on GPU
+_KINF_TILE = 512        # CPU tile rows at most, and _KINF_COLS columns: few GEMM calls (each one waits
+_KINF_COLS = 2048       # for every thread on a busy machine), buffers of 8 MiB at most
+_KINF_SPLIT = 4         # blocks of rows at least, once tiles of _KINF_MIN_TILE allow it: the symmetric
+_KINF_MIN_TILE = 64     # half then skips 3/8 of the GEMM from n = 256 up
+
+
+def kinf_bytes(n1: int, n2: int, d: int, rows: int, same: bool, itemsize: int) -> int:
+    """Peak bytes of ``infinite_ntk``: K, float64 copies of the inputs (and the halved rows), and
+    three blocks of at most ``rows`` x n2 (two buffers and a float64 scratch; CPU tiles are
+    smaller)."""
+    return itemsize * n1 * n2 + 8 * (2 * n1 if same else 2 * n1 + n2) * (d + 1) + 3 * 8 * min(rows, n1) * n2
+
+
+def _kinf_tiles(n1: int, n2: int, rows: int, device_type: str) -> tuple[int, int]:
+    """(rows, columns) per tile of ``infinite_ntk`` with at most ``rows`` rows."""
+    if device_type == "cuda":
+        return rows, max(1, n2)
+    r = max(1, min(rows, _KINF_TILE, max(_KINF_MIN_TILE, -(-max(n1, n2) // _KINF_SPLIT))))
+    return r, max(r, _KINF_COLS)
+
+
+def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | None = None,
+                 storage: str = "float64") -> torch.Tensor:
+    """Infinite-width NTK of the head w.r.t. W, w ~ N(0, σ²I) (independent of σ):
+
+        K∞(x, x') = xᵀx' · (π − θ) / (2π),   θ = arccos(xᵀx' / (|x| |x'|)).
+
+    X1: (n1, d) features (already normalised if the net normalises), X2 likewise or None.
+    Returns (n1, n2) in ``storage`` (float64 by default; float32 rounds each float64 entry
+    once). Zero rows give zero kernel entries. For X2 = None the result is
+    exactly symmetric and its diagonal is exactly ``|x|² / 2`` (θ = 0 there; arccos is
+    ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per tile at most
+    (default: about 2²¹ entries per block on CPU, 2²⁶ on CUDA; CPU tiles are cache-sized
+    below that); besides the output only three tiles are held, never a temporary the size
+    of K. Not differentiable: inputs are detached.
+    """
+    dtype = storage_dtype(storage)
+    same = X2 is None
+    n1, n2, d = X1.shape[0], (X1 if same else X2).shape[0], X1.shape[1]
+    dev = X1.device
+    budget = _KINF_BLOCK["cuda" if dev.type == "cuda" else "cpu"]
+    if chunk is not None and chunk < 1:
+        raise BadInput(f"chunk must be >= 1, got {chunk}")
+    rows = max(1, min(n1, budget // max(n2, 1) if chunk is None else chunk))
+    _require_kernel("infinite-width NTK", n1, n2, dtype, dev,
+                    lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
+    A = X1.detach().double()
+    B_ = A if same else X2.detach().double()
+    K = torch.empty(n1, n2, dtype=dtype, device=dev)
+    if n1 == 0 or n2 == 0:
+        return K
+    rA2 = _inverse_norms(A).mul_(2)  # 2/|a|: scales the halved Gram below to the cosine exactly
+    rB = rA2 / 2 if same else _inverse_norms(B_)
+    r, c = _kinf_tiles(n1, n2, rows, dev.type)
+    G_buf = torch.empty(r * min(max(r, c), n2), dtype=torch.float64, device=dev)  # the largest tile
+    C_buf = torch.empty_like(G_buf)
+    S_buf = None if dtype == torch.float64 else torch.empty_like(G_buf)  # float64 diagonal tiles
+    # Symmetric case: only the tiles on and right of the diagonal are computed (about half the
+    # GEMM and half the arccos) and mirrored below it. Five passes over each tile after its
+    # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π). The GEMM
+    # halves its own output (alpha = 1/2, exact), so (π − θ)/(2π) needs no pass of its own.
+    with _serial(n1 * n2 * d, dev.type, _SERIAL_WORK, 0):  # small kernels: one thread whole
+        for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
+            G = G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j)
+            G.addmm_(A[i:i2], B_[j:j2].T, beta=0, alpha=0.5)  # xᵀx'/2; beta = 0: G's old bytes are not read
+            C = C_buf[:G.numel()].view_as(G)
+            diagonal = same and i == j
+            T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
+            with _serial(G.numel(), dev.type):
+                torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
+                torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
+                if diagonal:
+                    C.copy_(T.T)
+                    T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
+                    T.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
+                    if S_buf is not None:
+                        K[i:i2, j:j2] = T
+                else:
+                    if same:
+                        K[j:j2, i:i2] = K[i:i2, j:j2].T
+    return K
+
+
+def _inverse_norms(A: torch.Tensor) -> torch.Tensor:
+    """1 / |a| per row (n,), 0 for zero rows (their cosine is then 0 and K entries 0)."""
+    r = A.norm(dim=1)
+    return torch.where(r > 0, 1 / r.clamp_min(1e-300), torch.zeros_like(r))

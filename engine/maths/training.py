@@ -1,0 +1,303 @@
+"""Training the ReLU head with the paper's protocol (every knob an option).
+
+Only W is trained. The features φ(X) do not depend on W, so they are computed once and the
+head is trained on them (MLP-Attn's transductive attention is fixed by the clean training
+set). Binary tasks use one output and targets ±1 with MSE; multi-class tasks use c outputs
+with cross-entropy (``loss="auto"``).
+
+Parametrisation (``TrainSpec.param``). ``ntk`` (default, the paper's): output multiplier
+m^(-1/2), learning rate independent of the width. ``mup``: the Maximal Update
+Parametrisation of Yang & Hu 2021 ("Tensor Programs IV", ICML) in the form of Yang et al.
+2022 ("Tensor Programs V", Table 3). There the output weights have init variance 1 and
+multiplier 1/fan_in = 1/m, and the input weights (our W: fan_in d, fan_out m, init variance
+independent of m) take SGD learning rate η·fan_out = η·m and Adam learning rate η. For
+this head, where only W trains and a = ±1 is fixed:
+
+    f = m^-1 Σ_r a_r relu(w_r·φ),   ∂f/∂w_r = m^-1 a_r 1[w_r·φ > 0] φ = O(1/m),
+
+so an SGD step Δw_r = −η_m ∂L/∂w_r changes each pre-activation h_r = w_r·φ by Θ(η_m/m):
+η_m = η·m keeps Δh_r = Θ(1) (features move at every width), and since Δw_r ∝ a_r the
+m terms of Δf = m^-1 Σ_r a_r 1[h_r > 0] Δh_r add up coherently to Θ(1). Adam normalises
+the gradient, so Δw_r = Θ(η) already and η stays width-independent. Both are realised
+here by weighting net j's loss by its width m_j (base width 1): SGD then steps
+−η(m ∇L + λ W) = −(η m)(∇L + (λ/m) W), i.e. learning rate η·m with coupled L2 λ/m; Adam
+and AdamW are invariant to the gradient's scale (up to ε, which becomes ε/m as μP's 1/m
+gradients ask), so they keep η, with coupled L2 λ/m (adam) or decoupled λ (adamw).
+Training sets each net's ``mlp.param`` to ``spec.param``. The NTK functions of
+``engine.maths.ntk`` keep their 1/m normalisation: for a μP net they give m times its tangent
+kernel (which itself vanishes like 1/m, the point of μP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..runtime.errors import BadInput, Cancelled
+from .models import PARAMS
+from ..runtime.settings import normalised, setting, validate
+
+Progress = Callable[[float, str], None]
+LOSSES = ("auto", "ce", "mse")
+MAX_LR = 1e4   # SGD's stability limit n·c/λ₁ reaches the hundreds for well-conditioned kernels
+# The batch order is drawn from its own generator, seeded with the network seed plus this prime, so
+# that it differs from the initialisation's stream and two runs with one seed see the same batches.
+BATCH_SEED_OFFSET = 7919
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """How the head is trained. Defaults are the paper's protocol (Adam, lr 1e-3, batch 128,
+    L2 1e-3, 500 epochs); presets in the experiment configs pick shorter runs."""
+
+    epochs: int = setting(500, "training epochs; 0 means no training (the paper: 500)", unit="epochs",
+                          lo=0, hi=20_000)
+    lr: float = setting(1e-3, "learning rate (the paper's Adam: 1e-3). Plain SGD's stability limit is "
+                        "2·n·c/λ₁ (n training points, c outputs, λ₁ the largest eigenvalue of the net's eNTK): "
+                        "with MSE it trains lazily below n·c/λ₁, shrinks the kernel first between the two, and "
+                        "diverges beyond; cross-entropy tolerates at least as much. Influence and malleability "
+                        "rows estimate the limit (sgd_lr_limit); on MNIST it is tens to hundreds",
+                        lo=0, lo_open=True, hi=MAX_LR)
+    batch_size: int = setting(128, "mini-batch size (the paper: 128)", unit="points", lo=1, hi=100_000)
+    weight_decay: float = setting(1e-3, "L2 penalty; coupled (added to the gradient) with adam and sgd, "
+                                  "decoupled with adamw (the paper: 1e-3, coupled)", lo=0, hi=1.0)
+    optimizer: str = setting("adam", "adam with coupled L2 (the paper), adamw (decoupled decay), "
+                             "or plain sgd (the NTK setting)", choices=OPTIMIZERS)
+    loss: str = setting("auto", "training loss: auto = MSE on ±1 for 2 classes, cross-entropy otherwise",
+                        choices=LOSSES)
+    snapshot_epochs: tuple[int, ...] = setting((), "epochs at which the kernel is measured along training",
+                                               unit="epochs", lo=0, hi=20_000, max_len=50)
+    param: str = setting("ntk", "parametrisation: ntk = output scale m^-1/2, width-independent learning rate "
+                         "(the paper's); mup = μP, output scale m^-1, SGD learning rate × m (Adam's unchanged)",
+                         choices=PARAMS)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        late = [e for e in self.snapshot_epochs if e > self.epochs]
+        if late:
+            raise BadInput(f"snapshot_epochs {late} lie beyond epochs = {self.epochs}")
+
+
+def n_outputs(n_classes: int) -> int:
+    """One output (±1 targets) for binary tasks, one per class otherwise."""
+    return 1 if n_classes == 2 else n_classes
+
+
+def resolve_loss(spec: TrainSpec, n_classes: int) -> str:
+    if spec.loss == "auto":
+        return "mse" if n_classes == 2 else "ce"
+    if spec.loss == "ce" and n_classes == 2:
+        raise BadInput("loss 'ce' needs 3 or more classes here; binary tasks have one ±1 output")
+    return spec.loss
+
+
+def targets(y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """Regression targets (n, n_out) float64: ±1 for binary, one-hot otherwise."""
+    if n_classes == 2:
+        return (2.0 * y.double() - 1.0)[:, None]
+    return F.one_hot(y, n_classes).double()
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
+    """Mean training loss of outputs (n, n_out) against integer labels (n,)."""
+    if loss == "ce":
+        return F.cross_entropy(out, y)
+    return F.mse_loss(out, targets(y, n_classes).to(out.dtype))
+
+
+def predict_labels(out: torch.Tensor) -> torch.Tensor:
+    """Class predictions from outputs (n, n_out): sign for one output, argmax otherwise."""
+    return (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(dim=1)
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]  # [0]: full-batch loss at init; then the mean mini-batch loss of each epoch
+    W0: torch.Tensor                       # (m, d) initial weights
+    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> W
+
+
+def per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
+    """Mean loss of each of k models, (k,), from outputs (B, k, n_out) and labels (B,)."""
+    if loss == "ce":
+        return F.cross_entropy(out.permute(0, 2, 1), y[:, None].expand(-1, out.shape[1]),
+                               reduction="none").mean(dim=0)
+    t = targets(y, n_classes).to(out.dtype)[:, None, :]
+    return ((out - t) ** 2).mean(dim=(0, 2))
+
+
+def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+          progress: Progress | None = None, cancel=None,
+          epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
+    """Train ``net`` in place on raw inputs X (n, d) and labels y (n,).
+
+    Only W moves, except for trainable attention (``qkv``) whose parameters train too.
+    Deterministic on CPU for a given seed (it seeds the batch order). ``cancel`` is any
+    object with ``is_set()``; it is checked every epoch and raises ``Cancelled``.
+    ``epoch_inputs(epoch)``, when given, returns the inputs (n, d) to train on in that epoch
+    (adversarial training attacks the current net); MLP-Attn's attention is then computed
+    over those inputs. Otherwise fixed features of X are computed once.
+    """
+    return train_many([net], X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)[0]
+
+
+def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+               progress: Progress | None = None, cancel=None,
+               epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
+    """Train several nets on the same features as one batched model; same result as ``train`` each.
+
+    The nets must share arch, attention and training set (so their features agree); widths
+    may differ. Their weight matrices are stacked into one (Σm, d) parameter and each net's
+    ``a / √m`` into a block-diagonal (Σm, k·n_out) readout, so a step is two GEMMs for all
+    widths. The loss is the sum of the nets' mean losses: each block's gradient is its own
+    net's, and Adam and weight decay act elementwise, so every net follows the trajectory
+    it would follow alone (up to float rounding). Weights are written back in place.
+    Nets with trainable attention are trained one by one (their features move).
+    """
+    if epoch_inputs is not None and len(nets) != 1:
+        raise BadInput("epoch_inputs trains a single net")
+    if not nets[0].fixed_features and spec.param != "ntk":
+        raise BadInput("param 'mup' is defined for the ReLU head alone; trainable attention (qkv) "
+                       "trains more layers, use param 'ntk'")
+    for net in nets:  # the spec decides the parametrisation (output multiplier) of the head
+        net.mlp.param = spec.param
+    if not nets[0].fixed_features:
+        return [_train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)
+                for net in nets]
+    loss_name = resolve_loss(spec, n_classes)
+    with torch.no_grad():
+        phi = nets[0].features(X)
+    k, n_out = len(nets), nets[0].mlp.a.shape[1]
+    W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
+    A = torch.block_diag(*[net.mlp.readout() for net in nets])
+
+    def per_model(idx, inputs):
+        nonlocal phi
+        if inputs is not None:  # new inputs this epoch: features over them, computed once
+            with torch.no_grad():
+                phi = nets[0].features(inputs, X_ref=inputs)
+        rows = phi if idx is None else phi[idx]
+        return per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, n_out), y if idx is None else y[idx],
+                               loss_name, n_classes)
+
+    history = optimise([W], per_model, y.to(phi.device), k, spec, seed, progress, cancel, epoch_inputs,
+                        loss_weights(nets, spec))
+    curves, snapshots, W0 = history
+    results, offset = [], 0
+    for j, net in enumerate(nets):
+        seg = slice(offset, offset + net.mlp.width)
+        offset += net.mlp.width
+        with torch.no_grad():
+            net.mlp.W.copy_(W[seg])
+        results.append(TrainResult([row[j] for row in curves], W0[0][seg].clone(),
+                                   {e: w[0][seg].clone() for e, w in snapshots.items()}))
+    return results
+
+
+def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs) -> TrainResult:
+    """Full forward passes per batch: the attention's parameters train with W."""
+    loss_name = resolve_loss(spec, n_classes)
+    ref = X
+
+    def per_model(idx, inputs):
+        nonlocal ref
+        if inputs is not None:
+            ref = inputs
+        rows = ref if idx is None else ref[idx]
+        return per_model_loss(net(rows, X_ref=ref)[:, None, :], y if idx is None else y[idx], loss_name, n_classes)
+
+    params = [net.mlp.W, *net.attn.parameters()]
+    curves, snapshots, W0 = optimise(params, per_model, y, 1, spec, seed, progress, cancel, epoch_inputs)
+    return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
+
+
+OPTIMIZER_FNS = {  # all elementwise, so batching widths into one parameter changes nothing
+    "adam": lambda p, **kw: torch.optim.Adam(p, fused=True, **kw),  # fused: one kernel per step
+    "adamw": lambda p, **kw: torch.optim.AdamW(p, fused=True, **kw),
+    "sgd": lambda p, **kw: torch.optim.SGD(p, **kw),
+}
+
+
+def loss_weights(nets, spec: TrainSpec) -> torch.Tensor | None:
+    """Weights of the k nets' losses in the optimised sum: None for ``ntk`` (plain sum),
+    the widths m_j for ``mup`` (μP's learning-rate scaling, see the module docstring)."""
+    if spec.param == "ntk":
+        return None
+    return torch.tensor([float(net.mlp.width) for net in nets], device=nets[0].mlp.W.device)
+
+
+def optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs, weights=None):
+    """The one mini-batch loop of every trainer here and of ``engine.maths.loo.train_masked``.
+
+    ``per_model(idx, new_inputs)`` returns the k mean losses on the rows ``idx`` (None: all
+    rows); the optimiser (``spec.optimizer``) minimises their sum, weighted by ``weights`` (k,)
+    when given, over batches in this module's order for ``seed``. Stops with ``Cancelled``
+    between epochs and with a one-line ``BadInput`` when the loss is not finite. Returns (loss
+    curves (epochs + 1, k), snapshots of the parameters by epoch, initial parameters)."""
+    init = [p.detach().clone() for p in params]
+    opt = OPTIMIZER_FNS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
+    g = torch.Generator().manual_seed(int(seed) + BATCH_SEED_OFFSET)
+    n = y.shape[0]
+    with torch.no_grad():
+        losses = [per_model(None, None)]
+    snapshots = {0: [p.clone() for p in init]} if 0 in spec.snapshot_epochs else {}
+    for epoch in range(1, spec.epochs + 1):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("training cancelled")
+        inputs = None if epoch_inputs is None else epoch_inputs(epoch).detach()
+        order = torch.randperm(n, generator=g).to(y.device)
+        total = torch.zeros(k, dtype=losses[0].dtype, device=y.device)
+        for start in range(0, n, spec.batch_size):
+            idx = order[start:start + spec.batch_size]
+            opt.zero_grad(set_to_none=False)  # reuse the gradient buffers: no page faults per step
+            batch = per_model(idx, inputs if start == 0 else None)
+            (batch.sum() if weights is None else (batch * weights.to(batch.dtype)).sum()).backward()
+            opt.step()
+            total += batch.detach() * idx.numel()
+        losses.append(total / n)
+        if not bool(torch.isfinite(losses[-1]).all()):
+            raise BadInput(f"training diverged at epoch {epoch}: the loss is not finite; lower the learning "
+                           f"rate (now {spec.lr:g}) or the weight decay")
+        if epoch in spec.snapshot_epochs:
+            snapshots[epoch] = [p.detach().clone() for p in params]
+        if progress is not None:
+            progress(epoch / spec.epochs, f"epoch {epoch}/{spec.epochs}")
+    return torch.stack(losses).cpu().tolist(), snapshots, init  # one transfer at the end
+
+
+def top_eigenvalue(K: torch.Tensor, iters: int = 200, rtol: float = 1e-6) -> float:
+    """λ₁ of a symmetric positive semi-definite K (n, n) by power iteration in float64 (n² per
+    step; kernels have a well separated top eigenvalue, so a few dozen steps suffice)."""
+    v = torch.ones(K.shape[0], dtype=torch.float64, device=K.device)
+    v /= v.norm()
+    lam = 0.0
+    for _ in range(iters):
+        w = K.double() @ v
+        new = float(v @ w)
+        v = w / w.norm().clamp_min(1e-300)
+        if abs(new - lam) <= rtol * abs(new):
+            return new
+        lam = new
+    return lam
+
+
+def sgd_lr_limit(K: torch.Tensor, n_out: int) -> float:
+    """Plain SGD's stability limit 2·n·c/λ₁ for a net whose eNTK on the n training points is K
+    (n, n), with c = ``n_out`` outputs and the mean loss over n·c entries (``loss_fn``).
+
+    Linearised MSE training multiplies the residual along K's top eigenvector by 1 − 2ηλ₁/(n c)
+    per full-batch step: lazy below η = n c/λ₁; up to about twice that the kernel first shrinks
+    (the catapult phase) and training still converges; beyond 2·n·c/λ₁ it diverges."""
+    n = K.shape[0]
+    return 2.0 * n * n_out / top_eigenvalue(K)
+
+
+def accuracy(net, X: torch.Tensor, y: torch.Tensor) -> float:
+    """Share of X (n, d) whose predicted class equals y (n,)."""
+    with torch.no_grad():
+        return float((predict_labels(net(X)) == y.to(X.device)).double().mean())

@@ -1,0 +1,115 @@
+"""``python -m engine report SPEC.toml``: a grid spec's malleability results as the README's tables.
+
+The README's flip-rate tables are not typed in by hand: ``grids/readme.toml`` lists the
+cells, ``python -m engine grid grids/readme.toml`` computes them into the cache, and this
+command prints them as Markdown (``readme_tables``), each row read with the
+same verdict rule as the Reproduction page. ``--run`` computes missing cells first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from ..runtime.cache import Cache, Result
+from ..runtime.errors import EngineError
+from .paper import RULE_WORDS, flip_rule
+
+
+# ---------------------------------------------------------------- the README's tables
+
+def _cell_pct(v: float, digits: int = 0) -> str:
+    return "—" if not math.isfinite(v) else f"{100 * v:.{digits}f}"
+
+
+def readme_tables(results) -> str:
+    """The README's flip-rate tables in Markdown, from malleability results.
+
+    results: (label, summary) pairs in order, ``summary`` the ``summary`` frame of a
+    ``run_malleability`` result, or None for a cell not computed yet (its row says so).
+    One row per result and attack, read with ``flip_rule`` (the verdict the Reproduction
+    page and the protocol table give): each net's flip rate, its seed and random nulls, the
+    excess with its 95 % interval, test and K_m-ridge accuracy, the share of seeds through the
+    training gate, and the verdict with its reason. Percent throughout.
+    """
+    head = ("| setting | attack | 2L-ReLU flip (seed / random null) | MLP-Attn flip (seed / random null) | "
+            "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | seeds trained | "
+            "verdict |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for label, summary in results:
+        if summary is None or len(summary) == 0:
+            lines.append(f"| {label} | | not computed yet: run `python -m engine grid` on the spec | | | | | | |")
+            continue
+        for key, g in summary.groupby(["attack", "eps"], sort=False):
+            v = flip_rule(g, key[0], key[1])
+            if "relu_excess" not in v:
+                lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
+                continue
+            n = v["n_seeds"]
+
+            def flips(a):
+                return (f"{_cell_pct(v[f'{a}_flip'])} ({_cell_pct(v[f'{a}_null_seed'])} / "
+                        f"{_cell_pct(v[f'{a}_null_random'])})")
+
+            def excess(a):
+                return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
+
+            acc = (f"{_cell_pct(v['relu_test_acc'])} ({_cell_pct(v['relu_test_acc_kernel'])}) / "
+                   f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
+            trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
+                                 f" of {n}" for a in ("relu", "attn"))
+            lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | {flips('relu')} | {flips('attn')} | "
+                         f"{excess('relu')} | {excess('attn')} | {acc} | {trained} | **{v['outcome']}**: "
+                         f"{v['why']} |")
+    rule = RULE_WORDS.replace("**", "")
+    return "\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over seeds; verdict: {rule}\n"
+
+
+def results(spec, cache: Cache | None, data_dir=None) -> list[tuple[str, Result | None]]:
+    """(label, cached result or None) of every malleability cell of a loaded grid spec, in order."""
+    out = []
+    for cell in spec.cells:
+        if cell.kind != "malleability":
+            continue
+        try:
+            hit = None if cache is None else cache.get(cell.cache_kind, cell.config, data_dir=data_dir)
+        except EngineError:  # its data are not here: reported as not computed
+            hit = None
+        label = f"{cell.block}: {cell.settings}" if cell.block else cell.settings
+        out.append((label, hit))
+    return out
+
+
+def markdown(spec, cache: Cache | None, data_dir=None) -> str:
+    """The spec's tables in Markdown, with a heading naming the spec."""
+    rows = [(label, None if r is None else r.frames["summary"]) for label, r in results(spec, cache, data_dir)]
+    return f"<!-- python -m engine report {spec.path or spec.name} -->\n" + readme_tables(rows)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="a grid spec's malleability results as the README's Markdown tables",
+                       description="Print the flip-rate tables of a grid spec (e.g. grids/readme.toml) in "
+                                   "Markdown, from the cache; cells not computed yet are listed as such. "
+                                   "--run computes them first (as `grid` does).")
+    p.add_argument("spec", help="grid spec file, e.g. grids/readme.toml")
+    p.add_argument("--run", action="store_true", help="compute the cells missing from the cache first")
+    p.add_argument("--workers", type=int, default=1, help="--run: worker processes (default: 1)")
+    p.add_argument("--data-dir", default=None, help="folder holding the data sets")
+    p.add_argument("--cache-dir", default=None, help="cache folder (default: the engine's)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def command(a: argparse.Namespace) -> int:
+    from ..grid import driver as G
+
+    try:
+        spec = G.load_spec(a.spec)
+        cache = Cache(a.cache_dir)
+        if a.run:
+            G.run_grid(spec, cache, a.data_dir, workers=a.workers, progress=None if a.quiet else G.stderr_line)
+        print(markdown(spec, cache, a.data_dir))
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,384 @@
+"""Bounded work: every run's estimated time and memory, and the budget it must fit.
+
+Each experiment module has ``estimate(cfg) -> Estimate`` beside its run function, built from
+all of the config's parameters (n, d, widths, seeds, epochs, attention k or r, attack steps,
+ε values). The run refuses, before it starts, work whose estimate exceeds its ``Budget``,
+with one line naming what to change. ``python -m engine`` takes ``--max-seconds`` /
+``--max-gib`` for deliberate big runs; the dashboard starts runs under ``QUICK_SECONDS`` by
+itself and the rest only on a click, never above ``DASHBOARD_SECONDS``.
+
+The rates are calibrated against measured runs on a 2-core CPU (``python -m engine bench
+--estimates`` prints estimate / measured side by side); on a GPU the estimate is an upper
+bound.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from .errors import BadInput
+
+FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
+FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
+STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
+FIXED_S = 0.1           # loading a cached draw, building the result
+QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
+DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
+DEFAULT_SECONDS = 6 * 3600.0  # the engine's own limit; the CLI can raise it
+GIB = 2**30
+
+INPUT_DIMS = {"mnist": 784, "fashion-mnist": 784, "cifar10": 3072}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float   # wall time on the reference 2-core CPU
+    bytes: int       # peak memory of the largest arrays the run holds at once
+
+    def __add__(self, other: "Estimate") -> "Estimate":
+        return Estimate(self.seconds + other.seconds, max(self.bytes, other.bytes))
+
+    def describe(self) -> str:
+        return f"about {duration(self.seconds)} and {self.bytes / GIB:.2f} GiB"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def available_bytes() -> int:
+    """Host memory this process may use: MemAvailable from /proc/meminfo (else physical
+    memory), and no more than what is left under the cgroup's limit (a container run with
+    ``docker run --memory``, whose /proc/meminfo still shows the whole host)."""
+    host = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    host = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if host is None:
+        try:
+            host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            host = 8 * GIB
+    limited = cgroup_free_bytes()
+    return host if limited is None else min(host, limited)
+
+
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2^63
+
+
+def _cgroup_paths(proc_cgroup: str) -> tuple[str, str]:
+    """This process's cgroup v2 path and v1 memory-controller path from /proc/self/cgroup
+    ("/" inside a container with its own cgroup namespace, or where the file is missing)."""
+    v2 = v1 = "/"
+    try:
+        with open(proc_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    v2 = path or "/"
+                elif "memory" in controllers.split(","):
+                    v1 = path or "/"
+    except (OSError, ValueError):
+        pass
+    return v2, v1
+
+
+def cgroup_free_bytes(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """Bytes left under this process's cgroup memory limit, reclaimable page cache (inactive
+    files) counted as free; None where no limit is set or none can be read. cgroup v2:
+    ``memory.max`` − ``memory.current``; v1: ``memory/memory.limit_in_bytes`` −
+    ``memory/memory.usage_in_bytes``; in the process's own cgroup (``proc_cgroup``), else at
+    the root."""
+    v2, v1 = _cgroup_paths(proc_cgroup)
+    layouts = ((os.path.join(root, v2.lstrip("/")), root, "memory.max", "memory.current", "inactive_file"),
+               (os.path.join(root, "memory", v1.lstrip("/")), os.path.join(root, "memory"),
+                "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    for own, top, limit_name, usage_name, cache_key in layouts:
+        base = own if os.path.exists(os.path.join(own, limit_name)) else top  # a host's view: the root's
+        limit_file, usage_file, stat_file = (os.path.join(base, f) for f in (limit_name, usage_name, "memory.stat"))
+        try:
+            with open(limit_file) as f:
+                text = f.read().strip()
+            if text == "max" or int(text) >= _NO_LIMIT:
+                continue
+            with open(usage_file) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        cache = 0
+        try:
+            with open(stat_file) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == cache_key:
+                        cache = int(value)
+                        break
+        except (OSError, ValueError):
+            pass
+        return max(0, int(text) - used + cache)
+    return None
+
+
+def free_bytes(device=None) -> int:
+    """Memory a new allocation may take on ``device`` (a torch.device, a name, or None for
+    the host): on CUDA the GPU's free memory plus what torch's allocator holds unused,
+    else ``available_bytes``."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        dev = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(dev)
+        return int(free + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    return available_bytes()
+
+
+@dataclass(frozen=True)
+class Budget:
+    seconds: float = DEFAULT_SECONDS
+    bytes: int | None = None  # None: 80 % of the memory free on the run's device when it starts
+
+    def limit_bytes(self, device=None) -> int:
+        """The bytes a run may use: ``bytes``, else 80 % of the free host memory, and on CUDA
+        of the GPU's too (a GPU run still keeps its data and results on the host)."""
+        if self.bytes is not None:
+            return int(self.bytes)
+        free = free_bytes(None)
+        if device is not None:  # the host's memory again for cpu; the GPU's for cuda
+            free = min(free, free_bytes(device))
+        return int(0.8 * free)
+
+
+DEFAULT_BUDGET = Budget()
+UNLIMITED = Budget(seconds=math.inf, bytes=2**62)
+MAX_GIB = 1e6  # a --max-gib above a million GiB (an exbibyte) is a typo, not a machine
+
+
+def _number(value, what: str, allowed: str) -> float:
+    if isinstance(value, (bool, bytes)) or value is None:
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise BadInput(f"{what} must be {allowed}, got {value!r}") from None
+
+
+def gib_limit(value, what: str = "--max-gib") -> int:
+    """A memory limit given in GiB (``--max-gib``) as bytes: finite, > 0 and at most
+    ``MAX_GIB``; one-line ``BadInput`` naming the value otherwise (NaN, inf, 1e300, text)."""
+    allowed = f"a number of GiB > 0 and <= {MAX_GIB:g}"
+    gib = _number(value, what, allowed)
+    if not (math.isfinite(gib) and 0 < gib <= MAX_GIB):
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    return max(1, int(gib * GIB))
+
+
+def seconds_limit(value, what: str = "--max-seconds") -> float:
+    """A time limit in seconds (``--max-seconds``): > 0, ``inf`` meaning no limit; one-line
+    ``BadInput`` for NaN (which would compare false with every estimate), zero or less, or text."""
+    allowed = "a number of seconds > 0 (inf: no limit)"
+    s = _number(value, what, allowed)
+    if not s > 0:  # NaN too
+        raise BadInput(f"{what} must be {allowed}, got {value!r}")
+    return s
+
+
+def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", device=None) -> None:
+    """Refuse work over budget with one line: what it needs, the limit, and what to change.
+    ``device``: where the run's arrays live (its free memory is the default limit)."""
+    budget = DEFAULT_BUDGET if budget is None else budget
+    limit = budget.limit_bytes(device)
+    if est.bytes > limit:
+        raise BadInput(f"{what} needs about {est.bytes / GIB:.1f} GiB, more than the {limit / GIB:.1f} GiB "
+                       f"that fit here; {hint or 'use a smaller n or width'}")
+    if est.seconds > budget.seconds:
+        raise BadInput(f"{what} would take {duration(est.seconds)}, over the budget of "
+                       f"{duration(budget.seconds)}; {hint or 'use fewer widths, seeds or epochs'}"
+                       " (the CLI's --max-seconds raises the budget)")
+
+
+def input_dim(data) -> int:
+    """The input dimension a ``DataSpec`` will have, without loading it (784 for unknown files)."""
+    base = str(data.dataset).split(":")[0].strip().lower()
+    if base == "synthetic":
+        return int(data.synthetic_d)
+    return INPUT_DIMS.get(base, _npz_dim(str(data.dataset)))
+
+
+QKV_SLOWDOWN = 20  # trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form
+
+
+def n_classes(data) -> int:
+    """Classes a ``DataSpec`` will have, without loading it: 2 for a pair ``NAME:a-b``, the
+    synthetic teacher's, 10 for MNIST, Fashion-MNIST and CIFAR-10, and a user ``.npz``'s
+    distinct labels (read from its ``y``; 10 when it cannot be read, and loading says why)."""
+    base, _, pair = str(data.dataset).partition(":")
+    base = base.strip().lower()
+    if pair:
+        return 2
+    if base == "synthetic":
+        return int(data.synthetic_classes)
+    if base in INPUT_DIMS:
+        return 10
+    return _npz_classes(str(data.dataset))
+
+
+def n_outputs(data) -> int:
+    """Network outputs for a ``DataSpec``: one (±1 targets) for two classes, one per class otherwise."""
+    c = n_classes(data)
+    return 1 if c == 2 else c
+
+
+def head_bytes(m_total: float, n_rows: float, c_out: int) -> int:
+    """float32 bytes of the readouts of total width m_total and their outputs on n_rows points:
+    weights, gradients and two Adam moments (4 m c), outputs, targets and output gradients (3 n c)."""
+    return int(4 * (4 * m_total * c_out + 3 * n_rows * c_out))
+
+
+def _npz_classes(path: str) -> int:
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with zipfile.ZipFile(os.path.expanduser(path)) as z:
+            info = z.getinfo("y.npy")
+            if info.file_size > 64 * 2**20:  # labels of a data set that fits here are far smaller
+                return 10
+            with z.open(info) as f:
+                y = np.lib.format.read_array(f, allow_pickle=False)
+        return max(2, int(np.unique(y).size))
+    except Exception:  # a missing or odd file fails later, with its own clear error
+        return 10
+
+
+def _npz_dim(path: str) -> int:
+    """d of a user .npz's X from its header (no data read); 784 when it cannot be read."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with zipfile.ZipFile(os.path.expanduser(path)) as z, z.open("X.npy") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape = read(f)[0]
+        return int(math.prod(shape[1:])) if len(shape) > 1 else 1
+    except Exception:  # a missing or odd file fails later, with its own clear error
+        return 784
+
+
+# ---------------------------------------------------------------- building blocks (seconds)
+
+def gemm_s(m: float, n: float, k: float, double: bool = False) -> float:
+    return 2.0 * m * n * k / (FLOPS64 if double else FLOPS)
+
+
+def eig_s(n: float) -> float:
+    """A symmetric eigendecomposition (values only) of an n×n float64 matrix."""
+    return 4.0 * n ** 3 / FLOPS64 + 1e-3
+
+
+def chol_s(n: float) -> float:
+    """A Cholesky factor and inverse of an n×n float64 matrix."""
+    return 1.5 * n ** 3 / FLOPS64 + 1e-4
+
+
+def attention_s(attention: str, n: float, d: float) -> float:
+    """Attention features over n rows of dimension d for a variant string (k and r counted)."""
+    kind, _, arg = attention.partition(":")
+    base = gemm_s(d, d, n, True) + gemm_s(n, d, d, True)
+    if kind == "stacked":
+        return base + max(1, int(float(arg or 1)) - 1) * gemm_s(n, d, d, True)
+    if kind == "truncated":
+        return base + eig_s(min(n, d))
+    if kind == "softmax":
+        return gemm_s(n, n, d, True) * 2
+    return base
+
+
+def ntk_s(n1: float, n2: float, d: float, m: float) -> float:
+    """Closed-form empirical NTK: sign GEMMs, the count GEMM and the feature Gram."""
+    return gemm_s(n1 + n2, m, d) + 0.5 * gemm_s(n1, n2, m) + gemm_s(n1, n2, d) + 3 * n1 * n2 / FLOPS64
+
+
+def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: int = 10) -> float:
+    """Batched training of total width m_total: forward, readout and weight-gradient GEMMs."""
+    steps = epochs * math.ceil(n / batch)
+    return epochs * 3 * gemm_s(n, m_total, d) + steps * STEP_OVERHEAD_S + epochs * gemm_s(n, m_total, n_out)
+
+
+def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:
+    return int(itemsize * n1 * n2)
+
+
+# ---------------------------------------------------------------- one kernel step's memory
+
+STEP_SHARE = 0.95  # share of the free memory one kernel step may allocate
+
+
+FINITE_BLOCK = 2**20  # elements per block of all_finite: a 1 MiB bool temporary, not one of n x n
+
+
+def all_finite(t) -> bool:
+    """Whether every entry of tensor ``t`` is finite, checked in row blocks of about
+    ``FINITE_BLOCK`` elements, so the check allocates at most that many bools rather than one
+    per entry (an n x n kernel at n = 3000 would need 9 MB more than its step's count).
+    One device sync at the end, not one per block."""
+    import torch
+
+    if t.numel() <= FINITE_BLOCK or t.ndim == 0:
+        return bool(torch.isfinite(t).all())
+    rows = max(1, FINITE_BLOCK // max(1, t[0].numel()))
+    ok = torch.ones((), dtype=torch.bool, device=t.device)
+    for i in range(0, t.shape[0], rows):
+        ok &= torch.isfinite(t[i:i + rows]).all()
+    return bool(ok)
+
+
+def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "",
+            alternative_bytes: int | None = None) -> None:
+    """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.
+
+    need: the step's peak bytes. bytes_at(k): its bytes with k points in place of ``n``, to say
+    what fits; ``alternative``: another way out (e.g. float32 storage), named only when its
+    ``alternative_bytes`` (if given) fit. One line.
+    """
+    free = int(STEP_SHARE * free_bytes(device))
+    if need <= free:
+        return
+    if alternative_bytes is not None and alternative_bytes > free:
+        alternative = ""
+    import torch
+
+    where = torch.device(device).type if device is not None else "cpu"
+    ways = []
+    if bytes_at is not None and n:
+        k = largest(bytes_at, free, n)
+        ways.append(f"it fits up to n = {k}" if k else "no n fits")
+    if alternative:
+        ways.append(alternative)
+    raise BadInput(f"{what} needs {need / GIB:.1f} GiB on {where} but {free / GIB:.1f} GiB is free"
+                   + (f"; {', or '.join(ways)}" if ways else ""))
+
+
+def largest(bytes_at, limit: int, n: int) -> int:
+    """The largest k <= n with bytes_at(k) <= limit (0 if none); bytes_at must grow with k."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bytes_at(mid) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

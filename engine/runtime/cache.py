@@ -1,0 +1,314 @@
+"""The disk cache: every experiment result, keyed by what made it.
+
+A result is a ``Result``: the config that made it, DataFrames, numpy arrays, a small
+JSON-able ``meta`` dict and its ``provenance`` (code fingerprint, engine version, data
+fingerprints). It is stored as one ``.npz`` blob: arrays and every numeric frame column as
+their own ``.npy`` members, so float64 values come back bit for bit; text and object
+columns, meta and the description of each frame as JSON. It is read back with
+``allow_pickle=False``.
+
+The key is the SHA-256 of the sorted JSON of ``{kind, canonical config, code fingerprint,
+data fingerprints}``: editing any ``engine/**/*.py`` file or any data file a ``DataSpec``
+reads gives new keys, so a stale result is never served. ``ENGINE_VERSION`` is only a label.
+
+A cache folder never executes code and never touches files outside itself: entries are
+read only as raw bytes (a pickled row, or one naming a file outside the folder, is reported
+and dropped), a damaged ``cache.db`` is moved aside, and a folder that others may write is
+refused. A new folder is created with mode 0700; an existing one is never chmod-ed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import functools
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import diskcache
+import numpy as np
+import pandas as pd
+
+from ..data import DataSpec, data_fingerprint
+from ..data.folders import expand_path, user_cache_dir
+from .errors import CacheCorrupt, CacheError, CacheWarning
+from .store import _RawDisk, _Refused, _damage, _open_folder, _set_aside
+
+ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
+_CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> the checkout
+# A checkout (`make run`, `python -m engine`) caches beside its code in ./cache; an installed
+# package (`pip install .`, site-packages) in the user's cache folder, next to the data sets.
+DEFAULT_CACHE_DIR = (_CHECKOUT / "cache" if (_CHECKOUT / "pyproject.toml").is_file()
+                     else user_cache_dir().parent / "results")
+ENGINE_DIR = Path(__file__).resolve().parents[1]  # engine/: every module of the engine is in the key
+SIZE_LIMIT = 8 * 2**30  # bytes; diskcache culls the least recently stored entries beyond it
+DB_NAME = "cache.db"    # diskcache's database file inside the folder
+
+
+# ---------------------------------------------------------------- keys
+
+def canonical(obj) -> object:
+    """A JSON-able, order-independent form of dataclasses, enums, tuples and numbers."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [canonical(v) for v in obj]
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def tree_fingerprint(root: str | os.PathLike) -> str:
+    """SHA-256 (hex) over the sorted relative paths and bytes of every ``*.py`` under `root`."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for rel in sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.is_file()):
+        body = (root / rel).read_bytes()
+        h.update(f"{rel}\0{len(body)}\0".encode())  # lengths keep file boundaries unambiguous
+        h.update(body)
+    return h.hexdigest()
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """``tree_fingerprint`` of the ``engine`` package, computed once per process."""
+    return tree_fingerprint(ENGINE_DIR)
+
+
+def _data_specs(obj, path: str = "") -> Iterator[tuple[str, DataSpec]]:
+    # every DataSpec inside a config, with the dotted field path that leads to it
+    if isinstance(obj, DataSpec):
+        yield path or "config", obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _data_specs(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(obj, dict):
+        for k, v in sorted(obj.items(), key=lambda kv: str(kv[0])):
+            yield from _data_specs(v, f"{path}[{k}]")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _data_specs(v, f"{path}[{i}]")
+
+
+def provenance_of(config, data_dir=None, allow_download: bool = True) -> dict:
+    """How a result of `config` is made: code fingerprint, engine label, data fingerprints."""
+    return {"code": code_fingerprint(), "engine": ENGINE_VERSION,
+            "data": {where: data_fingerprint(spec, data_dir, allow_download=allow_download)
+                     for where, spec in _data_specs(config)}}
+
+
+def _key(kind: str, config, provenance: dict) -> str:
+    text = json.dumps({"kind": kind, "config": canonical(config), "code": provenance["code"],
+                       "data": provenance["data"]}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def config_key(kind: str, config, data_dir: str | os.PathLike | None = None,
+               allow_download: bool = False) -> str:
+    """SHA-256 (hex) of (kind, canonical config, code fingerprint, fingerprint of every
+    DataSpec's data as read from `data_dir`). Raises what ``data_fingerprint`` raises; a
+    look-up never downloads (``DataMissing`` for absent files) unless ``allow_download``."""
+    return _key(kind, config, provenance_of(config, data_dir, allow_download))
+
+
+# ---------------------------------------------------------------- results as bytes
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if v is pd.NA or v is pd.NaT:
+        return None
+    raise TypeError(f"cannot store {type(v).__name__} in a cache entry")
+
+
+def _encode(values, name: str, members: dict) -> dict:
+    # one column or index: numpy numbers as a .npy member (bit-exact), the rest as JSON
+    if isinstance(values, pd.RangeIndex):
+        return {"range": [values.start, values.stop, values.step], "name": values.name}
+    dtype = values.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "biufcmM":
+        members[name] = np.asarray(values)
+        return {"npy": name, "name": values.name}
+    items = [None if v is pd.NA or v is pd.NaT else v for v in values.tolist()]
+    return {"json": items, "dtype": str(dtype), "name": values.name}
+
+
+def _decode(desc: dict, z, as_index: bool):
+    if "range" in desc:
+        return pd.RangeIndex(*desc["range"], name=desc["name"])
+    if "npy" in desc:
+        data, dtype = z[desc["npy"]], None
+    else:
+        data, dtype = desc["json"], desc["dtype"]
+    return (pd.Index(data, dtype=dtype, name=desc["name"]) if as_index
+            else pd.Series(data, dtype=dtype, copy=False))
+
+
+def _frame_head(df: pd.DataFrame, i: int, members: dict) -> dict:
+    if isinstance(df.index, pd.MultiIndex) or isinstance(df.columns, pd.MultiIndex):
+        raise TypeError("cannot store a DataFrame with a MultiIndex in a cache entry")
+    return {"index": _encode(df.index, f"f{i}_index", members),
+            "columns": _encode(df.columns, f"f{i}_columns", members),
+            "data": [_encode(df.iloc[:, j], f"f{i}_{j}", members) for j in range(df.shape[1])]}
+
+
+def _frame(desc: dict, z) -> pd.DataFrame:
+    index, columns = _decode(desc["index"], z, True), _decode(desc["columns"], z, True)
+    cols = [_decode(d, z, False).set_axis(index) for d in desc["data"]]
+    df = pd.concat(cols, axis=1) if cols else pd.DataFrame(index=index)
+    df.columns = columns
+    return df
+
+
+@dataclass
+class Result:
+    kind: str
+    config: dict                                         # canonical config that made it
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)             # JSON-able scalars and lists
+    cached: bool = False                                 # True when read back from disk
+    provenance: dict = field(default_factory=dict)       # code, engine, data fingerprints
+
+    def to_bytes(self) -> bytes:
+        """The ``.npz`` blob; float64 arrays and columns round-trip bit for bit."""
+        members = {}
+        for k, v in self.arrays.items():
+            v = np.ascontiguousarray(v)
+            if v.dtype.hasobject:  # np.savez would pickle it
+                raise TypeError(f"array {k!r} has object dtype; a cache entry holds no pickles")
+            members[f"a_{k}"] = v
+        frames = {k: _frame_head(df, i, members) for i, (k, df) in enumerate(self.frames.items())}
+        head = {"kind": self.kind, "config": self.config, "meta": self.meta, "frames": frames,
+                "engine": ENGINE_VERSION, "code": self.provenance.get("code"),
+                "provenance": self.provenance}
+        text = json.dumps(head, default=_jsonable)  # floats as repr(): exact; NaN as NaN
+        buf = io.BytesIO()
+        np.savez(buf, __head__=np.frombuffer(text.encode(), dtype=np.uint8), **members)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "Result":
+        try:
+            with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+                head = json.loads(z["__head__"].tobytes().decode())
+                arrays = {k[2:]: z[k] for k in z.files if k.startswith("a_")}
+                frames = {k: _frame(d, z) for k, d in head["frames"].items()}
+            return cls(head["kind"], head["config"], frames, arrays, head["meta"], cached=True,
+                       provenance=head.get("provenance", {}))
+        except Exception as exc:  # any decoding failure means the entry is unusable
+            raise CacheCorrupt(f"cache entry cannot be decoded ({type(exc).__name__}: {exc})") from exc
+
+
+# ---------------------------------------------------------------- the cache
+
+class Cache:
+    """A diskcache-backed store of ``Result``s in a private folder.
+
+    `directory`: default ``$ENGINE_CACHE_DIR``, else ``DEFAULT_CACHE_DIR``. Raises
+    ``CacheError`` (one line, exit code 2) for a folder that is a file, not writable,
+    writable by others, or whose database cannot be read. `data_dir` arguments are the data
+    folder the run reads (as in ``load_sample``): it decides the data fingerprints."""
+
+    def __init__(self, directory: str | os.PathLike | None = None):
+        self.directory = expand_path(directory or os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR, "cache folder")
+        _open_folder(self.directory)
+        db = self.directory / DB_NAME
+        why = _damage(db)
+        if why is not None:
+            _set_aside(db, why)
+        try:
+            self._store = diskcache.Cache(str(self.directory), size_limit=SIZE_LIMIT, disk=_RawDisk)
+        except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
+            raise CacheError(f"cache database {db} cannot be opened: {exc}") from None
+
+    def get(self, kind: str, config, on_corrupt: Callable[[str], None] | None = None,
+            data_dir: str | os.PathLike | None = None) -> Result | None:
+        """The stored result for (kind, config), or None. A corrupt entry is reported
+        through `on_corrupt` (default: a ``CacheWarning``), deleted, and read as a miss."""
+        return self._read(config_key(kind, config, data_dir), kind, on_corrupt)
+
+    def put(self, result: Result, config, data_dir: str | os.PathLike | None = None) -> None:
+        """Store `result` under its key; sets its ``config`` and ``provenance`` first."""
+        provenance = provenance_of(config, data_dir)
+        result.config, result.provenance = canonical(config), provenance
+        self._write(_key(result.kind, config, provenance), result)
+
+    def set_raw(self, kind: str, config, blob, data_dir: str | os.PathLike | None = None) -> None:
+        """Store an arbitrary value under a config's key (tests use it to corrupt entries)."""
+        with self._errors():
+            self._store.set(config_key(kind, config, data_dir), blob)
+
+    def __contains__(self, item) -> bool:
+        """``(kind, config)`` or ``(kind, config, data_dir)`` in cache."""
+        with self._errors():
+            return config_key(*item) in self._store
+
+    def clear(self) -> None:
+        with self._errors():
+            self._store.clear()
+
+    def close(self) -> None:
+        self._store.close()
+
+    def _read(self, key: str, kind: str, on_corrupt) -> Result | None:
+        try:
+            with self._errors():
+                blob = self._store.get(key)
+            return None if blob is None else Result.from_bytes(blob)
+        except (_Refused, CacheCorrupt) as exc:
+            message = f"dropped corrupt cache entry {key[:12]} for {kind}: {exc}"
+            (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4)))(message)
+            with self._errors():
+                self._store.delete(key)  # SQL delete; _RawDisk.remove unlinks only own files
+            return None
+
+    def _write(self, key: str, result: Result) -> None:
+        blob = result.to_bytes()
+        with self._errors():
+            self._store.set(key, blob)
+
+    @contextlib.contextmanager
+    def _errors(self):
+        # a database failing after it was opened becomes one CacheError line, not a traceback
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise CacheError(f"cache database {self.directory / DB_NAME} failed: {exc}; "
+                             f"move it aside and retry") from None
+
+
+def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | None,
+               on_corrupt: Callable[[str], None] | None = None,
+               data_dir: str | os.PathLike | None = None) -> Result:
+    """The cached result for (kind, config, data as read from `data_dir`), or compute, store
+    and return it. The result's ``config`` and ``provenance`` say how it was made."""
+    if cache is None:
+        result = compute()
+        result.config, result.provenance = canonical(config), provenance_of(config, data_dir)
+        return result
+    provenance = provenance_of(config, data_dir)
+    key = _key(kind, config, provenance)
+    hit = cache._read(key, kind, on_corrupt)
+    if hit is not None:
+        return hit
+    result = compute()
+    result.config, result.provenance = canonical(config), provenance
+    cache._write(key, result)
+    return result

@@ -1,0 +1,88 @@
+"""This machine's speed now: the factor that turns the reference estimates into seconds here.
+
+Estimates (``engine.runtime.budget``) are in seconds of a reference 2-core machine. A short
+float32 GEMM calibrates the factor on first use (``calibrate``), and every run that finishes
+refreshes it with its measured against its estimated time (``record_run``), per device type.
+``$ENGINE_SPEED_FACTOR`` pins it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from .errors import BadInput
+from .budget import FLOPS
+
+
+SPEED_GEMM_N = 768        # the calibration GEMM: 768³ float32, ~0.9 GFLOP, a few ms to a few tenths of a second
+SPEED_REPEATS = 5         # timed products after one warm-up; their median (a loaded machine's rate, not its best)
+SPEED_MIN, SPEED_MAX = 0.25, 100.0  # factors beyond these are a broken timer, not a machine
+SPEED_MIN_RUN_S = 2.0     # runs shorter than this (estimated and measured) are mostly fixed costs: not recorded
+SPEED_KEEP = 0.5          # weight of the previous factor when a finished run refreshes it (geometric mean)
+SPEED_ENV = "ENGINE_SPEED_FACTOR"  # pins the factor (tests, or a user who knows better)
+_speed: dict[str, float] = {}      # device type -> measured / estimated, from the runs that finished here
+_gemm_factor: list[float] = []     # the latest GEMM calibration (CPU), empty until one has run
+
+
+def _clamp_speed(factor: float) -> float:
+    return float(min(max(factor, SPEED_MIN), SPEED_MAX))
+
+
+def calibrate(n: int = SPEED_GEMM_N, repeats: int = SPEED_REPEATS) -> float:
+    """Time an (n, n) @ (n, n) float32 GEMM on the CPU now and store ``FLOPS / rate`` as the
+    speed factor used until a finished run refreshes it (``record_run``). A fraction of a
+    second; a loaded machine gives a factor above 1. Returns the factor."""
+    import statistics
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up: thread pool and allocator
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    rate = 2.0 * n ** 3 / max(statistics.median(times), 1e-9)
+    factor = _clamp_speed(FLOPS / rate)
+    _gemm_factor[:] = [factor]
+    return factor
+
+
+def record_run(estimated_s: float, measured_s: float, device: str = "cpu") -> float | None:
+    """Refresh the speed factor of ``device`` ("cpu", "cuda") from a run that finished:
+    measured / estimated seconds, averaged geometrically with the previous factor (weight
+    ``SPEED_KEEP``). Runs under ``SPEED_MIN_RUN_S`` both ways are skipped (fixed costs, not
+    speed). Returns the new factor, or None when nothing was recorded."""
+    if not (estimated_s > 0 and measured_s > 0) or max(estimated_s, measured_s) < SPEED_MIN_RUN_S:
+        return None
+    ratio = _clamp_speed(measured_s / estimated_s)
+    prev = _speed.get(device)
+    new = ratio if prev is None else math.exp(SPEED_KEEP * math.log(prev) + (1 - SPEED_KEEP) * math.log(ratio))
+    _speed[device] = _clamp_speed(new)
+    return _speed[device]
+
+
+def speed_factor(device: str = "cpu") -> float:
+    """How many times longer than its estimate (the reference 2-core CPU's seconds) a run takes
+    here now: ``$ENGINE_SPEED_FACTOR`` when set; else the factor refreshed by the runs that
+    finished on this device type (``record_run``); else, on the CPU, a GEMM timing against
+    ``FLOPS`` (``calibrate``, run once on first use); else 1 (a GPU: the CPU estimate is an
+    upper bound). Multiply an ``Estimate``'s seconds by it before deciding what starts by itself."""
+    pinned = os.environ.get(SPEED_ENV)
+    if pinned:
+        try:
+            value = float(pinned)
+        except ValueError:
+            raise BadInput(f"{SPEED_ENV} must be a number > 0, got {pinned!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise BadInput(f"{SPEED_ENV} must be a number > 0, got {pinned!r}")
+        return value
+    kind = str(device).split(":")[0]
+    if kind in _speed:
+        return _speed[kind]
+    if kind != "cpu":
+        return 1.0
+    return _gemm_factor[0] if _gemm_factor else calibrate()
