@@ -42,9 +42,10 @@ def controls_ui() -> dict:
     attacks = c1.multiselect("Attacks", ATTACKS, default=list(QUICK.attacks), key="mall.attacks", **BOUND,
                              format_func=str.upper, help="FGSM: one gradient step; PGD: projected steps; "
                                                          "MIM: PGD with momentum.", wrap=True)
-    norm = c2.radio("Attack norm", configs.choices_of(AttackSpec, "norm"), horizontal=True, key="mall.norm",
+    norms, spaces = configs.choices_of(AttackSpec, "norm"), configs.choices_of(MalleabilityConfig, "space")
+    norm = c2.radio("Attack norm", norms, index=norms.index(QUICK.attack.norm), horizontal=True, key="mall.norm",
                     **BOUND, help=configs.help_of(AttackSpec, "norm"))
-    space = c3.radio("Attack space", configs.choices_of(MalleabilityConfig, "space"), horizontal=True,
+    space = c3.radio("Attack space", spaces, index=spaces.index(QUICK.space), horizontal=True,
                      key="mall.space", **BOUND, help=configs.help_of(MalleabilityConfig, "space"))
     target = c4.radio("Influence on", configs.choices_of(MalleabilityConfig, "target"), horizontal=True,
                       key="mall.target", **BOUND, help=configs.help_of(MalleabilityConfig, "target"))

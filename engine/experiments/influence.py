@@ -74,11 +74,16 @@ class InfluenceConfig:
 # 100 % train, 83 % test against 87 % for ridge with its own K_m; centred MLP-Attn 98 % train,
 # 82 % test against 79 %. ``paper`` stays the literal reading.
 TRAINED = TrainSpec(epochs=500, lr=1e-3, weight_decay=0.0)
+# ``quick``: the same recipe at the dashboard's n = 200 in 200 epochs. Measured on real MNIST
+# (seeds 0-2, m = 1024): 2L-ReLU 100 % train, 73 % test against 81 % for ridge with its own K_m
+# (passes the gate); centred MLP-Attn 96 % train, 69 % against 71 %; linear MLP-Attn 52 % train,
+# 45 % against 70 % (fails it: its flip rates are then shown greyed, as "did not train"). The
+# paper's 20 epochs with decay 1e-3 left every net near chance (8-25 % test).
+QUICK_TRAINED = TrainSpec(epochs=200, lr=1e-3, weight_decay=0.0)
 
 
 PRESETS = {
-    "influence": {"quick": InfluenceConfig(data=DataSpec(n=200, n_test=100), train=TrainSpec(epochs=20),
-                                           seeds=(0,)),
+    "influence": {"quick": InfluenceConfig(data=DataSpec(n=200, n_test=100), train=QUICK_TRAINED, seeds=(0,)),
                   "paper": InfluenceConfig(data=DataSpec(n=1000, n_test=100), train=TrainSpec(epochs=500)),
                   "trained": InfluenceConfig(data=DataSpec(n=500, n_test=100), train=TRAINED,
                                              attention="centered")},
