@@ -12,15 +12,17 @@ import importlib
 from typing import Callable
 
 
-def attach(package: str, exports: dict[str, list[str]]) -> tuple[Callable, Callable, list[str]]:
+def attach(package: str, exports: dict[str, list[str] | str]) -> tuple[Callable, Callable, list[str]]:
     """``__getattr__``, ``__dir__`` and ``__all__`` for ``package`` from {module: [names]}.
 
     ``module`` is relative to ``package`` (``"runtime.cache"``); a name written ``"alias=name"``
-    exports ``name`` of that module as ``alias``. A submodule not in the table is still reached as
+    exports ``name`` of that module as ``alias``; ``"*"`` for a subpackage exports its ``__all__``. A submodule not in the table is still reached as
     an attribute (``engine.maths.ntk``), as after a plain import.
     """
     where = {}
     for module, names in exports.items():
+        if names == "*":  # every public name of a subpackage (itself lazy, so this loads nothing)
+            names = importlib.import_module(f"{package}.{module}").__all__
         for spec in names:
             alias, _, name = spec.partition("=")
             if alias in where:
