@@ -170,3 +170,46 @@ def test_cuda_without_a_gpu_fails_the_same_with_a_cached_result(cache):
     assert run_spectrum(cfg, cache, device="cpu").cached
     with pytest.raises(BadInput, match="no CUDA GPU"):
         run_spectrum(cfg, cache, device="cuda")
+
+
+def _resume_cases():
+    from engine.experiments.dynamics import DynamicsConfig
+
+    syn = DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=16)
+    return [("ntk-sweep", SweepConfig(data=syn, train=TrainSpec(epochs=3), widths=(16, 64), seeds=(0, 1))),
+            ("dynamics", DynamicsConfig(data=syn, train=TrainSpec(epochs=3, optimizer="sgd", lr=1.0, weight_decay=0.0),
+                                        widths=(16, 64), seeds=(0, 1), record_every=1))]
+
+
+@pytest.mark.parametrize("name, cfg", _resume_cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_cancelled_run_resumes_from_its_finished_seeds_and_gives_the_same_result(tmp_path, name, cfg):
+    """Cancel keeps each finished architecture and seed in the cache; Run again trains only the
+    rest, and its result is the one a run that never stopped gives (timings aside)."""
+    import threading
+
+    import pandas as pd
+
+    from engine.experiments.registry import EXPERIMENTS
+    from engine.runtime.cache import CHECKPOINT_PREFIX, Cache
+
+    exp, cache, stop = EXPERIMENTS[name], Cache(tmp_path / "cache"), threading.Event()
+
+    def cancel_at_attn(fraction, stage):
+        if stage.startswith("attn seed 0"):  # 2L-ReLU's two seeds are done by then
+            stop.set()
+
+    with pytest.raises(Cancelled):
+        exp.run(cfg, cache=cache, progress=cancel_at_attn, cancel=stop)
+    kept = sorted(k for k in cache._store.iterkeys() if str(k).startswith(CHECKPOINT_PREFIX))
+    assert [k.rsplit(":", 1)[-1] for k in kept if k.count(":") > 1] == ["relu seed 0", "relu seed 1"]
+
+    stages = []
+    resumed = exp.run(cfg, cache=cache, progress=lambda f, s: stages.append(s))
+    trained = {s.split(": ")[0] for s in stages if ": " in s}  # a unit's own steps report "unit: step"
+    assert trained == {"attn seed 0", "attn seed 1"}           # 2L-ReLU was read back, not trained again
+    assert not any(str(k).startswith(CHECKPOINT_PREFIX) for k in cache._store.iterkeys())  # stored: dropped
+
+    fresh = exp.run(cfg, cache=None)
+    for frame_name, frame in fresh.frames.items():
+        pd.testing.assert_frame_equal(resumed.frames[frame_name].drop(columns=["seconds"], errors="ignore"),
+                                      frame.drop(columns=["seconds"], errors="ignore"), check_exact=True)

@@ -25,7 +25,7 @@ from ..data import DataSpec
 from ..runtime.errors import BadInput
 from ..maths.models import Attention, Net, parse_attention
 from ..maths.kinf import infinite_ntk
-from .runs import Progress, check_finite, experiment_run, prepare, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
 from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
 from ..maths.training import TrainSpec, loss_fn, predict_labels, resolve_loss
@@ -111,6 +111,90 @@ def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
     return Estimate(seconds, int(memory))
 
 
+@dataclass
+class _Pair:
+    """One architecture and seed of the comparison: features, the stacked initial weights W0 and
+    block readout A of every width, the activation patterns at init, and f_0 once recorded."""
+
+    arch: str
+    seed: int
+    phi: torch.Tensor      # (n, d) training features
+    phi_t: torch.Tensor    # (n_test, d)
+    W0: torch.Tensor       # (Σm, d)
+    A: torch.Tensor        # (Σm, widths · n_out)
+    mask0: torch.Tensor    # (n, Σm) bool, φ W0ᵀ > 0
+    mask0_t: torch.Tensor  # (n_test, Σm)
+    F0: torch.Tensor | None = None    # (n, widths · n_out) outputs at epoch 0, float64
+    F0_t: torch.Tensor | None = None
+
+
+def measure_pair(cfg: DynamicsConfig, p: Prepared, pair: _Pair, flow, K_flow, epoch: int, W: torch.Tensor,
+                 W_lin: torch.Tensor) -> list[dict]:
+    """The rows of every width of ``pair`` at one recorded epoch: the net (weights W, stacked)
+    against its linearisation (W_lin) and, with ``flow`` (η', β, steps per epoch), against the
+    K∞ gradient flow ``K_flow``. Columns as ``run_dynamics`` lists them, without ``seconds``."""
+    loss_name, c, n_out, n = resolve_loss(cfg.train, p.c), p.c, p.n_out, p.X.shape[0]
+    with torch.no_grad():
+        H, H_t = pair.phi @ W.T, pair.phi_t @ W.T
+        F, F_t = torch.relu(H) @ pair.A, torch.relu(H_t) @ pair.A
+        F_lin = linearised_head(pair.phi, W_lin, pair.mask0, pair.A)
+        F_lin_t = linearised_head(pair.phi_t, W_lin, pair.mask0_t, pair.A)
+        flips = ((H > 0) != pair.mask0).double().mean(dim=0)  # (Σm,)
+    if epoch == 0:
+        pair.F0, pair.F0_t = F.double(), F_t.double()
+    units = np.cumsum([0, *cfg.widths])
+    rows = []
+    for i, width in enumerate(cfg.widths):
+        cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
+        f_t, fl_t = F_t[:, cols].double(), F_lin_t[:, cols].double()
+        row = {"arch": pair.arch, "attention": cfg.attention if pair.arch == "attn" else None, "width": width,
+               "seed": pair.seed, "epoch": epoch, "step": epoch * math.ceil(n / cfg.train.batch_size),
+               "lin_gap": lin_gap(f_t, fl_t),
+               "pattern_change": float(flips[seg].mean()),
+               "train_loss": float(loss_fn(F[:, cols], p.y, loss_name, c)),
+               "train_loss_lin": float(loss_fn(F_lin[:, cols], p.y, loss_name, c)),
+               "train_acc": float((predict_labels(F[:, cols]) == p.y).double().mean()),
+               "test_acc": float((predict_labels(F_t[:, cols]) == p.yt).double().mean()),
+               "test_acc_lin": float((predict_labels(F_lin_t[:, cols]) == p.yt).double().mean()),
+               "weight_movement": float(torch.linalg.norm(W[seg] - pair.W0[seg]) / torch.linalg.norm(pair.W0[seg])),
+               "k_inf_gap": math.nan}
+        if flow is not None:
+            eta, beta, per_epoch = flow
+            f_k = K_flow.predict(p.Y, pair.F0[:, cols], pair.F0_t[:, cols], eta, beta, float(epoch * per_epoch))
+            k_norm = float(torch.linalg.norm(f_k))
+            row["k_inf_gap"] = float(torch.linalg.norm(f_t - f_k)) / k_norm if k_norm else math.nan
+        rows.append(row)
+    return rows
+
+
+def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed: int, at: tuple[int, int],
+                    progress: Progress | None, cancel) -> dict:
+    """One architecture and seed, every width, trained beside its linearisation: the unit a
+    cancelled comparison resumes from. ``ref`` holds each architecture's ``KernelFlow``."""
+    (j, n_groups), stage = at, f"{arch} seed {seed}"
+    flow = flow_rates(cfg.train, p.X.shape[0], p.n_out)
+    t0 = time.perf_counter()
+    nets = [Net(arch, p.X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                init=cfg.init).to(p.device)
+            for w in cfg.widths]
+    with torch.no_grad():
+        phi, phi_t = nets[0].features(p.X), nets[0].features(p.Xt)
+    if flow is not None and arch not in ref:  # K∞ depends on the features only
+        K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+        check_finite(K, f"the infinite-width kernel of {arch}")
+        ref[arch] = KernelFlow(K, K_t)
+    W0, A, _ = _stack(nets, cfg.train)
+    pair = _Pair(arch, seed, phi, phi_t, W0, A, phi @ W0.T > 0, phi_t @ W0.T > 0)
+    rows = []
+    sub = None if progress is None else (lambda f, s: progress((j + f) / n_groups, f"{stage}: {s}"))
+    train_pair(nets, phi, p.y, p.c, cfg.train, seed, _record_epochs(cfg),
+               lambda epoch, W, W_lin: rows.extend(measure_pair(cfg, p, pair, flow, ref.get(arch), epoch, W, W_lin)),
+               sub, cancel)
+    for r in rows:
+        r["seconds"] = (time.perf_counter() - t0) / len(cfg.widths)
+    return {"rows": rows}
+
+
 @experiment_run("dynamics")
 def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Real against linearised training per (arch, width, seed), measured every few epochs.
@@ -128,68 +212,16 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     flow (η', β, steps per epoch, or None), source, device.
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
-    X, y, Xt, yt, c = p.X, p.y, p.Xt, p.yt, p.c
-    n, n_out = X.shape[0], p.n_out
-    Y = p.Y
-    flow = flow_rates(cfg.train, n, n_out)
+    n, c, Xt = p.X.shape[0], p.c, p.Xt
+    flow = flow_rates(cfg.train, n, p.n_out)
     loss_name = resolve_loss(cfg.train, c)
-    epochs = _record_epochs(cfg)
     rows, ref = [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         stage = f"{arch} seed {seed}"
         tick(progress, cancel, j / len(groups), stage)
-        t0 = time.perf_counter()
-        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
-                    init=cfg.init).to(dev)
-                for w in cfg.widths]
-        with torch.no_grad():
-            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-        if flow is not None and arch not in ref:  # K∞ depends on the features only
-            K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
-            check_finite(K, f"the infinite-width kernel of {arch}")
-            ref[arch] = KernelFlow(K, K_t)
-        W0, A, _ = _stack(nets, cfg.train)
-        mask0, mask0_t = phi @ W0.T > 0, phi_t @ W0.T > 0
-        units = np.cumsum([0, *cfg.widths])
-        state = {}
-
-        def on_record(epoch, W, W_lin, arch=arch, seed=seed):
-            with torch.no_grad():
-                H, H_t = phi @ W.T, phi_t @ W.T
-                F, F_t = torch.relu(H) @ A, torch.relu(H_t) @ A
-                F_lin = linearised_head(phi, W_lin, mask0, A)
-                F_lin_t = linearised_head(phi_t, W_lin, mask0_t, A)
-                flips = ((H > 0) != mask0).double().mean(dim=0)  # (Σm,)
-            if epoch == 0:
-                state["F0"], state["F0_t"] = F.double(), F_t.double()
-            for i, width in enumerate(cfg.widths):
-                cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
-                f_t, fl_t = F_t[:, cols].double(), F_lin_t[:, cols].double()
-                row = {"arch": arch, "attention": cfg.attention if arch == "attn" else None, "width": width,
-                       "seed": seed, "epoch": epoch, "step": epoch * math.ceil(n / cfg.train.batch_size),
-                       "lin_gap": lin_gap(f_t, fl_t),
-                       "pattern_change": float(flips[seg].mean()),
-                       "train_loss": float(loss_fn(F[:, cols], y, loss_name, c)),
-                       "train_loss_lin": float(loss_fn(F_lin[:, cols], y, loss_name, c)),
-                       "train_acc": float((predict_labels(F[:, cols]) == y).double().mean()),
-                       "test_acc": float((predict_labels(F_t[:, cols]) == yt).double().mean()),
-                       "test_acc_lin": float((predict_labels(F_lin_t[:, cols]) == yt).double().mean()),
-                       "weight_movement": float(torch.linalg.norm(W[seg] - W0[seg]) / torch.linalg.norm(W0[seg])),
-                       "k_inf_gap": math.nan}
-                if flow is not None:
-                    eta, beta, per_epoch = flow
-                    f_k = ref[arch].predict(Y, state["F0"][:, cols], state["F0_t"][:, cols], eta, beta,
-                                            float(epoch * per_epoch))
-                    k_norm = float(torch.linalg.norm(f_k))
-                    row["k_inf_gap"] = float(torch.linalg.norm(f_t - f_k)) / k_norm if k_norm else math.nan
-                rows.append(row)
-
-        sub = None if progress is None else (
-            lambda f, s, j=j: progress((j + f) / len(groups), f"{stage}: {s}"))
-        train_pair(nets, phi, y, c, cfg.train, seed, epochs, on_record, sub, cancel)
-        for r in rows[-len(epochs) * len(cfg.widths):]:
-            r["seconds"] = (time.perf_counter() - t0) / len(cfg.widths)
+        rows += resumable(stage, lambda: _dynamics_group(cfg, p, ref, arch, seed, (j, len(groups)), progress,
+                                                         cancel))["rows"]
     tick(progress, cancel, 1.0, "done")
     frame = pd.DataFrame(rows)
     summary = summarize(frame, ["arch", "attention", "width", "epoch"], METRICS)

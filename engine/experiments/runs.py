@@ -2,12 +2,14 @@
 
 A run reports progress as ``progress(fraction, stage)`` and checks ``cancel.is_set()``
 (any object with that method, e.g. ``threading.Event``) between steps through ``tick``;
-``Cancelled`` stops it and nothing is cached. ``prepare`` loads a ``DataSpec``'s draw once
+``Cancelled`` stops it; the units it finished (``resumable``) stay in the cache, and the
+run resumes from them when it is started again. ``prepare`` loads a ``DataSpec``'s draw once
 and moves it to the device once.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -16,6 +18,7 @@ import torch
 
 from ..data import DataSpec, Sample, load_sample
 from ..runtime.device import resolve_device
+from ..runtime.cache import checkpoints
 from ..runtime.errors import BadInput, Cancelled
 from ..maths.training import n_outputs, targets
 
@@ -28,6 +31,22 @@ def tick(progress: Progress | None, cancel, frac: float, stage: str) -> None:
         raise Cancelled(f"cancelled during: {stage}")
     if progress is not None:
         progress(min(max(frac, 0.0), 1.0), stage)
+
+
+def resumable(unit: str, compute: Callable[[], dict]) -> dict:
+    """One independent unit of a run (an architecture and seed, say): computed, or read back
+    from the checkpoint an earlier, cancelled run of the same config left in the cache.
+
+    ``compute()`` returns JSON-able pieces (lists of row dicts). They always pass through JSON,
+    checkpointed or not, so a resumed run's result is bit for bit that of one that never
+    stopped. A unit must not depend on the units before it (its own seed, its own nets)."""
+    kept = checkpoints()
+    value = kept.get(unit) if kept is not None else None
+    if value is None:
+        value = json.loads(json.dumps(compute()))
+        if kept is not None:
+            kept.put(unit, value)
+    return value
 
 
 def sub_progress(progress: Progress | None, lo: float, hi: float, prefix: str) -> Progress | None:

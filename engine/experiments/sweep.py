@@ -24,7 +24,7 @@ from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 from ..reporting.gates import passes_gate
-from .runs import Progress, check_finite, experiment_run, prepare, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
 from ..runtime.settings import normalised, validate
 from ..reporting.tables import summarize
 from ..maths.training import TrainSpec, accuracy, n_outputs, predict_labels, train_many
@@ -97,6 +97,79 @@ def estimate_sweep(cfg: SweepConfig) -> Estimate:
     return Estimate(seconds, int(memory))
 
 
+def kernel_metrics(net: Net, p: Prepared, K_inf: torch.Tensor, K_inf_t: torch.Tensor, ridge: float,
+                   suffix: str) -> dict:
+    """A net's empirical NTK against K∞ on the prepared draw: ``kernel_dist``, the whitened
+    distance, the prediction gap and the test accuracy of ridge regression with K_m, each
+    named with ``suffix`` (``init``, ``trained``). K_m is not kept: metrics only."""
+    K = empirical_ntk(net, p.X)
+    check_finite(K, f"the empirical kernel of {net.arch} at width {net.mlp.width}")
+    K_t = empirical_ntk(net, p.Xt, p.X)
+    f_m = kernel_regression(K, K_t, p.Y, ridge)
+    return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
+            f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, ridge),
+            f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, p.Y, ridge),
+            f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == p.yt).double().mean())}
+
+
+def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int, at: tuple[int, int],
+                 progress: Progress | None, cancel) -> dict:
+    """One architecture and seed of a width sweep, every width: the unit a cancelled sweep resumes
+    from. ``ref`` holds each architecture's K∞, K∞(test, train) and f_NTK once computed; ``at`` is
+    (this group's index, the number of groups) for progress. Returns lists of row dicts."""
+    X, y, Xt, yt, c, Y = p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    (j, n_groups), stage = at, f"{arch} seed {seed}"
+    rows, losses, trajectory = [], [], []
+    t0 = time.perf_counter()
+    nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
+                init=cfg.init).to(p.device)
+            for w in cfg.widths]
+    if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
+        with torch.no_grad():
+            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+            K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+            f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
+        check_finite(K_inf, f"the infinite-width kernel of {arch}")
+        ref[arch] = K_inf, K_inf_t, f_ntk
+    K_inf, K_inf_t, f_ntk = ref[arch]
+
+    init = [kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge, "init") for net in nets]  # metrics only: no K held across widths
+    sub = None if progress is None else (
+        lambda f, s, j=j: progress((j + 0.8 * f) / n_groups, f"{stage}: training all widths, {s}"))
+    results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
+    tick(progress, cancel, (j + 0.8) / n_groups, f"{stage}: kernels after training")
+    seconds = (time.perf_counter() - t0) / len(cfg.widths)
+    for width, net, m0, tr in zip(cfg.widths, nets, init, results):
+        tick(progress, cancel, (j + 0.9) / n_groups, f"{stage}: kernels at width {width}")
+        mt = kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge, "trained")
+        with torch.no_grad():
+            f_test = net(Xt).double()
+        fdist = float(torch.linalg.norm(f_test - f_ntk))
+        f_ntk_norm = float(torch.linalg.norm(f_ntk))
+        W = net.mlp.W.detach()
+        test_acc = accuracy(net, Xt, yt)
+        rows.append({
+            "arch": arch, "attention": cfg.attention if arch == "attn" else None,
+            "width": width, "seed": seed, **m0, **mt,
+            "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
+            "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
+            "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
+            "test_acc": test_acc, "train_acc": accuracy(net, X, y),
+            "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
+            "test_acc_kernel": mt["test_acc_kernel_trained"],
+            "trained": float(passes_gate(test_acc, mt["test_acc_kernel_trained"])) if cfg.train.epochs else math.nan,
+            "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
+            "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
+        })
+        losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
+                   for e, v in enumerate(tr.losses)]
+        if net.fixed_features:  # snapshots hold W only; trainable attention moves too
+            trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
+                            "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
+                           for e, W_e in sorted(tr.snapshots.items())]
+    return {"rows": rows, "losses": losses, "trajectory": trajectory}
+
+
 @experiment_run("ntk-sweep")
 def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Kernel and function distances to the infinite-width NTK across widths, per seed.
@@ -119,69 +192,16 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
     distance at each of ``cfg.train.snapshot_epochs`` (arch, width, seed, epoch, kernel_dist).
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
-    sample, X, y, Xt, yt, c, Y = p.sample, p.X, p.y, p.Xt, p.yt, p.c, p.Y
+    sample, Xt, c = p.sample, p.Xt, p.c
     rows, losses, trajectory, ref = [], [], [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         stage = f"{arch} seed {seed}"
         tick(progress, cancel, j / len(groups), stage)
-        t0 = time.perf_counter()
-        nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
-                    init=cfg.init).to(dev)
-                for w in cfg.widths]
-        if arch not in ref:  # features, hence K∞ and f_NTK, do not depend on the seed
-            with torch.no_grad():
-                phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-                K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
-                f_ntk = kernel_regression(K_inf, K_inf_t, Y, cfg.ridge)
-            check_finite(K_inf, f"the infinite-width kernel of {arch}")
-            ref[arch] = K_inf, K_inf_t, f_ntk
-        K_inf, K_inf_t, f_ntk = ref[arch]
-
-        def kernel_metrics(net, suffix):
-            K = empirical_ntk(net, X)
-            check_finite(K, f"the empirical kernel of {arch} at width {net.mlp.width}")
-            K_t = empirical_ntk(net, Xt, X)
-            f_m = kernel_regression(K, K_t, Y, cfg.ridge)
-            return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
-                    f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, cfg.ridge),
-                    f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, Y, cfg.ridge),
-                    f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == yt).double().mean())}
-
-        init = [kernel_metrics(net, "init") for net in nets]  # metrics only: no K held across widths
-        sub = None if progress is None else (
-            lambda f, s, j=j: progress((j + 0.8 * f) / len(groups), f"{stage}: training all widths, {s}"))
-        results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
-        tick(progress, cancel, (j + 0.8) / len(groups), f"{stage}: kernels after training")
-        seconds = (time.perf_counter() - t0) / len(cfg.widths)
-        for width, net, m0, tr in zip(cfg.widths, nets, init, results):
-            tick(progress, cancel, (j + 0.9) / len(groups), f"{stage}: kernels at width {width}")
-            mt = kernel_metrics(net, "trained")
-            with torch.no_grad():
-                f_test = net(Xt).double()
-            fdist = float(torch.linalg.norm(f_test - f_ntk))
-            f_ntk_norm = float(torch.linalg.norm(f_ntk))
-            W = net.mlp.W.detach()
-            test_acc = accuracy(net, Xt, yt)
-            rows.append({
-                "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                "width": width, "seed": seed, **m0, **mt,
-                "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
-                "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
-                "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
-                "test_acc": test_acc, "train_acc": accuracy(net, X, y),
-                "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
-                "test_acc_kernel": mt["test_acc_kernel_trained"],
-                "trained": float(passes_gate(test_acc, mt["test_acc_kernel_trained"])) if cfg.train.epochs else math.nan,
-                "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
-                "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
-            })
-            losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
-                       for e, v in enumerate(tr.losses)]
-            if net.fixed_features:  # snapshots hold W only; trainable attention moves too
-                trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
-                                "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
-                               for e, W_e in sorted(tr.snapshots.items())]
+        part = resumable(stage, lambda: _sweep_group(cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel))
+        rows += part["rows"]
+        losses += part["losses"]
+        trajectory += part["trajectory"]
     tick(progress, cancel, 1.0, "done")
     meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
             "source": sample.source, "device": str(dev)}

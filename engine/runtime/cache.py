@@ -15,11 +15,17 @@ A cache folder never executes code and never touches files outside itself: entri
 read only as raw bytes (a pickled row, or one naming a file outside the folder, is reported
 and dropped), a damaged ``cache.db`` is moved aside, and a folder that others may write is
 refused. A new folder is created with mode 0700; an existing one is never chmod-ed.
+
+While a run computes, its finished units (an architecture and seed of a width sweep, say)
+are kept as checkpoints under the run's key (``Checkpoints``, reached from inside the run
+through ``checkpoints()``): a run cancelled or failed half way resumes from them when it is
+started again, and they are deleted once the whole result is stored.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -294,6 +300,55 @@ class Cache:
                              f"move it aside and retry") from None
 
 
+CHECKPOINT_PREFIX = "checkpoint:"  # checkpoint rows' keys: prefix, the run's key, ":", the unit
+_current: contextvars.ContextVar[Checkpoints | None] = contextvars.ContextVar("checkpoints", default=None)
+
+
+class Checkpoints:
+    """The finished units of one run, kept in its cache as JSON until the whole result is stored.
+
+    ``get(unit)`` is what ``put(unit, value)`` stored for that unit by this or an earlier,
+    interrupted run of the same key (same config, data and code), else None; values are
+    JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
+
+    def __init__(self, cache: Cache, key: str):
+        self.cache, self.key = cache, key
+
+    def _unit_key(self, unit: str) -> str:
+        return f"{CHECKPOINT_PREFIX}{self.key}:{unit}"
+
+    def _units(self) -> list[str]:
+        with self.cache._errors():
+            blob = self.cache._store.get(f"{CHECKPOINT_PREFIX}{self.key}")
+        return [] if blob is None else json.loads(bytes(blob))
+
+    def get(self, unit: str):
+        with self.cache._errors():
+            blob = self.cache._store.get(self._unit_key(unit))
+        try:
+            return None if blob is None else json.loads(bytes(blob))
+        except (ValueError, TypeError):  # a damaged checkpoint is recomputed, never trusted
+            return None
+
+    def put(self, unit: str, value) -> None:
+        units = self._units()
+        with self.cache._errors():
+            self.cache._store.set(self._unit_key(unit), json.dumps(value).encode())
+            if unit not in units:
+                self.cache._store.set(f"{CHECKPOINT_PREFIX}{self.key}", json.dumps(units + [unit]).encode())
+
+    def clear(self) -> None:
+        with self.cache._errors():
+            for unit in self._units():
+                self.cache._store.delete(self._unit_key(unit))
+            self.cache._store.delete(f"{CHECKPOINT_PREFIX}{self.key}")
+
+
+def checkpoints() -> Checkpoints | None:
+    """The checkpoints of the cached run computing in this thread (None without a cache)."""
+    return _current.get()
+
+
 def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | None,
                on_corrupt: Callable[[str], None] | None = None,
                data_dir: str | os.PathLike | None = None) -> Result:
@@ -308,7 +363,13 @@ def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | 
     hit = cache._read(key, kind, on_corrupt)
     if hit is not None:
         return hit
-    result = compute()
+    kept = Checkpoints(cache, key)
+    token = _current.set(kept)
+    try:
+        result = compute()
+    finally:
+        _current.reset(token)
     result.config, result.provenance = canonical(config), provenance
     cache._write(key, result)
+    kept.clear()
     return result
