@@ -9,6 +9,7 @@ from pathlib import Path
 import streamlit as st
 
 from engine.grid import driver as G
+from engine.grid import spec as S
 from engine.runtime.budget import duration
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import JobState
@@ -30,7 +31,7 @@ def tracker(sha: str) -> G.Tracker:
 def spec_ui(files: list[Path]) -> tuple[Path, int]:
     c1, c2 = st.columns([3, 1])
     name = c1.selectbox("Grid spec", [f.name for f in files], key="grid.spec", **BOUND,
-                        help=f"The TOML specs in `{G.grids_dir()}`.")
+                        help=f"The TOML specs in `{S.grids_dir()}`.")
     workers = c2.number_input("Local worker processes", 1, max(1, os.cpu_count() or 1), max(1, os.cpu_count() or 1),
                               key="grid.workers", **BOUND,
                               help="Cells run side by side, one process each, one torch thread each.")
@@ -70,9 +71,9 @@ st.markdown(
     "axes, such as data set × optimiser, each cell one run of an existing experiment. Every finished "
     "cell lands in the engine's cache, so the other pages and the command line read it, and a grid "
     "stopped half-way resumes where it stopped.")
-files = G.spec_files()
+files = S.spec_files()
 if not files:
-    st.info(f"No grid specs (`*.toml`) in `{G.grids_dir()}`.")
+    st.info(f"No grid specs (`*.toml`) in `{S.grids_dir()}`.")
     st.stop()
 path, workers = spec_ui(files)
 try:

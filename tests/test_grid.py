@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.grid import driver as G
+from engine.grid import spec as S
 from engine.grid.loopback import free_port, session_pids
 from engine.cli import main
 from engine.experiments.registry import EXPERIMENTS
@@ -77,7 +78,7 @@ axes.seeds = [0, [1, 2]]
 "data.dataset" = "fashion-mnist"
 seeds = [[1, 2]]
 """)
-    grid = G.parse_spec(doc)
+    grid = S.parse_spec(doc)
     got = [(c.config.data.dataset, c.config.train.optimizer, c.config.seeds) for c in grid.cells]
     want = [(d, o, s) for d in ("synthetic", "mnist", "fashion-mnist") for o in ("adam", "sgd")
             for s in ((0,), (1, 2))
@@ -103,7 +104,7 @@ axes.attention = ["linear"]
 kind = "scaling"
 preset = "quick"
 """)
-    grid = G.parse_spec(doc)
+    grid = S.parse_spec(doc)
     assert [(c.kind, c.settings) for c in grid.cells] == [
         ("spectrum", "attention=linear"), ("spectrum", "attention=stacked:2"), ("scaling", "(base)")]
 

@@ -24,7 +24,7 @@ from .runs import Progress, experiment_run, prepare, tick
 from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
 from ..maths.training import TrainSpec, per_model_loss, resolve_loss
-from ..maths.flow import _stack, _steps
+from ..maths.flow import batch_steps, stack_heads
 from .dynamics import _attention_setting
 
 
@@ -108,7 +108,7 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
                 for w in cfg.widths]
         with torch.no_grad():
             phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-        W0, A, weights = _stack(nets, spec)
+        W0, A, weights = stack_heads(nets, spec)
         k, n_out = len(nets), p.n_out
         W = torch.nn.Parameter(W0.clone())
         with torch.no_grad():
@@ -120,7 +120,7 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
             per = per_model_loss(out, y[idx], loss_name, c)
             return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
 
-        for _, step, _ in _steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
+        for _, step, _ in batch_steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
             with torch.no_grad():
                 dH = phi_t @ (W - W0).T
                 F_t = torch.relu(phi_t @ W.T) @ A

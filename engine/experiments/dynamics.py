@@ -29,7 +29,7 @@ from .runs import Prepared, Progress, check_finite, experiment_run, prepare, res
 from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
 from ..maths.training import TrainSpec, loss_fn, predict_labels, resolve_loss
-from ..maths.flow import KernelFlow, _stack, flow_rates, lin_gap, linearised_head, train_pair
+from ..maths.flow import KernelFlow, flow_rates, lin_gap, linearised_head, stack_heads, train_pair
 
 METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "train_acc", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
@@ -183,7 +183,7 @@ def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed
         K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
         check_finite(K, f"the infinite-width kernel of {arch}")
         ref[arch] = KernelFlow(K, K_t)
-    W0, A, _ = _stack(nets, cfg.train)
+    W0, A, _ = stack_heads(nets, cfg.train)
     pair = _Pair(arch, seed, phi, phi_t, W0, A, phi @ W0.T > 0, phi_t @ W0.T > 0)
     rows = []
     sub = None if progress is None else (lambda f, s: progress((j + f) / n_groups, f"{stage}: {s}"))

@@ -23,7 +23,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -38,7 +37,6 @@ from ..runtime.errors import BadInput, DataMissing, EngineError
 from .backends import BACKENDS, CONNECT_TIMEOUT_S, Backend, _Job
 from .backends import connect_timeout as check_timeout
 from .spec import Cell, Grid, load_spec
-from .spec import grids_dir, parse_spec, spec_files  # noqa: F401  (re-exported: callers use engine.grid.driver)
 
 VOLATILE = ("seconds",)                   # frame columns holding wall times: differ between any two runs
 STATES = ("cached", "running", "failed", "to do")  # what the dashboard shows per cell

@@ -65,7 +65,7 @@ def linearised_head(phi: torch.Tensor, W: torch.Tensor, mask0: torch.Tensor, rea
     return (phi @ W.T).masked_fill(~mask0, 0.0) @ readout
 
 
-def _steps(params, loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec: TrainSpec, seed: int,
+def batch_steps(params, loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec: TrainSpec, seed: int,
            device, cancel) -> Iterator[tuple[int, int, bool]]:
     """Mini-batch steps in engine.maths.training's order for ``seed``; yields (epoch, step, end of epoch)
     after each step. ``loss_of(idx)`` returns the scalar to minimise on the rows idx."""
@@ -86,7 +86,7 @@ def _steps(params, loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec
             yield epoch, step, start + spec.batch_size >= n
 
 
-def _stack(nets, spec: TrainSpec):
+def stack_heads(nets, spec: TrainSpec):
     """Stacked weights (Σm, d), block-diagonal readout (Σm, k·n_out) and the loss weights."""
     for net in nets:  # as engine.maths.training does: the spec decides the head's parametrisation
         net.mlp.param = spec.param
@@ -109,7 +109,7 @@ def train_pair(nets, phi: torch.Tensor, y: torch.Tensor, n_classes: int, spec: T
     if not all(net.fixed_features for net in nets):
         raise BadInput("the linearised comparison needs fixed features (not qkv attention)")
     loss_name = resolve_loss(spec, n_classes)
-    W0, A, weights = _stack(nets, spec)
+    W0, A, weights = stack_heads(nets, spec)
     k, n_out = len(nets), nets[0].mlp.a.shape[1]
     mask0 = phi @ W0.T > 0
     W, W_lin = torch.nn.Parameter(W0.clone()), torch.nn.Parameter(W0.clone())
@@ -127,7 +127,7 @@ def train_pair(nets, phi: torch.Tensor, y: torch.Tensor, n_classes: int, spec: T
         on_record(0, W.detach(), W_lin.detach())
     if spec.epochs == 0:
         return W.detach(), W_lin.detach(), W0
-    for epoch, _, end in _steps([W, W_lin], loss_of, phi.shape[0], spec, seed, phi.device, cancel):
+    for epoch, _, end in batch_steps([W, W_lin], loss_of, phi.shape[0], spec, seed, phi.device, cancel):
         if not end:
             continue
         if not (bool(torch.isfinite(W).all()) and bool(torch.isfinite(W_lin).all())):
