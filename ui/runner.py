@@ -6,8 +6,10 @@ longer ones keep a progress bar with stage text, ETA and a Cancel button in a fr
 polls the job every ``POLL_S`` seconds and reruns the page when it is done. Jobs live in the
 server's ``JobManager``, so they survive widget changes, page switches and closed tabs, and
 two tabs asking for the same config share one job. After a failure or a cancel, one click on
-"Try again" / "Run again", in any tab, starts a fresh run (the buttons submit in their
-``on_click`` callback, so the click counts even if the page draws differently next time).
+"Try again" / "Run again", in any tab, starts the run again (the buttons submit in their
+``on_click`` callback, so the click counts even if the page draws differently next time); runs
+built of independent units (a sweep's architectures and seeds) resume from the units they had
+finished (``engine.experiments.runs.resumable``).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def _progress(key: str) -> None:
     st.progress(job.frac, text=_status(job))
     if job.cancelling:
         return  # no second Cancel; the bar says "cancelling…" until the run stops
-    if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run; nothing is cached"):
+    if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run. A width sweep or a kernel-regime "
+                 "comparison keeps the architectures and seeds it finished; Run again resumes from them"):
         manager.cancel(key)
         job.wait(CANCEL_WAIT_S)  # a run that checks its flag between steps stops well within this
         st.rerun(scope="app")
