@@ -185,6 +185,7 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
 
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)
     monkeypatch.setattr(speed, "_speed", {})
+    monkeypatch.setattr(speed, "_gemm_factor", [])      # no calibration to average with
     cfg = EXPERIMENTS["spectrum"].probe()
     reference = EXPERIMENTS["spectrum"].estimate(cfg).seconds
     monkeypatch.setattr(speed, "SPEED_MIN_RUN_S", 0.0)
@@ -206,6 +207,22 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
     assert speed.speed_factor("cpu") == factor          # a cache read says nothing of speed
     m.shutdown()
+
+
+def test_the_speed_factor_ignores_fixed_costs_and_starts_from_the_calibration(monkeypatch):
+    """A run estimated at tenths of a second that took seconds (a server's first data load
+    imports torchvision) says nothing of speed; a long run moves the calibrated factor halfway
+    (geometrically), not all the way."""
+    from engine.runtime import speed
+
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(speed, "_speed", {})
+    monkeypatch.setattr(speed, "_gemm_factor", [1.0])   # what the GEMM timing said
+    assert speed.record_run(0.2, 4.0) is None and speed.speed_factor("cpu") == 1.0
+    assert speed.record_run(10.0, 1.0) is None          # measured under the minimum: fixed costs too
+    assert speed.record_run(10.0, 40.0) == pytest.approx(4.0 ** (1 - speed.SPEED_KEEP))
+    assert speed.speed_factor("cpu") == pytest.approx(2.0)
+    assert speed.record_run(10.0, 40.0, "cuda") == pytest.approx(4.0)  # no GPU calibration: the run alone
 
 
 def test_frequent_reports_keep_a_short_history():

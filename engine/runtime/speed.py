@@ -18,7 +18,7 @@ from .budget import FLOPS
 SPEED_GEMM_N = 768        # the calibration GEMM: 768³ float32, ~0.9 GFLOP, a few ms to a few tenths of a second
 SPEED_REPEATS = 5         # timed products after one warm-up; their median (a loaded machine's rate, not its best)
 SPEED_MIN, SPEED_MAX = 0.25, 100.0  # factors beyond these are a broken timer, not a machine
-SPEED_MIN_RUN_S = 2.0     # runs shorter than this (estimated and measured) are mostly fixed costs: not recorded
+SPEED_MIN_RUN_S = 2.0     # runs shorter than this (estimated or measured) are mostly fixed costs: not recorded
 SPEED_KEEP = 0.5          # weight of the previous factor when a finished run refreshes it (geometric mean)
 SPEED_ENV = "ENGINE_SPEED_FACTOR"  # pins the factor (tests, or a user who knows better)
 _speed: dict[str, float] = {}      # device type -> measured / estimated, from the runs that finished here
@@ -54,12 +54,15 @@ def calibrate(n: int = SPEED_GEMM_N, repeats: int = SPEED_REPEATS) -> float:
 def record_run(estimated_s: float, measured_s: float, device: str = "cpu") -> float | None:
     """Refresh the speed factor of ``device`` ("cpu", "cuda") from a run that finished:
     measured / estimated seconds, averaged geometrically with the previous factor (weight
-    ``SPEED_KEEP``). Runs under ``SPEED_MIN_RUN_S`` both ways are skipped (fixed costs, not
-    speed). Returns the new factor, or None when nothing was recorded."""
-    if not (estimated_s > 0 and measured_s > 0) or max(estimated_s, measured_s) < SPEED_MIN_RUN_S:
+    ``SPEED_KEEP``; before the first run, the CPU's GEMM calibration where it has run). Runs
+    estimated or measured under ``SPEED_MIN_RUN_S`` are skipped: their time is fixed costs, not
+    speed (a server's first run imports torchvision, seconds, beside an estimate of tenths of a
+    second, and alone would multiply every later estimate by 20). Returns the new factor, or
+    None when nothing was recorded."""
+    if not (estimated_s > 0 and measured_s > 0) or min(estimated_s, measured_s) < SPEED_MIN_RUN_S:
         return None
     ratio = _clamp_speed(measured_s / estimated_s)
-    prev = _speed.get(device)
+    prev = _speed.get(device, _gemm_factor[0] if device == "cpu" and _gemm_factor else None)
     new = ratio if prev is None else math.exp(SPEED_KEEP * math.log(prev) + (1 - SPEED_KEEP) * math.log(ratio))
     _speed[device] = _clamp_speed(new)
     return _speed[device]
