@@ -134,7 +134,8 @@ def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
     A server decides once per process whether to run `pages/` as a v1 multipage app, and
     st.navigation turns that off on the first run (ui.common.ensure_entry covers that run).
     AppTest re-decides before every run; start each run in the server's steady state, or
-    every run would begin with ensure_entry's rerun, which drops button clicks."""
+    every run would begin with ensure_entry's rerun, which drops button clicks. Each test also
+    gets a job manager of its own."""
     from streamlit.runtime.pages_manager import PagesManager
 
     init = PagesManager.__init__
@@ -144,6 +145,12 @@ def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
         PagesManager.uses_pages_directory = False
 
     monkeypatch.setattr(PagesManager, "__init__", steady_init)
+    # a fresh server's job manager: the one st.cache_resource keeps would carry the finished
+    # jobs (and results) of the tests before this one
+    from ui.common import get_manager
+
+    get_manager().shutdown(cancel=True, wait=True)
+    get_manager.clear()
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(cache_dir))
     monkeypatch.setenv("ENGINE_DATA_DIR", str(data_dir))
     # what starts by itself must not depend on how loaded the machine running the tests is

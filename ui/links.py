@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from engine.data import DataSpec
 from engine.experiments.sweep import SweepConfig
 from engine.experiments.malleability import MalleabilityConfig
+from engine.experiments.registry import preset
 from engine.reporting.protocols import KERNEL_METRICS, Variant
 from ui.common import ARCH_LABELS
 
@@ -84,7 +85,7 @@ def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
                    "ntk.seeds": str(len(cfg.seeds)), "ntk.ridge": str(cfg.ridge),
                    "ntk.optimizer": cfg.train.optimizer,
                    "ntk.metric": NTK_METRIC_LABELS[KERNEL_METRICS[metric][1]]})
-    q = SweepConfig().train  # the NTK page has no learning-rate or decay control: it uses the quick preset's
+    q = preset("ntk-sweep").train  # the NTK page has no learning-rate or decay control: it uses the quick preset's
     if (cfg.train.lr, cfg.train.weight_decay) != (q.lr, q.weight_decay):
         unlinked["train"] = f"lr {cfg.train.lr:g}, weight decay {cfg.train.weight_decay:g}"
     return params, unlinked
