@@ -40,13 +40,13 @@ def test_torch_func_recipe_agrees_with_the_closed_form_in_float64():
 def test_interleaved_alternates_and_stops_at_its_deadline():
     calls = []
     fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
-    t = timing._interleaved(fns, 3, _sync, calls={"b": 2})
+    t = timing.interleave(fns, 3, _sync, calls={"b": 2})
     assert calls == ["a", "b"] + ["a", "b", "b"] * 3  # warm-ups, then rounds; b twice per round
     assert t["repeats"] == 3 and set(t) == {"a", "b", "repeats"}
     for name in "ab":
         assert t[name]["seconds"] >= 0 and t[name]["cpu_seconds"] >= 0
     calls.clear()
-    assert timing._interleaved(fns, 5, _sync, deadline=0.0)["repeats"] == 1  # past it: one round kept
+    assert timing.interleave(fns, 5, _sync, deadline=0.0)["repeats"] == 1  # past it: one round kept
     assert calls == ["a", "b", "a", "b"]
 
 

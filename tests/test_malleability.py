@@ -20,7 +20,7 @@ from engine.data import DataSpec
 from engine.runtime.errors import BadInput
 from engine.maths.influence import net_influence
 from engine.experiments.malleability import ROW_METRICS, MalleabilityConfig, example_key, run_malleability
-from engine.experiments.influence import InfluenceConfig, _fit, _in_space, run_influence
+from engine.experiments.influence import InfluenceConfig, fit_net, in_space, run_influence
 from engine.maths.models import Net
 from engine.experiments.runs import prepare
 from engine.maths.training import TrainSpec, accuracy, n_outputs, targets, train
@@ -73,10 +73,10 @@ def test_flip_rates_equal_the_numpy_reference_end_to_end(norm, space):
     y, yt = p.y.numpy(), p.yt.numpy()
     Y = np.eye(p.c)[y]
     k = round(cfg.tau * len(X))
-    X32, _, box = _in_space(cfg, p)
+    X32, _, box = in_space(cfg, p)
     for arch in cfg.archs:
         # the only engine inputs: the trained weights (the run's own training, deterministic on CPU)
-        net = _fit(cfg, arch, X32, p.y, p.c, p.device, 0, box)
+        net = fit_net(cfg, arch, X32, p.y, p.c, p.device, 0, box)
         W, a = net.mlp.W.detach().double().numpy(), net.mlp.a.double().numpy()
         I0 = _influences(X, Xt, W, Y, yt, arch, cfg.ridge)
         agg0 = I0.mean(axis=0)

@@ -16,7 +16,7 @@ import torch
 from ..maths.models import Net, TwoLayerReLU, normalize_rows
 from ..maths.ntk import empirical_ntk_features
 from ..maths.training import TrainSpec, train, train_many
-from .timing import ROOT, _gemm, _interleaved, _rates
+from .timing import ROOT, gemm_case, interleave, paired_rates
 
 
 def torch_func_ntk(head: TwoLayerReLU, phi1: torch.Tensor, phi2: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,7 @@ def torch_func_ntk(head: TwoLayerReLU, phi1: torch.Tensor, phi2: torch.Tensor) -
     return K.diagonal(dim1=2, dim2=3).mean(dim=2)  # average of the per-output kernels
 
 
-def _entk_case(n: int, m: int, d: int, device: torch.device):
+def entk_case(n: int, m: int, d: int, device: torch.device):
     g = torch.Generator().manual_seed(0)
     phi = normalize_rows(torch.rand(n, d, generator=g)).to(device)
     return phi, TwoLayerReLU(d, m, 1, seed=0).to(device)
@@ -49,11 +49,11 @@ def entk_flops(n: int, m: int, d: int) -> float:
 def bench_entk(n: int, m: int, d: int, device: torch.device, sync, gemm_size: int = 1536, repeat: int = 7,
                deadline: float = math.inf) -> dict:
     """The closed-form empirical NTK (n rows, width m, d features) and the fp32 GEMM, alternately."""
-    phi, head = _entk_case(n, m, d, device)
-    gemm, gemm_flops = _gemm(gemm_size, device)
-    t = _interleaved({"entk": lambda: empirical_ntk_features(head, phi), "gemm": gemm}, repeat, sync, deadline)
+    phi, head = entk_case(n, m, d, device)
+    gemm, gemm_flops = gemm_case(gemm_size, device)
+    t = interleave({"entk": lambda: empirical_ntk_features(head, phi), "gemm": gemm}, repeat, sync, deadline)
     flops = entk_flops(n, m, d)
-    wall, cpu = _rates(t["entk"], t["gemm"], flops, gemm_flops)
+    wall, cpu = paired_rates(t["entk"], t["gemm"], flops, gemm_flops)
     return {"entk_seconds": t["entk"]["seconds"], "entk_cpu_seconds": t["entk"]["cpu_seconds"],
             "gemm_seconds": t["gemm"]["seconds"], "gemm_gflops": gemm_flops / t["gemm"]["seconds"] / 1e9,
             "gemm_size": gemm_size, "entk_gflops": flops / t["entk"]["seconds"] / 1e9,
@@ -64,10 +64,10 @@ def bench_entk(n: int, m: int, d: int, device: torch.device, sync, gemm_size: in
 def bench_torch_func(n: int, m: int, d: int, device: torch.device, sync, repeat: int = 2,
                      deadline: float = math.inf) -> dict:
     """The closed form against the torch.func recipe, alternately; the kernels must agree."""
-    phi, head = _entk_case(n, m, d, device)
+    phi, head = entk_case(n, m, d, device)
     K = empirical_ntk_features(head, phi)
     K_ref = torch_func_ntk(head, phi, phi).double()
-    t = _interleaved({"entk": lambda: empirical_ntk_features(head, phi),
+    t = interleave({"entk": lambda: empirical_ntk_features(head, phi),
                       "recipe": lambda: torch_func_ntk(head, phi, phi)}, repeat, sync, deadline)
     return {"torch_func_seconds": t["recipe"]["seconds"], "torch_func_cpu_seconds": t["recipe"]["cpu_seconds"],
             "entk_speedup_vs_torch_func": t["recipe"]["seconds"] / t["entk"]["seconds"],
@@ -84,18 +84,18 @@ def bench_training(n: int, widths, epochs: int, device: torch.device, sync, gemm
     X = torch.rand(n, d, generator=g).to(device)
     y = torch.randint(0, c, (n,), generator=g).to(device)
     spec = TrainSpec(epochs=epochs)
-    gemm, gemm_flops = _gemm(gemm_size, device)
+    gemm, gemm_flops = gemm_case(gemm_size, device)
 
     def nets():
         return [Net("relu", X, w, c, seed=0).to(device) for w in widths]
 
-    t = _interleaved({"batched": lambda: train_many(nets(), X, y, c, spec),
+    t = interleave({"batched": lambda: train_many(nets(), X, y, c, spec),
                       "loop": lambda: [train(net, X, y, c, spec) for net in nets()],
                       "gemm": gemm}, repeat, sync, deadline, calls={"gemm": 5})
     M = sum(widths)
     # Per sample and step: Φ Wᵀ and the weight gradient (2·d·M each), readout and its gradient.
     flops = epochs * n * 2 * (2 * d * M + 2 * M * len(widths) * c)
-    wall, cpu = _rates(t["batched"], t["gemm"], flops, gemm_flops)
+    wall, cpu = paired_rates(t["batched"], t["gemm"], flops, gemm_flops)
     return {"train_seconds": t["batched"]["seconds"], "train_cpu_seconds": t["batched"]["cpu_seconds"],
             "train_loop_seconds": t["loop"]["seconds"], "train_loop_cpu_seconds": t["loop"]["cpu_seconds"],
             "sweep_batched_speedup_vs_loop": t["loop"]["seconds"] / t["batched"]["seconds"],
@@ -106,7 +106,7 @@ def bench_training(n: int, widths, epochs: int, device: torch.device, sync, gemm
             "train_size": {"n": n, "widths": list(widths), "epochs": epochs, "batch": spec.batch_size}}
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
     """The last line that names an exception (tracebacks end with notes too), else the last line."""
     lines = [s.strip() for s in text.strip().splitlines() if s.strip()]
     named = [s for s in lines if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", s)]
@@ -125,8 +125,8 @@ def bench_page(timeout: float = 300, script: Path | None = None) -> dict:
         return {"page_render": None, "page_render_error": f"timed out after {timeout:.0f} s ({script.name})"}
     if p.returncode != 0:
         return {"page_render": None,
-                "page_render_error": f"exit {p.returncode}: {_last_line(p.stderr) or _last_line(p.stdout)}"}
+                "page_render_error": f"exit {p.returncode}: {last_line(p.stderr) or last_line(p.stdout)}"}
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        return {"page_render": None, "page_render_error": f"no JSON line in its output: {_last_line(p.stdout)!r}"}
+        return {"page_render": None, "page_render_error": f"no JSON line in its output: {last_line(p.stdout)!r}"}

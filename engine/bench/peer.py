@@ -20,8 +20,8 @@ import torch
 
 from ..runtime.errors import BadInput
 from ..maths.ntk import empirical_ntk_features
-from .timing import ROOT, _once
-from .cases import _entk_case, _last_line
+from .timing import ROOT, time_once
+from .cases import entk_case, last_line
 
 
 NT_PYTHON_ENV = "ENGINE_NT_PYTHON"  # the Python of an environment with neural-tangents and jax
@@ -49,7 +49,7 @@ class _Peer:
         reply = self.p.stdout.readline()
         if not reply:
             self.p.wait(timeout=5)
-            raise RuntimeError(f"peer exited {self.p.returncode}: {_last_line(self.p.stderr.read())}")
+            raise RuntimeError(f"peer exited {self.p.returncode}: {last_line(self.p.stderr.read())}")
         return json.loads(reply)
 
     def close(self) -> None:
@@ -98,7 +98,7 @@ def peer_neural_tangents(n: int = 300, m: int = 4096, d: int = 784, device: str 
         return {"peer_skipped": f"{NT_PYTHON_ENV}={python!r} is not an executable file"}
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     deadline = time.perf_counter() + timeout
-    phi, head = _entk_case(n, m, d, dev)
+    phi, head = entk_case(n, m, d, dev)
     K = empirical_ntk_features(head, phi)
     env = {**os.environ, "JAX_PLATFORMS": "cuda" if dev.type == "cuda" else "cpu"}
     env.pop("PYTHONPATH", None)  # the peer's own site-packages, never this environment's
@@ -120,11 +120,11 @@ def peer_neural_tangents(n: int = 300, m: int = 4096, d: int = 784, device: str 
             row["peer_versions"] = {k: ready[k] for k in ("neural_tangents", "jax", "jaxlib", "numpy") if k in ready}
             times = {"peer": [], "engine": []}
             peer.ask("run")  # warm-up: jax traces and compiles here
-            _once(lambda: empirical_ntk_features(head, phi), sync)
+            time_once(lambda: empirical_ntk_features(head, phi), sync)
             for _ in range(max(1, repeat)):
                 r = peer.ask("run")
                 times["peer"].append((r["wall"], r["cpu"]))
-                times["engine"].append(_once(lambda: empirical_ntk_features(head, phi), sync))
+                times["engine"].append(time_once(lambda: empirical_ntk_features(head, phi), sync))
                 if time.perf_counter() > deadline:
                     break
             saved = Path(folder) / "K_peer.npy"

@@ -21,7 +21,7 @@ from ..maths.ntk import STORAGE, empirical_ntk_features
 from ..maths.counts import count_dtype, exact_counts
 from ..maths.kinf import infinite_ntk
 from ..maths.spectral import gram_spectrum
-from .timing import TIMEOUT, _Rows, _check_limits, _finite, _floor_row, _interleaved, _part, machine_info
+from .timing import TIMEOUT, RowLog, check_limits, floor_row, interleave, json_finite, machine_info, timed_part
 
 
 SCALE_N = 8000       # training points of the scale benchmark (MNIST train split)
@@ -78,9 +78,9 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
 
     if n < 2 or n_test < 1 or m < 1:
         raise BadInput(f"run_scale needs n >= 2, n_test >= 1, m >= 1; got {n}, {n_test}, {m}")
-    _check_limits(repeat, timeout)
+    check_limits(repeat, timeout)
     dev = resolve_device(device)
-    rows = _Rows(out)
+    rows = RowLog(out)
     limit = timeout or TIMEOUT[False]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     say = progress or (lambda f, s: None)
@@ -94,7 +94,7 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
 
     def part(name, frac, what, fn):
         say(frac, what)
-        row = _part(f"scale_{name}", fn, limit)
+        row = timed_part(f"scale_{name}", fn, limit)
         result.update(row)
         rows.write(f"scale_{name}", row)
 
@@ -104,19 +104,19 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
         return torch.linalg.eigvalsh(X @ X.T if wide else X.T @ X)
 
     def spectrum(deadline):
-        t = _interleaved({"step": lambda: gram_spectrum(X), "floor": eigvalsh_floor}, repeat, sync, deadline)
+        t = interleave({"step": lambda: gram_spectrum(X), "floor": eigvalsh_floor}, repeat, sync, deadline)
         spec = gram_spectrum(X)
         top = eigvalsh_floor().flip(0).clamp_min(0).cpu().numpy()
-        return {**_floor_row("spectrum", t, f"torch.linalg.eigvalsh({'X @ X.T' if wide else 'X.T @ X'}), float64",
+        return {**floor_row("spectrum", t, f"torch.linalg.eigvalsh({'X @ X.T' if wide else 'X.T @ X'}), float64",
                              float(abs(spec.eigenvalues[:top.size] - top).max() / top[0])),
                 "scale_spectrum_rank": spec.rank, "scale_spectrum_kappa": spec.kappa}
 
     def kinf(deadline):
-        t = _interleaved({"step": lambda: infinite_ntk(X), "floor": lambda: X @ X.T}, repeat, sync, deadline)
+        t = interleave({"step": lambda: infinite_ntk(X), "floor": lambda: X @ X.T}, repeat, sync, deadline)
         state["K"] = K = infinite_ntk(X)
         G = X[:64] @ X.T  # the floor's output on a few rows, turned into K∞ by the closed form
         cos = (G / (X[:64].norm(dim=1)[:, None] * X.norm(dim=1)).clamp_min(1e-300)).clamp(-1, 1)
-        return _floor_row("kinf", t, "X @ X.T, float64 GEMM",
+        return floor_row("kinf", t, "X @ X.T, float64 GEMM",
                           _rel(K[:64], G * (math.pi - torch.arccos(cos)) / (2 * math.pi)))
 
     def loo(deadline):
@@ -132,13 +132,13 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
             A.diagonal().add_(lam)
             return torch.cholesky_inverse(torch.linalg.cholesky(A))
 
-        t = _interleaved({"step": lambda: loo_influence(K, K_test, Y, SCALE_RIDGE), "floor": factorisation,
+        t = interleave({"step": lambda: loo_influence(K, K_test, Y, SCALE_RIDGE), "floor": factorisation,
                           "true": lambda: influence_matrix(K, K_test, Y, SCALE_RIDGE, target="true", y_test=y_test)},
                          repeat, sync, deadline)
         M = factorisation()
         I_ref = (K_test[:8] @ M)[:, :, None] * ((M @ Y) / M.diagonal()[:, None])[None]
         floor = "torch.cholesky_inverse(torch.linalg.cholesky(K + λI)), float64"
-        return {**_floor_row("loo", t, floor, _rel(loo_influence(K, K_test[:8], Y, SCALE_RIDGE), I_ref)),
+        return {**floor_row("loo", t, floor, _rel(loo_influence(K, K_test[:8], Y, SCALE_RIDGE), I_ref)),
                 "scale_influence_true_seconds": t["true"]["seconds"],
                 "scale_influence_true_ratio": t["true"]["seconds"] / t["floor"]["seconds"],
                 "scale_influence_true_cpu_ratio": t["true"]["cpu_seconds"] / t["floor"]["cpu_seconds"]}
@@ -161,11 +161,11 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
         def gemms():  # Φ Wᵀ, S Sᵀ and Φ Φᵀ as plain full calls, in the closed form's dtypes
             return phi @ W.T, exact_counts(S, S), phi @ phi.T
 
-        t = _interleaved({"step": lambda: empirical_ntk_features(head, phi), "floor": gemms}, repeat, sync, deadline)
+        t = interleave({"step": lambda: empirical_ntk_features(head, phi), "floor": gemms}, repeat, sync, deadline)
         K_m = empirical_ntk_features(head, phi)
         _, counts, gram = gemms()
         floor = "Φ Wᵀ (fp32) + S Sᵀ (exact counts, the fastest path) + Φ Φᵀ (fp32), full GEMMs"
-        return _floor_row("entk", t, floor,
+        return floor_row("entk", t, floor,
                           _rel(K_m, gram.double() * counts / m))
 
     part("spectrum", 0.05, "Gram spectrum against eigvalsh(Xᵀ X)", spectrum)
@@ -174,4 +174,4 @@ def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=No
     part("storage32", 0.65, "float32 kernel storage: what it changes in LOO influence", storage32)
     part("entk", 0.7, f"empirical NTK at m = {m} against its GEMMs", entk)
     say(1.0, "done")
-    return _finite(result)
+    return json_finite(result)

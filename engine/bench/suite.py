@@ -52,7 +52,7 @@ import torch
 
 from ..runtime.errors import BadInput
 from ..maths.counts import count_path_report
-from .timing import TIMEOUT, _Rows, _check_limits, _finite, _part, machine_info
+from .timing import TIMEOUT, RowLog, check_limits, json_finite, machine_info, timed_part
 from .scale import SCALE_N, run_scale
 from .peer import peer_neural_tangents
 from .cases import bench_entk, bench_page, bench_torch_func, bench_training
@@ -80,11 +80,11 @@ def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=Non
 
     if peer is not None and peer not in PEERS:
         raise BadInput(f"unknown peer {peer!r}; allowed: {', '.join(PEERS)}")
-    _check_limits(1, timeout)
+    check_limits(1, timeout)
     if scale:
         return run_scale(scale_n, device, data_dir, progress, out=out, timeout=timeout)
     dev = resolve_device(device)
-    rows = _Rows(out)
+    rows = RowLog(out)
     limit = timeout or TIMEOUT[quick]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     say = progress or (lambda f, s: None)
@@ -94,7 +94,7 @@ def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=Non
 
     def part(name, frac, what, fn):
         say(frac, what)
-        row = _part(name, fn, limit)
+        row = timed_part(name, fn, limit)
         result.update(row)
         rows.write(name, row)
 
@@ -112,4 +112,4 @@ def run(quick: bool = True, device: str = "cpu", page: bool = True, progress=Non
         part("peer", 0.9, "neural-tangents' empirical NTK against the engine's",
              lambda dl: peer_neural_tangents(*sizes["entk"], device=dev, timeout=limit))
     say(1.0, "done")
-    return _finite(result)
+    return json_finite(result)

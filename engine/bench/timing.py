@@ -1,8 +1,8 @@
 """How the benchmarks time: paired rounds, medians, wall and CPU time, and each part's limit.
 
-Every figure pairs a step with its reference in the same run (``_interleaved``: one warm-up
+Every figure pairs a step with its reference in the same run (``interleave``: one warm-up
 each, then rounds in turn), so a load that comes and goes hits both alike. ``machine_info``
-names the CPU, its SIMD flags and the thread count beside every figure; ``_part`` turns a
+names the CPU, its SIMD flags and the thread count beside every figure; ``timed_part`` turns a
 part that fails or runs out of time into an ``<part>_error`` row instead of a crash.
 """
 
@@ -47,7 +47,7 @@ def machine_info(device: torch.device | None = None) -> dict:
     return info
 
 
-def _once(fn, sync, calls: int = 1) -> tuple[float, float]:
+def time_once(fn, sync, calls: int = 1) -> tuple[float, float]:
     """Wall and CPU seconds of one call (the mean of ``calls`` calls)."""
     w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(calls):
@@ -56,7 +56,7 @@ def _once(fn, sync, calls: int = 1) -> tuple[float, float]:
     return (time.perf_counter() - w0) / calls, (time.process_time() - c0) / calls
 
 
-def _interleaved(fns: dict, repeat: int, sync, deadline: float = math.inf, calls: dict | None = None) -> dict:
+def interleave(fns: dict, repeat: int, sync, deadline: float = math.inf, calls: dict | None = None) -> dict:
     """Run ``fns`` (name: callable) alternately: one warm-up each, then up to ``repeat`` rounds,
     fewer once ``deadline`` (a ``time.perf_counter`` value) has passed, at least one.
 
@@ -65,11 +65,11 @@ def _interleaved(fns: dict, repeat: int, sync, deadline: float = math.inf, calls
     """
     calls = calls or {}
     for fn in fns.values():
-        _once(fn, sync)
+        time_once(fn, sync)
     rounds = {name: [] for name in fns}
     for k in range(max(1, repeat)):
         for name, fn in fns.items():
-            rounds[name].append(_once(fn, sync, calls.get(name, 1)))
+            rounds[name].append(time_once(fn, sync, calls.get(name, 1)))
         if time.perf_counter() > deadline:
             break
     out = {name: {"seconds": statistics.median(w for w, _ in r), "cpu_seconds": statistics.median(c for _, c in r)}
@@ -78,7 +78,7 @@ def _interleaved(fns: dict, repeat: int, sync, deadline: float = math.inf, calls
     return out
 
 
-def _gemm(size: int, device: torch.device, dtype=torch.float32):
+def gemm_case(size: int, device: torch.device, dtype=torch.float32):
     """The reference: one (size x size) @ (size x size) GEMM; returns (callable, FLOPs)."""
     A = torch.rand(size, size, device=device, dtype=dtype)
     B = torch.rand(size, size, device=device, dtype=dtype)
@@ -87,18 +87,18 @@ def _gemm(size: int, device: torch.device, dtype=torch.float32):
 
 def gemm_rate(size: int, device: torch.device, sync) -> float:
     """FLOP/s of one fp32 (size × size) @ (size × size) GEMM (median of 5 after a warm-up)."""
-    fn, flops = _gemm(size, device)
-    return flops / _interleaved({"gemm": fn}, 5, sync)["gemm"]["seconds"]
+    fn, flops = gemm_case(size, device)
+    return flops / interleave({"gemm": fn}, 5, sync)["gemm"]["seconds"]
 
 
-def _rates(step: dict, ref: dict, flops: float, ref_flops: float) -> tuple[float, float]:
+def paired_rates(step: dict, ref: dict, flops: float, ref_flops: float) -> tuple[float, float]:
     """(wall, CPU) ratios of the step's FLOP rate to the reference's."""
     return ((flops / step["seconds"]) / (ref_flops / ref["seconds"]),
             (flops / step["cpu_seconds"]) / (ref_flops / ref["cpu_seconds"]))
 
 
-def _floor_row(step: str, t: dict, floor: str, diff: float, name: str = "step") -> dict:
-    """The keys of one scale step measured against its floor (``t`` from ``_interleaved``)."""
+def floor_row(step: str, t: dict, floor: str, diff: float, name: str = "step") -> dict:
+    """The keys of one scale step measured against its floor (``t`` from ``interleave``)."""
     s, f = t[name], t["floor"]
     return {f"scale_{step}_seconds": s["seconds"], f"scale_{step}_floor_seconds": f["seconds"],
             f"scale_{step}_ratio": s["seconds"] / f["seconds"],
@@ -107,7 +107,7 @@ def _floor_row(step: str, t: dict, floor: str, diff: float, name: str = "step") 
             f"scale_{step}_floor": floor, f"scale_{step}_max_rel_diff": diff, f"scale_{step}_repeats": t["repeats"]}
 
 
-class _Rows:
+class RowLog:
     """Appends one JSON line per part to ``path`` as soon as it is measured (nothing when None)."""
 
     def __init__(self, path):
@@ -121,12 +121,12 @@ class _Rows:
 
     def write(self, part: str, row: dict) -> None:
         if self.path is not None:
-            line = json.dumps(_finite({"run": self.run, "part": part, "threads": torch.get_num_threads(), **row}))
+            line = json.dumps(json_finite({"run": self.run, "part": part, "threads": torch.get_num_threads(), **row}))
             with open(self.path, "a") as f:
                 f.write(line + "\n")
 
 
-def _part(name: str, fn, limit: float) -> dict:
+def timed_part(name: str, fn, limit: float) -> dict:
     """``fn(deadline)``'s row; a failure becomes ``<name>_error`` with its reason, never a crash
     (a bench that stops at its first failure loses every figure after it)."""
     start = time.perf_counter()
@@ -142,19 +142,19 @@ def _part(name: str, fn, limit: float) -> dict:
     return row
 
 
-def _check_limits(repeat: int, timeout: float | None) -> None:
+def check_limits(repeat: int, timeout: float | None) -> None:
     if repeat < 1:
         raise BadInput(f"repeat must be >= 1, got {repeat}")
     if timeout is not None and not timeout > 0:
         raise BadInput(f"timeout must be > 0 seconds, got {timeout!r}")
 
 
-def _finite(out):
+def json_finite(out):
     """JSON has no inf or nan: such floats become None, at any depth; tuples become lists."""
     if isinstance(out, dict):
-        return {k: _finite(v) for k, v in out.items()}
+        return {k: json_finite(v) for k, v in out.items()}
     if isinstance(out, (list, tuple)):
-        return [_finite(v) for v in out]
+        return [json_finite(v) for v in out]
     if isinstance(out, float) and not math.isfinite(out):
         return None
     return out

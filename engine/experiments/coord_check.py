@@ -25,7 +25,7 @@ from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
 from ..maths.training import TrainSpec, per_model_loss, resolve_loss
 from ..maths.flow import batch_steps, stack_heads
-from .dynamics import _attention_setting
+from .dynamics import attention_setting
 
 
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
@@ -43,7 +43,7 @@ class CoordCheckConfig:
     # optimiser, lr, batch size and loss of the steps; its epochs and param are not used
     train: TrainSpec = TrainSpec(epochs=1, optimizer="sgd", lr=0.1, batch_size=64, weight_decay=0.0)
     arch: str = options.arch()
-    attention: str = _attention_setting()
+    attention: str = attention_setting()
     widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
     params: tuple[str, ...] = setting(PARAMS, "parametrisations compared", choices=PARAMS)
     steps: int = setting(5, "optimiser steps t = 1 … T measured", unit="steps", lo=1, hi=100)

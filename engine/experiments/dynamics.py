@@ -41,7 +41,7 @@ def _check_attention(text: str) -> None:
                        "describe the net; use a parameter-free variant")
 
 
-def _attention_setting():
+def attention_setting():
     return options.attention(check=_check_attention, only="parameter-free variants only (qkv trains its own "
                              "parameters, which the head's linearisation does not describe)")
 
@@ -55,7 +55,7 @@ class DynamicsConfig:
     train: TrainSpec = TrainSpec(epochs=50, optimizer="sgd", lr=1.0, weight_decay=0.0)
     widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
     archs: tuple[str, ...] = options.archs()
-    attention: str = _attention_setting()
+    attention: str = attention_setting()
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
     init: str = options.init()

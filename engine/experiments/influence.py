@@ -95,7 +95,7 @@ def _fresh_net(cfg, arch, X_ref, c, dev, seed) -> Net:
                cfg.data.normalize, init=cfg.init).to(dev)
 
 
-def _fit(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None = None,
+def fit_net(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None = None,
          progress: Progress | None = None, cancel=None) -> Net:
     """A net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
     net = _fresh_net(cfg, arch, X, c, dev, seed)
@@ -108,20 +108,20 @@ def _fit(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None
     return net
 
 
-def _in_space(cfg, p: Prepared) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float] | None]:
+def in_space(cfg, p: Prepared) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float] | None]:
     """Training and test inputs in the attack's space, and the box perturbed inputs must stay in."""
     if cfg.space == "normalized":
         return normalize_rows(p.X), normalize_rows(p.Xt), None  # the nets normalise again: same features
     return p.X, p.Xt, p.sample.box
 
 
-def _dtype(cfg) -> torch.dtype:
+def attack_dtype(cfg) -> torch.dtype:
     return torch.float64 if cfg.precision == "float64" else torch.float32
 
 
-def _at_precision(cfg, net: Net) -> Net:
+def at_precision(cfg, net: Net) -> Net:
     """The trained (float32) net in the config's precision, for attacks, kernels and influence."""
-    return copy.deepcopy(net).to(_dtype(cfg)) if _dtype(cfg) != net.X_ref.dtype else net
+    return copy.deepcopy(net).to(attack_dtype(cfg)) if attack_dtype(cfg) != net.X_ref.dtype else net
 
 
 def kernel_precision(cfg) -> str:
@@ -140,7 +140,7 @@ def _kernels(cfg, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torc
     return infinite_ntk(phi, storage=cfg.storage), infinite_ntk(phi_t, phi, storage=cfg.storage)
 
 
-def _influence(cfg, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
+def influence_of(cfg, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
     """Influence (n_test, n) on ``cfg.target`` under ``cfg.influence_kernel``."""
     K, Kt = kernels if kernels is not None else _kernels(cfg, net, X, Xt, X_ref)
     return influence_matrix(K, Kt, Y, cfg.ridge, target=cfg.target, y_test=yt)
@@ -150,20 +150,20 @@ def _ridge_accuracy(K, Kt, Y, yt, ridge: float) -> float:
     return float((predict_labels(kernel_regression(K, Kt, Y, ridge)) == yt).double().mean())
 
 
-def _ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev) -> float:
+def ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev) -> float:
     """Test accuracy of kernel ridge regression with K∞ on the same features (the baseline)."""
-    probe = _at_precision(cfg, _fresh_net(cfg, arch, X, c, dev, 0))
+    probe = at_precision(cfg, _fresh_net(cfg, arch, X, c, dev, 0))
     with torch.no_grad():
         phi, phi_t = probe.features(X), probe.features(Xt)
         return _ridge_accuracy(infinite_ntk(phi, storage=cfg.storage), infinite_ntk(phi_t, phi, storage=cfg.storage),
                                Y, yt, cfg.ridge)
 
 
-def _clean(cfg, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float) -> tuple[torch.Tensor, dict]:
+def clean_run(cfg, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float) -> tuple[torch.Tensor, dict]:
     """The clean net's influence (n_test, n) and its row: accuracies, K_m baseline, training gate."""
     entk = _kernels(cfg, net, X, Xt, kind="entk")
     kernels = entk if cfg.influence_kernel == "entk" else _kernels(cfg, net, X, Xt)
-    I0 = _influence(cfg, net, X, p.Y, Xt, p.yt, kernels=kernels)
+    I0 = influence_of(cfg, net, X, p.Y, Xt, p.yt, kernels=kernels)
     test_acc = accuracy(net32, Xt32, p.yt)
     acc_kernel = _ridge_accuracy(*entk, p.Y, p.yt, cfg.ridge)
     row = {"test_acc": test_acc, "train_acc": accuracy(net32, X32, p.y), "test_acc_ntk": ntk_acc,
@@ -174,7 +174,7 @@ def _clean(cfg, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float) -> tu
 
 # ---------------------------------------------------------------- influence
 
-def _influence_bytes(cfg: InfluenceConfig) -> int:
+def influence_bytes(cfg: InfluenceConfig) -> int:
     """K and K_test in their storage (K_m and K∞ both with the K∞ kernel), the float64 factor
     and solves beside them."""
     n, nt = cfg.data.n, cfg.data.n_test
@@ -185,7 +185,7 @@ def _influence_bytes(cfg: InfluenceConfig) -> int:
             + B.head_bytes(cfg.width, n + nt, c_out))
 
 
-def _kernel_s(cfg, n, nt, d, m) -> float:
+def kernel_seconds(cfg, n, nt, d, m) -> float:
     """One influence: its kernels, the leave-one-out factor (and K∞'s GEMMs for ``kinf``)."""
     s = B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)
     if cfg.influence_kernel == "kinf":
@@ -195,11 +195,11 @@ def _kernel_s(cfg, n, nt, d, m) -> float:
 
 def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
-    per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + _kernel_s(cfg, n, nt, d, m)
+    per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + kernel_seconds(cfg, n, nt, d, m)
            + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
     slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(_influence_bytes(cfg) + 16 * m * d))
+                    int(influence_bytes(cfg) + 16 * m * d))
 
 
 @experiment_run("influence")
@@ -217,20 +217,20 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample, X32, y, Xt32, yt, c = p.sample, p.X, p.y, p.Xt, p.yt, p.c
-    X, Xt = X32.to(_dtype(cfg)), Xt32.to(_dtype(cfg))
+    X, Xt = X32.to(attack_dtype(cfg)), Xt32.to(attack_dtype(cfg))
     arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
               "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
     agg_rows, summary, ntk_acc = [], [], {}
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
-        net32 = _fit(cfg, arch, X32, y, c, dev, seed,
+        net32 = fit_net(cfg, arch, X32, y, c, dev, seed,
                      progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
                      cancel=cancel)
         tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
         if arch not in ntk_acc:
-            ntk_acc[arch] = _ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
-        I, row = _clean(cfg, net32, _at_precision(cfg, net32), X32, Xt32, X, Xt, p, ntk_acc[arch])
+            ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
+        I, row = clean_run(cfg, net32, at_precision(cfg, net32), X32, Xt32, X, Xt, p, ntk_acc[arch])
         if seed == cfg.seeds[0]:
             arrays[f"{arch}_I"] = I.cpu().numpy()
         agg = aggregate(I).cpu().numpy()

@@ -53,8 +53,8 @@ from .runs import Prepared, Progress, experiment_run, prepare, sub_progress, tic
 from ..runtime.settings import setting
 from ..reporting.tables import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
 from ..maths.training import TrainSpec, accuracy, predict_labels, resolve_loss
-from .influence import (QUICK_TRAINED, TRAINED, InfluenceConfig, _at_precision, _clean, _dtype, _fit, _in_space, _influence,
-                        _influence_bytes, _kernel_s, _ntk_accuracy, kernel_precision)
+from .influence import (QUICK_TRAINED, TRAINED, InfluenceConfig, at_precision, attack_dtype, clean_run, fit_net,
+                        in_space, influence_bytes, influence_of, kernel_precision, kernel_seconds, ntk_accuracy)
 
 PERTURB = ("top", "all")
 SPACES = ("raw", "normalized")
@@ -139,10 +139,10 @@ def random_perturbation(X: torch.Tensor, X_attacked: torch.Tensor, seed: int) ->
 def _after(cfg, arch, net, p: Prepared, X, Xt, Xp, seed, cancel):
     """Influence (n_test, n) and test accuracy after the training inputs moved to Xp."""
     if cfg.retrain:
-        net_after = _fit(cfg, arch, Xp.float(), p.y, p.c, p.device, seed, cancel=cancel)
-        I1 = _influence(cfg, _at_precision(cfg, net_after), Xp, p.Y, Xt, p.yt)
+        net_after = fit_net(cfg, arch, Xp.float(), p.y, p.c, p.device, seed, cancel=cancel)
+        I1 = influence_of(cfg, at_precision(cfg, net_after), Xp, p.Y, Xt, p.yt)
         return I1, accuracy(net_after, Xt.float(), p.yt)
-    I1 = _influence(cfg, net, Xp, p.Y, Xt, p.yt, X_ref=Xp)
+    I1 = influence_of(cfg, net, Xp, p.Y, Xt, p.yt, X_ref=Xp)
     with torch.no_grad():  # MLP-Attn's test features now use the perturbed set's C
         pred = predict_labels(net.head(net.features(Xt, X_ref=Xp)))
     return I1, float((pred == p.yt).double().mean())
@@ -187,7 +187,7 @@ def _measure(cfg, arch, net, p: Prepared, X, Xt, box, spec, I0, agg0, top, loss,
 def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     tr = cfg.train
-    kernel = _kernel_s(cfg, n, nt, d, m)
+    kernel = kernel_seconds(cfg, n, nt, d, m)
     grad_step = (3 * B.gemm_s(n, m, d, cfg.precision == "float64") + B.attention_s(cfg.attention, n, d)
                  + B.STEP_OVERHEAD_S)
     steps = sum(1 if a == "fgsm" else cfg.attack.steps for a in cfg.attacks) * len(cfg.eps)
@@ -203,7 +203,7 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     draws = max(1, len(cfg.data_seeds))
     return Estimate(B.FIXED_S + draws * slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(_influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
+                    int(influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
 
 
 def _draws(cfg: MalleabilityConfig) -> tuple[int, ...]:
@@ -271,8 +271,8 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, inter, arrays
     """One data draw of ``run_malleability``: appends its rows, interventions and per-row flips."""
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample, y, yt, c = p.sample, p.y, p.yt, p.c
-    X32, Xt32, box = _in_space(cfg, p)
-    X, Xt = X32.to(_dtype(cfg)), Xt32.to(_dtype(cfg))
+    X32, Xt32, box = in_space(cfg, p)
+    X, Xt = X32.to(attack_dtype(cfg)), Xt32.to(attack_dtype(cfg))
     loss = resolve_loss(cfg.train, c)
     combos = [(a, e) for a in cfg.attacks for e in cfg.eps]
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
@@ -280,12 +280,12 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, inter, arrays
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
         adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
-        net32 = _fit(cfg, arch, X32, y, c, dev, seed, box, adv,
+        net32 = fit_net(cfg, arch, X32, y, c, dev, seed, box, adv,
                      sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
-        net = _at_precision(cfg, net32)
+        net = at_precision(cfg, net32)
         if arch not in ntk_acc:
-            ntk_acc[arch] = _ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
-        I0, clean = _clean(cfg, net32, net, X32, Xt32, X, Xt, p, ntk_acc[arch])
+            ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
+        I0, clean = clean_run(cfg, net32, net, X32, Xt32, X, Xt, p, ntk_acc[arch])
         agg0 = aggregate(I0)
         top = top_indices(agg0, cfg.tau)
         clean_agg[(arch, seed)] = agg0, top
@@ -375,8 +375,8 @@ def _interventions(cfg, arch, seed, net, p: Prepared, X, Xt, box, agg0, top, acc
              "adversarial": (X_adv_all, y, Y)}
     for name, (Xn, yn, Yn) in cases.items():
         tick(None, cancel, 0.0, f"{arch}: intervention {name}")
-        new = _fit(cfg, arch, Xn.float(), yn, c, p.device, seed, cancel=cancel)
-        agg_new = aggregate(_influence(cfg, _at_precision(cfg, new), Xn, Yn, Xt, yt))
+        new = fit_net(cfg, arch, Xn.float(), yn, c, p.device, seed, cancel=cancel)
+        agg_new = aggregate(influence_of(cfg, at_precision(cfg, new), Xn, Yn, Xt, yt))
         ref = agg0[keep] if name == "curated" else agg0
         out.append({"arch": arch, "seed": seed, "intervention": name, "test_acc": accuracy(new, Xt.float(), yt),
                     "influence_change": float(torch.linalg.norm(agg_new - ref) / torch.linalg.norm(ref)),

@@ -18,7 +18,7 @@ import time
 import torch
 
 from ..runtime.errors import BadInput
-from .tiles import _one_thread
+from .tiles import one_thread
 
 
 _INT8_MIN_INNER = 8  # torch._int_mm on CPU returns garbage for an inner dimension of 1 (seen: torch 2.14)
@@ -31,7 +31,7 @@ def _int_mm_fits(S1: torch.Tensor, S2: torch.Tensor) -> bool:
     return S1.shape[1] >= _INT8_MIN_INNER
 
 
-def _counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
+def gemm_counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
     """S1 S2ᵀ of 0/1 matrices through S's own GEMM: exact integers in float32 or int32."""
     if S1.dtype == torch.bfloat16:  # CUDA only: tensor cores accumulate and write fp32
         return torch.mm(S1, S2.T, out_dtype=torch.float32)
@@ -49,7 +49,7 @@ def exact_counts(S1: torch.Tensor, S2: torch.Tensor) -> torch.Tensor:
     accumulation; float32 for shapes it does not take) or float32/float64. All are exact for
     m < 2²⁴; ``count_dtype`` says which is fastest on a device.
     """
-    return _counts(S1, S2).double()
+    return gemm_counts(S1, S2).double()
 
 
 COUNT_DTYPES = ("auto", "int8", "float32", "bfloat16")  # values of ENGINE_COUNT_DTYPE
@@ -94,7 +94,7 @@ def _probe_path(name: str, S1: torch.Tensor, S2: torch.Tensor, ref: torch.Tensor
     best, start = math.inf, clock()
     for _ in range(5):
         t0 = clock()
-        _counts(a, b)
+        gemm_counts(a, b)
         sync()
         best = min(best, clock() - t0)
         if clock() - start > _PROBE_SECONDS:
@@ -123,7 +123,7 @@ def _probe(device) -> dict:
             # of the instruction set, and two threads on a busy machine time the barrier
             # instead (measured: fp32 0.46 against int8 0.39 Gop/s, where one thread gives
             # 70-80 against 2-3).
-            with _one_thread():
+            with one_thread():
                 paths = {name: _probe_path(name, S1, S2, ref, sync, time.thread_time) for name in names}
         rates = {k: v["rate_gops"] for k, v in paths.items() if "rate_gops" in v}
         _probed[key] = {"device": key, "fastest": max(rates, key=rates.get), "rates_gops": rates,

@@ -2,7 +2,7 @@
 
 K∞(x, x') = xᵀx' · (π − θ) / (2π) with θ the angle between x and x'. It is computed by row
 tiles sized for the cache, the symmetric half once, with its element-wise passes on one thread
-for small tiles (``engine.maths.tiles._serial``): a busy machine's thread barrier costs more
+for small tiles (``engine.maths.tiles.serial``): a busy machine's thread barrier costs more
 than the work there.
 """
 
@@ -13,8 +13,8 @@ import math
 import torch
 
 from ..runtime.errors import BadInput
-from .ntk import _require_kernel, storage_dtype
-from .tiles import _SERIAL_WORK, _serial, _tiles
+from .ntk import require_kernel, storage_dtype
+from .tiles import SERIAL_WORK, serial, tile_ranges
 
 
 _KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # entries per block at most: cache-sized on CPU, large on GPU
@@ -62,7 +62,7 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     if chunk is not None and chunk < 1:
         raise BadInput(f"chunk must be >= 1, got {chunk}")
     rows = max(1, min(n1, budget // max(n2, 1) if chunk is None else chunk))
-    _require_kernel("infinite-width NTK", n1, n2, dtype, dev,
+    require_kernel("infinite-width NTK", n1, n2, dtype, dev,
                     lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
     B_ = A if same else X2.detach().double()
@@ -79,14 +79,14 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     # GEMM and half the arccos) and mirrored below it. Five passes over each tile after its
     # GEMM, in place: cosine (two scalings), clamp, arccos, then xᵀx'/2 · (1 − θ/π). The GEMM
     # halves its own output (alpha = 1/2, exact), so (π − θ)/(2π) needs no pass of its own.
-    with _serial(n1 * n2 * d, dev.type, _SERIAL_WORK, 0):  # small kernels: one thread whole
-        for i, i2, j, j2 in _tiles(n1, n2, r, c, same):
+    with serial(n1 * n2 * d, dev.type, SERIAL_WORK, 0):  # small kernels: one thread whole
+        for i, i2, j, j2 in tile_ranges(n1, n2, r, c, same):
             G = G_buf[:(i2 - i) * (j2 - j)].view(i2 - i, j2 - j)
             G.addmm_(A[i:i2], B_[j:j2].T, beta=0, alpha=0.5)  # xᵀx'/2; beta = 0: G's old bytes are not read
             C = C_buf[:G.numel()].view_as(G)
             diagonal = same and i == j
             T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
-            with _serial(G.numel(), dev.type):
+            with serial(G.numel(), dev.type):
                 torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
                 torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
                 if diagonal:

@@ -39,8 +39,8 @@ import torch
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
 from ..runtime.settings import setting
-from .counts import _counts, count_dtype
-from .tiles import _SERIAL_WORK, _blocks, _serial, _tiles
+from .counts import count_dtype, gemm_counts
+from .tiles import SERIAL_WORK, row_blocks, serial, tile_ranges
 
 _EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this
 _ENTK_TILE = 512      # CPU tile rows of the closed form at most (tiles of 512 x 2048: 8 MiB in float64)
@@ -71,7 +71,7 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device, bytes_at) -> None:
+def require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device, bytes_at) -> None:
     """Refuse a kernel step over the free memory; ``bytes_at(k, itemsize)`` is its peak with k
     points in place of n1 (and of n2 for a square kernel)."""
     size, small = _itemsize(dtype), bytes_at(n1, 4)
@@ -106,7 +106,7 @@ def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -
     S = torch.empty(n, m, dtype=dtype, device=phi.device)
     direct = dtype == phi.dtype
     P = None if direct else torch.empty(min(chunk, n), m, dtype=phi.dtype, device=phi.device)
-    for i, i2 in _blocks(n, chunk):
+    for i, i2 in row_blocks(n, chunk):
         if direct:
             torch.mm(phi[i:i2], W.T, out=S[i:i2]).gt_(0)
         else:
@@ -135,14 +135,14 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     same = phi2 is None
     n1, n2 = phi1.shape[0], (phi1 if same else phi2).shape[0]
     csize = _itemsize(cdt)
-    _require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, dev,
+    require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, dev,
                     lambda k, size: closed_ntk_bytes(k, k if same else n2, m, chunk, same, csize, size, dev.type))
     phi1 = phi1.detach()
     phi2 = phi1 if same else phi2.detach()
     Wc = W.to(phi1.dtype)
     d = phi1.shape[1]
     small = (n1 + (0 if same else n2)) * d * m + n1 * n2 * (m + d)  # multiply-adds of its GEMMs
-    with _serial(small, dev.type, _SERIAL_WORK, 0):  # small kernels: one thread whole
+    with serial(small, dev.type, SERIAL_WORK, 0):  # small kernels: one thread whole
         S1 = _signs(phi1, Wc, cdt, chunk)
         S2 = S1 if same else _signs(phi2, Wc, cdt, chunk)
     K = torch.empty(n1, n2, dtype=dtype, device=dev)
@@ -154,12 +154,12 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     # For X2 = X1 only the tiles on and right of the diagonal are computed and mirrored. The
     # feature Gram is formed in the features' own precision (float32 features carry no more
     # digits); the counts are exact; their product is taken in float64: three passes.
-    with _serial(small, dev.type, _SERIAL_WORK, 0):
-        for i, i2, j, j2 in _tiles(n1, n2, rows, cols, same):
+    with serial(small, dev.type, SERIAL_WORK, 0):
+        for i, i2, j, j2 in tile_ranges(n1, n2, rows, cols, same):
             G = phi1[i:i2] @ phi2[j:j2].T
-            C = _counts(S1[i:i2], S2[j:j2])
+            C = gemm_counts(S1[i:i2], S2[j:j2])
             T = K[i:i2, j:j2] if scratch is None else scratch[:G.numel()].view_as(G)
-            with _serial(G.numel(), dev.type):
+            with serial(G.numel(), dev.type):
                 T.copy_(G).mul_(C).div_(m)
                 if same and j == i:
                     T.copy_((T + T.T) / 2)  # rounding makes a diagonal tile's Gram a hair asymmetric

@@ -3,7 +3,7 @@
 A kernel is computed tile by tile (the symmetric half once when both sides are the same
 set). On a busy machine an element-wise pass over a small tile costs more in the OpenMP
 thread barrier than in work, so passes over fewer than ``_SERIAL_BELOW`` entries, and whole
-kernels under ``_SERIAL_WORK`` multiply-adds, run on one thread (``_serial``).
+kernels under ``SERIAL_WORK`` multiply-adds, run on one thread (``serial``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 
 
 
-_SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (_serial)
+_SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (serial)
 _GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
-_SERIAL_WORK = 2**29   # kernels with fewer GEMM multiply-adds (~30 ms on one core) run on one thread whole
+SERIAL_WORK = 2**29   # kernels with fewer GEMM multiply-adds (~30 ms on one core) run on one thread whole
 
 
-def _blocks(n: int, size: int) -> list[tuple[int, int]]:
+def row_blocks(n: int, size: int) -> list[tuple[int, int]]:
     """[start, stop) blocks of near-equal sizes <= ``size`` covering range(n)."""
     if n <= 0:
         return []
@@ -26,19 +26,19 @@ def _blocks(n: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _tiles(n1: int, n2: int, rows: int, cols: int, same: bool):
+def tile_ranges(n1: int, n2: int, rows: int, cols: int, same: bool):
     """(i, i2, j, j2) tiles of an (n1, n2) kernel: row blocks of <= ``rows``, each cut into
     column blocks of <= ``cols``. ``same`` (a symmetric kernel): per row block the square
     diagonal tile, then only the columns right of it; the rest is mirrored."""
-    for i, i2 in _blocks(n1, rows):
+    for i, i2 in row_blocks(n1, rows):
         if same:
             yield i, i2, i, i2
-            yield from ((i, i2, i2 + j, i2 + j2) for j, j2 in _blocks(n2 - i2, cols))
+            yield from ((i, i2, i2 + j, i2 + j2) for j, j2 in row_blocks(n2 - i2, cols))
         else:
-            yield from ((i, i2, j, j2) for j, j2 in _blocks(n2, cols))
+            yield from ((i, i2, j, j2) for j, j2 in row_blocks(n2, cols))
 
 
-class _serial:
+class serial:
     """Run the enclosed ops on one thread when ``entries`` < _SERIAL_BELOW (then restored;
     below torch's grain they run on one anyway).
 
@@ -47,7 +47,7 @@ class _serial:
     (measured: 0.97 s against 1.4 ms for K∞'s passes at n = 300 with two threads). Per tile
     only element-wise passes go inside, whose results do not depend on the thread count;
     GEMMs stay on every thread, except in a kernel whose GEMMs are small in all
-    (< ``_SERIAL_WORK`` multiply-adds, ~30 ms on one core): a small GEMM split over two
+    (< ``SERIAL_WORK`` multiply-adds, ~30 ms on one core): a small GEMM split over two
     threads waits at the same barrier (K∞ at n = 300: 0.01 of the GEMM rate with two
     threads on a busy machine, 0.24 with one), so such a kernel runs on one thread whole."""
 
@@ -65,6 +65,6 @@ class _serial:
             torch.set_num_threads(self.threads)
 
 
-def _one_thread() -> _serial:
+def one_thread() -> serial:
     """The enclosed CPU ops run on one thread (the thread count is restored after)."""
-    return _serial(0, "cpu", below=1, grain=0)
+    return serial(0, "cpu", below=1, grain=0)

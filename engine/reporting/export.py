@@ -29,7 +29,7 @@ import plotly.graph_objects as go
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
 from .plots.style import NORM_SYMBOLS
-from .fit import _full_size_log_ticks, fit
+from .fit import fit, full_size_log_ticks
 
 FORMATS = ("png", "svg", "pdf")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -209,7 +209,7 @@ def talk_style(fig: go.Figure) -> go.Figure:
         fill = getattr(trace, "fillcolor", None)  # a mean ± sd band: the same colour as its line
         if isinstance(fill, str) and fill.lower() in OKABE_ITO:
             trace.fillcolor = OKABE_ITO[fill.lower()]
-    return _full_size_log_ticks(out)
+    return full_size_log_ticks(out)
 
 
 def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
@@ -217,7 +217,7 @@ def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
     it; ``fit`` gives them, and the legend below them, room at any export size."""
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", xref="container", y=1.0, yanchor="top",
                                  yref="container", pad=dict(t=10), subtitle=dict(text=settings or None)))
-    return _full_size_log_ticks(fig)
+    return full_size_log_ticks(fig)
 
 
 def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Figure:

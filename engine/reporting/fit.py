@@ -103,7 +103,7 @@ def fit(fig: go.Figure, width: int, height: int) -> go.Figure:
     return out
 
 
-def _full_size_log_ticks(fig: go.Figure) -> go.Figure:
+def full_size_log_ticks(fig: go.Figure) -> go.Figure:
     """Log axes without chosen ticks get 1-2-5 labels (within two decades) or powers of ten at
     the axis's own font size, instead of plotly's 9 px minor digits that stack on a slide."""
     import math

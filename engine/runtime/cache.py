@@ -46,7 +46,7 @@ import pandas as pd
 from ..data import DataSpec, data_fingerprint
 from ..data.folders import expand_path, user_cache_dir
 from .errors import CacheCorrupt, CacheError, CacheWarning
-from .store import _RawDisk, _Refused, _damage, _open_folder, _set_aside
+from .store import RawDisk, Refused, db_damage, open_folder, set_aside
 
 ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
 _CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> the checkout
@@ -234,13 +234,13 @@ class Cache:
 
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = expand_path(directory or os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR, "cache folder")
-        _open_folder(self.directory)
+        open_folder(self.directory)
         db = self.directory / DB_NAME
-        why = _damage(db)
+        why = db_damage(db)
         if why is not None:
-            _set_aside(db, why)
+            set_aside(db, why)
         try:
-            self._store = diskcache.Cache(str(self.directory), size_limit=SIZE_LIMIT, disk=_RawDisk)
+            self._store = diskcache.Cache(str(self.directory), size_limit=SIZE_LIMIT, disk=RawDisk)
         except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
             raise CacheError(f"cache database {db} cannot be opened: {exc}") from None
 
@@ -278,11 +278,11 @@ class Cache:
             with self._errors():
                 blob = self._store.get(key)
             return None if blob is None else Result.from_bytes(blob)
-        except (_Refused, CacheCorrupt) as exc:
+        except (Refused, CacheCorrupt) as exc:
             message = f"dropped corrupt cache entry {key[:12]} for {kind}: {exc}"
             (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4)))(message)
             with self._errors():
-                self._store.delete(key)  # SQL delete; _RawDisk.remove unlinks only own files
+                self._store.delete(key)  # SQL delete; RawDisk.remove unlinks only own files
             return None
 
     def _write(self, key: str, result: Result) -> None:

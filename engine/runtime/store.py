@@ -1,9 +1,9 @@
 """The cache's folder and its database on disk: private to its user, checked, and set aside when damaged.
 
-``_open_folder`` creates or checks the folder (the user's own, not writable by others);
-``_damage`` says what is wrong with a database file that SQLite cannot read, and
-``_set_aside`` moves it away so that a fresh one starts and nothing else is lost.
-``_RawDisk`` reads rows only as bytes: a row that would need unpickling is refused.
+``open_folder`` creates or checks the folder (the user's own, not writable by others);
+``db_damage`` says what is wrong with a database file that SQLite cannot read, and
+``set_aside`` moves it away so that a fresh one starts and nothing else is lost.
+``RawDisk`` reads rows only as bytes: a row that would need unpickling is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .errors import CacheError, CacheWarning
 
 # ---------------------------------------------------------------- rows read only as bytes
 
-class _Refused(Exception):
+class Refused(Exception):
     """A row of the Cache table that is not raw bytes of this folder."""
 
 
@@ -33,7 +33,7 @@ _MODES = {diskcache.core.MODE_NONE: "none", diskcache.core.MODE_RAW: "raw",
 _VALUE_FILE = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")  # Disk.filename()'s names
 
 
-class _RawDisk(diskcache.Disk):
+class RawDisk(diskcache.Disk):
     """diskcache's Disk that unpickles nothing and reads or deletes only its own value files.
 
     Writing is unchanged (bytes go inline below ``min_file_size``, else to a value file)."""
@@ -48,7 +48,7 @@ class _RawDisk(diskcache.Disk):
 
     def get(self, key, raw):
         if not raw:
-            raise _Refused("its key is pickled")
+            raise Refused("its key is pickled")
         return super().get(key, raw)
 
     def fetch(self, mode, filename, value, read):
@@ -57,11 +57,11 @@ class _RawDisk(diskcache.Disk):
         if mode == diskcache.core.MODE_BINARY and not read:
             full = self._own(filename)
             if full is None:
-                raise _Refused(f"its file name {filename!r} is not a value file inside the cache folder")
+                raise Refused(f"its file name {filename!r} is not a value file inside the cache folder")
             with open(full, "rb") as f:  # FileNotFoundError: deleted meanwhile, a miss
                 return f.read()
         kind = type(value).__name__ if mode == diskcache.core.MODE_RAW else _MODES.get(mode, mode)
-        raise _Refused(f"it is stored as {kind}, not raw bytes")
+        raise Refused(f"it is stored as {kind}, not raw bytes")
 
     def remove(self, file_path):
         if self._own(file_path) is not None:  # a row naming any other path loses only its row
@@ -70,7 +70,7 @@ class _RawDisk(diskcache.Disk):
 
 # ---------------------------------------------------------------- the folder and its database
 
-def _open_folder(folder: Path) -> None:
+def open_folder(folder: Path) -> None:
     """Create `folder` with mode 0700, or check that an existing one is a private, writable folder."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ def _open_folder(folder: Path) -> None:
         raise CacheError(f"cache folder {folder} is not writable; choose another cache folder")
 
 
-def _damage(db: Path) -> str | None:
+def db_damage(db: Path) -> str | None:
     """Why `db` is a damaged SQLite database, or None when it is absent or sound."""
     try:
         with open(db, "rb") as f:
@@ -123,7 +123,7 @@ def _damage(db: Path) -> str | None:
     return None if rows == [("ok",)] else f"integrity check: {rows[0][0]}".replace("\n", " ")
 
 
-def _set_aside(db: Path, why: str) -> Path:
+def set_aside(db: Path, why: str) -> Path:
     """Rename `db` and its -wal/-shm to ``<db>.corrupt-<timestamp>``; warn in one line."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside, n = db.with_name(f"{db.name}.corrupt-{stamp}"), 1
