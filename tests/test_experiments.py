@@ -173,18 +173,53 @@ def test_cuda_without_a_gpu_fails_the_same_with_a_cached_result(cache):
 
 
 def _resume_cases():
+    """(experiment, config, unit of a progress stage, the units kept when cancelled at the first
+    attn unit, the units a resumed run computes): every experiment whose run resumes."""
+    import re
+
     from engine.experiments.dynamics import DynamicsConfig
+    from engine.experiments.influence import InfluenceConfig
+    from engine.experiments.malleability import MalleabilityConfig
+    from engine.experiments.retrain import RetrainConfig
+    from engine.experiments.scaling import ScalingConfig
 
     syn = DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=16)
-    return [("ntk-sweep", SweepConfig(data=syn, train=TrainSpec(epochs=3), widths=(16, 64), seeds=(0, 1))),
-            ("dynamics", DynamicsConfig(data=syn, train=TrainSpec(epochs=3, optimizer="sgd", lr=1.0, weight_decay=0.0),
-                                        widths=(16, 64), seeds=(0, 1), record_every=1))]
+    sgd = TrainSpec(epochs=3, optimizer="sgd", lr=1.0, weight_decay=0.0)
+
+    def seeds(stage):
+        found = re.search(r"(relu|attn) seed \d", stage)
+        return found and found.group(0)
+
+    def widths(stage):
+        found = re.search(r"(relu|attn) \S* ?m = \d+", stage)
+        return found and found.group(0)
+
+    by_seed = (["relu seed 0", "relu seed 1"], {"attn seed 0", "attn seed 1"})
+    return [
+        ("ntk-sweep", SweepConfig(data=syn, train=TrainSpec(epochs=3), widths=(16, 64), seeds=(0, 1)), seeds,
+         *by_seed),
+        ("dynamics", DynamicsConfig(data=syn, train=sgd, widths=(16, 64), seeds=(0, 1), record_every=1), seeds,
+         *by_seed),
+        ("influence", InfluenceConfig(data=syn, train=TrainSpec(epochs=3), width=16, seeds=(0, 1)), seeds, *by_seed),
+        ("malleability", MalleabilityConfig(data=syn, train=TrainSpec(epochs=3), width=16, seeds=(0, 1),
+                                            attacks=("fgsm",), eps=(0.1,)), seeds,
+         ["relu seed 0 draw 0", "relu seed 1 draw 0"], by_seed[1]),
+        ("retrain-loo", RetrainConfig(data=syn, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd", loss="mse",
+                                                                 weight_decay=0.0), widths=(16, 32), seeds=(0, 1), k=2),
+         seeds, *by_seed),
+        ("scaling", ScalingConfig(n=16, d=8, kappas=(2.0,), min_width=16, max_width=32, per_octave=1, seeds=(0, 1),
+                                  train=TrainSpec(epochs=2)), widths,
+         ["κ = 2, relu  m = 16", "κ = 2, relu  m = 32"], {"attn linear m = 16", "attn linear m = 32"}),
+    ]
 
 
-@pytest.mark.parametrize("name, cfg", _resume_cases(), ids=lambda v: v if isinstance(v, str) else "")
-def test_a_cancelled_run_resumes_from_its_finished_seeds_and_gives_the_same_result(tmp_path, name, cfg):
-    """Cancel keeps each finished architecture and seed in the cache; Run again trains only the
-    rest, and its result is the one a run that never stopped gives (timings aside)."""
+@pytest.mark.parametrize("name, cfg, unit_of, kept_units, rerun", _resume_cases(),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_a_cancelled_run_resumes_from_its_finished_units_and_gives_the_same_result(tmp_path, name, cfg, unit_of,
+                                                                                   kept_units, rerun):
+    """Cancel keeps each finished unit (an architecture and seed; for scaling a κ, model and
+    width) in the cache; Run again computes only the rest, and its result is the one a run
+    that never stopped gives (timings aside), arrays included."""
     import threading
 
     import pandas as pd
@@ -195,21 +230,24 @@ def test_a_cancelled_run_resumes_from_its_finished_seeds_and_gives_the_same_resu
     exp, cache, stop = EXPERIMENTS[name], Cache(tmp_path / "cache"), threading.Event()
 
     def cancel_at_attn(fraction, stage):
-        if stage.startswith("attn seed 0"):  # 2L-ReLU's two seeds are done by then
+        if (unit_of(stage) or "").startswith("attn"):  # every 2L-ReLU unit is done by then
             stop.set()
 
     with pytest.raises(Cancelled):
         exp.run(cfg, cache=cache, progress=cancel_at_attn, cancel=stop)
-    kept = sorted(k for k in cache._store.iterkeys() if str(k).startswith(CHECKPOINT_PREFIX))
-    assert [k.rsplit(":", 1)[-1] for k in kept if k.count(":") > 1] == ["relu seed 0", "relu seed 1"]
+    kept = sorted(str(k) for k in cache._store.iterkeys() if str(k).startswith(CHECKPOINT_PREFIX))
+    prefix = min(kept, key=len) + ":"  # the run's list of units; each unit's key is that plus its name
+    assert sorted(k[len(prefix):] for k in kept if k.startswith(prefix)) == kept_units
 
     stages = []
     resumed = exp.run(cfg, cache=cache, progress=lambda f, s: stages.append(s))
-    trained = {s.split(": ")[0] for s in stages if ": " in s}  # a unit's own steps report "unit: step"
-    assert trained == {"attn seed 0", "attn seed 1"}           # 2L-ReLU was read back, not trained again
+    assert {unit_of(s) for s in stages} - {None} == rerun  # 2L-ReLU was read back, not computed again
     assert not any(str(k).startswith(CHECKPOINT_PREFIX) for k in cache._store.iterkeys())  # stored: dropped
 
     fresh = exp.run(cfg, cache=None)
     for frame_name, frame in fresh.frames.items():
         pd.testing.assert_frame_equal(resumed.frames[frame_name].drop(columns=["seconds"], errors="ignore"),
                                       frame.drop(columns=["seconds"], errors="ignore"), check_exact=True)
+    assert set(resumed.arrays) == set(fresh.arrays)
+    for key, array in fresh.arrays.items():
+        np.testing.assert_array_equal(resumed.arrays[key], array, strict=True)

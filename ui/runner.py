@@ -8,8 +8,8 @@ server's ``JobManager``, so they survive widget changes, page switches and close
 two tabs asking for the same config share one job. After a failure or a cancel, one click on
 "Try again" / "Run again", in any tab, starts the run again (the buttons submit in their
 ``on_click`` callback, so the click counts even if the page draws differently next time); runs
-built of independent units (a sweep's architectures and seeds) resume from the units they had
-finished (``engine.experiments.runs.resumable``).
+built of independent units (each architecture and seed; for the scaling law each κ, model and
+width) resume from the units they had finished (``engine.experiments.runs.resumable``).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def _progress(key: str) -> None:
     st.progress(job.frac, text=_status(job))
     if job.cancelling:
         return  # no second Cancel; the bar says "cancelling…" until the run stops
-    if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run. A width sweep or a kernel-regime "
-                 "comparison keeps the architectures and seeds it finished; Run again resumes from them"):
+    if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run. It keeps the architectures and seeds "
+                 "(for the scaling law: the widths) it finished; Run again resumes from them"):
         manager.cancel(key)
         job.wait(CANCEL_WAIT_S)  # a run that checks its flag between steps stops well within this
         st.rerun(scope="app")

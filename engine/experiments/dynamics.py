@@ -172,6 +172,7 @@ def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed
     """One architecture and seed, every width, trained beside its linearisation: the unit a
     cancelled comparison resumes from. ``ref`` holds each architecture's ``KernelFlow``."""
     (j, n_groups), stage = at, f"{arch} seed {seed}"
+    tick(progress, cancel, j / n_groups, stage)
     flow = flow_rates(cfg.train, p.X.shape[0], p.n_out)
     t0 = time.perf_counter()
     nets = [Net(arch, p.X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
@@ -218,8 +219,7 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     rows, ref = [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
-        stage = f"{arch} seed {seed}"
-        tick(progress, cancel, j / len(groups), stage)
+        stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
         rows += resumable(stage, lambda: _dynamics_group(cfg, p, ref, arch, seed, (j, len(groups)), progress,
                                                          cancel))["rows"]
     tick(progress, cancel, 1.0, "done")

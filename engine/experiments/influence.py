@@ -31,7 +31,7 @@ from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression
 from ..reporting.gates import passes_gate
-from .runs import Prepared, Progress, experiment_run, prepare, sub_progress, tick
+from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 from ..runtime.settings import normalised, setting, validate
 from ..maths.training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
 
@@ -216,27 +216,22 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     influence_kernel, kernel_precision. Meta: image_shape, class_names, target.
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
-    sample, X32, y, Xt32, yt, c = p.sample, p.X, p.y, p.Xt, p.yt, p.c
-    X, Xt = X32.to(attack_dtype(cfg)), Xt32.to(attack_dtype(cfg))
+    sample = p.sample
+    X, Xt = p.X.to(attack_dtype(cfg)), p.Xt.to(attack_dtype(cfg))
     arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
               "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
     agg_rows, summary, ntk_acc = [], [], {}
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
-        net32 = fit_net(cfg, arch, X32, y, c, dev, seed,
-                     progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
-                     cancel=cancel)
-        tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
-        if arch not in ntk_acc:
-            ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
-        I, row = clean_run(cfg, net32, at_precision(cfg, net32), X32, Xt32, X, Xt, p, ntk_acc[arch])
+        unit = resumable(f"{arch} seed {seed}", lambda: _influence_unit(cfg, p, arch, seed, X, Xt, ntk_acc,
+                                                                        (lo, hi), progress, cancel))
         if seed == cfg.seeds[0]:
-            arrays[f"{arch}_I"] = I.cpu().numpy()
-        agg = aggregate(I).cpu().numpy()
+            arrays[f"{arch}_I"] = unit["I"]
         agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),
-                                      "label": sample.y.numpy(), "influence": agg}))
-        summary.append({"arch": arch, "seed": seed, **row, "influence_scale": float(np.abs(agg).mean()),
+                                      "label": sample.y.numpy(), "influence": unit["aggregate"]}))
+        summary.append({"arch": arch, "seed": seed, **unit["row"],
+                        "influence_scale": float(np.abs(unit["aggregate"]).mean()),
                         "influence_kernel": cfg.influence_kernel, "kernel_precision": kernel_precision(cfg),
                         "init": cfg.init})
     tick(progress, cancel, 1.0, "done")
@@ -246,3 +241,19 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
             "precision": cfg.precision}
     return Result("influence", {}, {"aggregate": pd.concat(agg_rows, ignore_index=True),
                                            "summary": pd.DataFrame(summary)}, arrays, meta)
+
+
+def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, progress, cancel) -> dict:
+    """One (arch, seed) of ``run_influence``: the trained net's influence (first seed only),
+    its aggregate and its summary row. ``ntk_acc`` keeps the K∞ baseline per arch (it depends
+    on neither seed nor training)."""
+    lo, hi = span
+    net32 = fit_net(cfg, arch, p.X, p.y, p.c, p.device, seed,
+                    progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
+                    cancel=cancel)
+    tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
+    if arch not in ntk_acc:
+        ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, p.yt, p.c, p.device)
+    I, row = clean_run(cfg, net32, at_precision(cfg, net32), p.X, p.Xt, X, Xt, p, ntk_acc[arch])
+    return {"I": I.cpu().numpy() if seed == cfg.seeds[0] else None, "aggregate": aggregate(I).cpu().numpy(),
+            "row": row}

@@ -49,7 +49,7 @@ from ..runtime.cache import Result
 from ..data import DataSpec
 from ..runtime.errors import BadInput
 from ..maths.influence import aggregate, top_indices
-from .runs import Prepared, Progress, experiment_run, prepare, sub_progress, tick
+from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 from ..runtime.settings import setting
 from ..reporting.tables import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
 from ..maths.training import TrainSpec, accuracy, predict_labels, resolve_loss
@@ -270,54 +270,21 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
 def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, inter, arrays, flips) -> dict:
     """One data draw of ``run_malleability``: appends its rows, interventions and per-row flips."""
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
-    sample, y, yt, c = p.sample, p.y, p.yt, p.c
+    sample, loss = p.sample, resolve_loss(cfg.train, p.c)
     X32, Xt32, box = in_space(cfg, p)
     X, Xt = X32.to(attack_dtype(cfg)), Xt32.to(attack_dtype(cfg))
-    loss = resolve_loss(cfg.train, c)
     combos = [(a, e) for a in cfg.attacks for e in cfg.eps]
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     ntk_acc, clean_agg, first_row = {}, {}, len(rows)
     for k, (arch, seed) in enumerate(runs):
-        lo, hi = k / len(runs), (k + 1) / len(runs)
-        adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
-        net32 = fit_net(cfg, arch, X32, y, c, dev, seed, box, adv,
-                     sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
-        net = at_precision(cfg, net32)
-        if arch not in ntk_acc:
-            ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, yt, c, dev)
-        I0, clean = clean_run(cfg, net32, net, X32, Xt32, X, Xt, p, ntk_acc[arch])
-        agg0 = aggregate(I0)
-        top = top_indices(agg0, cfg.tau)
-        clean_agg[(arch, seed)] = agg0, top
-        first_Xp = None
-        for j, (method, eps) in enumerate(combos):
-            tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo),
-                 f"{arch} seed {seed}: {method} ε={eps:g}")
-            spec = attack_spec(cfg, method, eps, seed)
-            row, Xp, agg1, point_flips = _measure(cfg, arch, net, p, X, Xt, box, spec, I0, agg0, top, loss, seed,
-                                                  _null_seed(seed, j), cancel)
-            rows.append({"data_seed": cfg.data.seed, "arch": arch, "seed": seed, "attack": method, "eps": float(eps),
-                         **row, **clean, "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
-                         "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
-                         "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
-                         "ridge": cfg.ridge, "influence_kernel": cfg.influence_kernel, "init": cfg.init,
-                         "attention": cfg.attention if arch == "attn" else None,
-                         "optimizer": cfg.train.optimizer, "storage": cfg.storage,
-                         "attack_precision": cfg.precision, "kernel_precision": kernel_precision(cfg),
-                         "steps": 1 if method == "fgsm" else spec.steps,
-                         "step_size": eps if method == "fgsm" else spec.alpha})
-            flips.append(point_flips)
-            first_Xp = Xp if first_Xp is None else first_Xp
-            if seed == cfg.seeds[0]:
-                arrays.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
-                               example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
-                               example_key(arch, method, eps, "X_pert"): Xp[top].float().cpu().numpy(),
-                               example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
-                               example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
-        if cfg.interventions:
-            tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch} seed {seed}: interventions")
-            inter += _interventions(cfg, arch, seed, net, p, X, Xt, box, agg0, top, clean["test_acc"],
-                                    first_Xp, loss, cancel)
+        span = k / len(runs), (k + 1) / len(runs)
+        unit = resumable(f"{arch} seed {seed} draw {cfg.data.seed}", lambda: _malleability_net(
+            cfg, p, arch, seed, (X32, Xt32, X, Xt, box), loss, combos, ntk_acc, span, progress, cancel))
+        rows += unit["rows"]
+        flips += [tuple(f) for f in unit["flips"]]
+        inter += unit["inter"]
+        clean_agg[(arch, seed)] = unit["agg0"], unit["top"]
+        arrays.update(unit["examples"])  # the first seed's only
     _seed_nulls(cfg, rows, flips, first_row, clean_agg)
     return {"image_shape": list(sample.image_shape) if sample.image_shape else None,
             "class_names": list(sample.class_names), "n": sample.n, "n_test": int(sample.X_test.shape[0]),
@@ -325,6 +292,54 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, inter, arrays
             "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
             "storage": cfg.storage, "influence_kernel": cfg.influence_kernel, "precision": cfg.precision,
             "null_seed_pairs": _partners(cfg.seeds)}
+
+
+def _malleability_net(cfg, p: Prepared, arch, seed, inputs, loss, combos, ntk_acc: dict, span, progress,
+                      cancel) -> dict:
+    """One (arch, seed) of a draw: the clean net, every (attack, ε) row with its per-point flips,
+    the interventions, and the first seed's example arrays. ``inputs``: X32, Xt32 (the attack's
+    space, float32), X, Xt (at the attack's precision) and the pixel box."""
+    X32, Xt32, X, Xt, box = inputs
+    lo, hi = span
+    adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
+    net32 = fit_net(cfg, arch, X32, p.y, p.c, p.device, seed, box, adv,
+                    sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
+    net = at_precision(cfg, net32)
+    if arch not in ntk_acc:  # the K∞ baseline depends on neither seed nor training
+        ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, p.yt, p.c, p.device)
+    I0, clean = clean_run(cfg, net32, net, X32, Xt32, X, Xt, p, ntk_acc[arch])
+    agg0 = aggregate(I0)
+    top = top_indices(agg0, cfg.tau)
+    rows, flips, examples, first_Xp = [], [], {}, None
+    for j, (method, eps) in enumerate(combos):
+        tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo), f"{arch} seed {seed}: {method} ε={eps:g}")
+        spec = attack_spec(cfg, method, eps, seed)
+        row, Xp, agg1, point_flips = _measure(cfg, arch, net, p, X, Xt, box, spec, I0, agg0, top, loss, seed,
+                                              _null_seed(seed, j), cancel)
+        rows.append({"data_seed": cfg.data.seed, "arch": arch, "seed": seed, "attack": method, "eps": float(eps),
+                     **row, **clean, "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
+                     "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
+                     "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
+                     "ridge": cfg.ridge, "influence_kernel": cfg.influence_kernel, "init": cfg.init,
+                     "attention": cfg.attention if arch == "attn" else None,
+                     "optimizer": cfg.train.optimizer, "storage": cfg.storage,
+                     "attack_precision": cfg.precision, "kernel_precision": kernel_precision(cfg),
+                     "steps": 1 if method == "fgsm" else spec.steps,
+                     "step_size": eps if method == "fgsm" else spec.alpha})
+        flips.append(point_flips)
+        first_Xp = Xp if first_Xp is None else first_Xp
+        if seed == cfg.seeds[0]:
+            examples.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
+                             example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
+                             example_key(arch, method, eps, "X_pert"): Xp[top].float().cpu().numpy(),
+                             example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
+                             example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
+    inter = []
+    if cfg.interventions:
+        tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch} seed {seed}: interventions")
+        inter = _interventions(cfg, arch, seed, net, p, X, Xt, box, agg0, top, clean["test_acc"], first_Xp, loss,
+                               cancel)
+    return {"rows": rows, "flips": flips, "inter": inter, "agg0": agg0, "top": top, "examples": examples}
 
 
 def _null_seed(seed: int, combo: int) -> int:

@@ -72,7 +72,7 @@ from ..maths.influence import factor_bytes
 from ..maths.models import Attention, Net, parse_attention
 from ..maths.ntk import empirical_ntk_features
 from ..maths.kinf import infinite_ntk
-from .runs import Progress, check_finite, experiment_run, prepare, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
 from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import summarize
 from ..maths.training import TrainSpec, predict_labels, resolve_loss
@@ -224,110 +224,19 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
     its copy trained beside the retrainings: 0 on CPU), source, device.
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
-    X, y, Xt, yt, c, Y = p.X, p.y, p.Xt, p.yt, p.c, p.Y
-    n, n_out = X.shape[0], p.n_out
+    n, c, Xt = p.X.shape[0], p.c, p.Xt
     loss_name = resolve_loss(cfg.train, c)
     if "flow" in cfg.loo and loss_name != "mse":
         raise BadInput(f"loo 'flow' follows MSE training; this task trains with {loss_name}: add --loss mse "
                        "or use --loo ridge")
     rows, changes, kinf, stop, gap = [], [], {}, {}, 0.0
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
-    sizes = list(cfg.widths)
     for j, (arch, seed) in enumerate(groups):
-        stage = f"{arch} seed {seed}"
-        lo, hi = j / len(groups), (j + 1) / len(groups)
-        tick(progress, cancel, lo, stage)
-        t0 = time.perf_counter()
-        nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize, init=cfg.init).to(dev)
-                for w in sizes]
-        heads = [net.mlp for net in nets]
-        with torch.no_grad():
-            phi, phi_t = nets[0].features(X), nets[0].features(Xt)
-        if arch not in kinf:  # features, hence K∞ and its ridge leave-one-out, depend on neither seed nor width
-            K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
-            check_finite(K, f"the infinite-width kernel of {arch}")
-            stop[arch] = stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean()))
-            ridge = kernel_loo(K, K_t, Y, yt, cfg.ridge) if "ridge" in cfg.loo else None
-            kinf[arch] = (K, K_t, ridge)
-
-        # 1. the full runs, every width in one batched model
-        sub = lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}")  # noqa: E731
-        full = train_masked(phi, y, c, heads, torch.ones(len(heads), n, dtype=torch.bool, device=dev), cfg.train,
-                            seed, None if progress is None else sub, cancel)
-        tick(progress, cancel, lo + 0.2 * (hi - lo), f"{stage}: kernels of the trained nets")
-
-        # 2. the picks from each trained net's eNTK influence, and every kernel's prediction at them
-        offsets = np.cumsum([0, *sizes])
-        chosen, points, preds = [], [], []
-        for i, head in enumerate(heads):
-            seg = slice(int(offsets[i]), int(offsets[i + 1]))
-            twin = copy.deepcopy(head)  # the trained head, for its kernel
-            with torch.no_grad():
-                twin.W.copy_(full.W[seg])
-                F0, F0_t = (head_outputs(f @ full.W0[seg].T, [head])[0].double() for f in (phi, phi_t))
-            K, K_t = empirical_ntk_features(twin, phi), empirical_ntk_features(twin, phi_t, phi)
-            check_finite(K, f"the empirical kernel of {arch} at width {head.width}")
-            influence = kernel_loo(K, K_t, Y, yt, cfg.ridge)  # the engine's influence: it picks the top points
-            pk = picks(influence.scored(cfg.target, yt).mean(dim=0), cfg.k, seed)
-            pts = torch.unique(torch.cat([pk["top"], pk["random"]])).to(dev)  # each point retrained once
-            mine = {}
-            for kernel in cfg.kernels:
-                KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else kinf[arch]
-                if "ridge" in cfg.loo:
-                    mine[kernel, "ridge"] = KernelLOO(ridge.D[:, pts], pts, ridge.jstar)
-                if "flow" in cfg.loo:
-                    mine[kernel, "flow"] = flow_loo(KK, KK_t, Y, yt, pts, cfg.train, F0, F0_t)
-            del K, K_t, influence
-            chosen.append(pk)
-            points.append(pts)
-            preds.append(mine)
-
-        # 3. every retraining (and a copy of each full run) as one batched model
-        batch_heads, keep_rows = [], []
-        for head, pts in zip(heads, points):
-            keep = torch.ones(1 + len(pts), n, dtype=torch.bool, device=dev)
-            keep[torch.arange(1, 1 + len(pts), device=dev), pts] = False
-            batch_heads += [head] * (1 + len(pts))
-            keep_rows.append(keep)
-        sub = lambda f, s, a=lo, b=hi: progress(a + (0.25 + 0.7 * f) * (b - a),  # noqa: E731
-                                                f"{stage}: retrainings, {s}")
-        run = train_masked(phi, y, c, batch_heads, torch.cat(keep_rows), cfg.train, seed,
-                           None if progress is None else sub, cancel)
-        tick(progress, cancel, lo + 0.95 * (hi - lo), f"{stage}: comparing")
-        seconds = (time.perf_counter() - t0) / len(sizes)
-        units = np.cumsum([0, *[h.width for h in batch_heads]])
-        first = 0
-        for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds)):
-            seg = slice(int(offsets[i]), int(offsets[i + 1]))
-            group = slice(int(units[first]), int(units[first + 1 + len(pts)]))
-            with torch.no_grad():
-                out_t = head_outputs(phi_t @ run.W[group].T, batch_heads[first:first + 1 + len(pts)]).double()
-                out_x, ref_t = (head_outputs(f @ full.W[seg].T, [head])[0].double() for f in (phi, phi_t))
-            first += 1 + len(pts)
-            gap = max(gap, float((out_t[0] - ref_t).abs().max()))
-            D_act = (out_t[0][None] - out_t[1:]).permute(1, 0, 2)  # (n_test, points, c): f − f₋ᵢ
-            net_metrics = {
-                "train_acc": float((predict_labels(out_x) == y).double().mean()),
-                "test_acc": float((predict_labels(ref_t) == yt).double().mean()),
-                "weight_movement": float(torch.linalg.norm(full.W[seg] - full.W0[seg])
-                                         / torch.linalg.norm(full.W0[seg])),
-                "final_loss": full.losses[-1][i],
-            }
-            for (kernel, loo), pred_loo in mine.items():
-                actual_loo = KernelLOO(D_act, pts, pred_loo.jstar)  # the net's changes, on the kernel's j*
-                for pick in PICKS:
-                    idx = pk[pick].to(dev)
-                    pred, actual = pred_loo.scored(cfg.target, yt, idx), actual_loo.scored(cfg.target, yt, idx)
-                    rows.append({"arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                                 "init": cfg.init, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo,
-                                 "pick": pick, "k": int(idx.numel()), "n_test": int(Xt.shape[0]),
-                                 **agreement(pred, actual), **net_metrics, "seconds": seconds})
-                    nt = pred.shape[0]
-                    changes.append(pd.DataFrame({
-                        "arch": arch, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo, "pick": pick,
-                        "point": np.repeat(idx.cpu().numpy(), nt), "test_index": np.tile(np.arange(nt), idx.numel()),
-                        "predicted": pred.T.flatten().cpu().numpy(), "actual": actual.T.flatten().cpu().numpy()}))
-        del run, full
+        span = j / len(groups), (j + 1) / len(groups)
+        unit = resumable(f"{arch} seed {seed}", lambda: _retrain_unit(cfg, p, arch, seed, kinf, span, progress, cancel))
+        rows += unit["rows"]
+        changes += [pd.DataFrame(part) for part in unit["changes"]]
+        gap, stop[arch] = max(gap, unit["gap"]), unit["stopping_ridge"]
     tick(progress, cancel, 1.0, "done")
     frame = pd.DataFrame(rows)
     meta = {"n": n, "n_test": int(Xt.shape[0]), "d": p.sample.d, "n_classes": c, "loss": loss_name,
@@ -337,3 +246,106 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
               "summary": summarize(frame, ["arch", "attention", "width", "kernel", "loo", "pick"], METRICS),
               "changes": pd.concat(changes, ignore_index=True)}
     return Result("retrain-loo", {}, frames, {}, meta)
+
+
+def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, cancel) -> dict:
+    """One (arch, seed) of ``run_retrain_loo``, every width at once: its rows, its per-point
+    changes (one column dict per (width, kernel, loo, pick)), the full runs' rerun gap and the
+    arch's stopping ridge. ``kinf`` keeps K∞, its test block and ridge LOO per arch (they
+    depend on neither seed nor width)."""
+    stage, (lo, hi) = f"{arch} seed {seed}", span
+    X, y, Xt, yt, c, Y, dev = p.X, p.y, p.Xt, p.yt, p.c, p.Y, p.device
+    n, n_out, sizes = X.shape[0], p.n_out, list(cfg.widths)
+    rows, changes, gap = [], [], 0.0
+    tick(progress, cancel, lo, stage)
+    t0 = time.perf_counter()
+    nets = [Net(arch, X, w, n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize, init=cfg.init).to(dev)
+            for w in sizes]
+    heads = [net.mlp for net in nets]
+    with torch.no_grad():
+        phi, phi_t = nets[0].features(X), nets[0].features(Xt)
+    if arch not in kinf:  # features, hence K∞ and its ridge leave-one-out, depend on neither seed nor width
+        K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
+        check_finite(K, f"the infinite-width kernel of {arch}")
+        ridge = kernel_loo(K, K_t, Y, yt, cfg.ridge) if "ridge" in cfg.loo else None
+        kinf[arch] = (K, K_t, ridge, stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean())))
+
+    # 1. the full runs, every width in one batched model
+    sub = lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}")  # noqa: E731
+    full = train_masked(phi, y, c, heads, torch.ones(len(heads), n, dtype=torch.bool, device=dev), cfg.train,
+                        seed, None if progress is None else sub, cancel)
+    tick(progress, cancel, lo + 0.2 * (hi - lo), f"{stage}: kernels of the trained nets")
+
+    # 2. the picks from each trained net's eNTK influence, and every kernel's prediction at them
+    offsets = np.cumsum([0, *sizes])
+    chosen, points, preds = [], [], []
+    for i, head in enumerate(heads):
+        seg = slice(int(offsets[i]), int(offsets[i + 1]))
+        twin = copy.deepcopy(head)  # the trained head, for its kernel
+        with torch.no_grad():
+            twin.W.copy_(full.W[seg])
+            F0, F0_t = (head_outputs(f @ full.W0[seg].T, [head])[0].double() for f in (phi, phi_t))
+        K, K_t = empirical_ntk_features(twin, phi), empirical_ntk_features(twin, phi_t, phi)
+        check_finite(K, f"the empirical kernel of {arch} at width {head.width}")
+        influence = kernel_loo(K, K_t, Y, yt, cfg.ridge)  # the engine's influence: it picks the top points
+        pk = picks(influence.scored(cfg.target, yt).mean(dim=0), cfg.k, seed)
+        pts = torch.unique(torch.cat([pk["top"], pk["random"]])).to(dev)  # each point retrained once
+        mine = {}
+        for kernel in cfg.kernels:
+            KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else kinf[arch][:3]
+            if "ridge" in cfg.loo:
+                mine[kernel, "ridge"] = KernelLOO(ridge.D[:, pts], pts, ridge.jstar)
+            if "flow" in cfg.loo:
+                mine[kernel, "flow"] = flow_loo(KK, KK_t, Y, yt, pts, cfg.train, F0, F0_t)
+        del K, K_t, influence
+        chosen.append(pk)
+        points.append(pts)
+        preds.append(mine)
+
+    # 3. every retraining (and a copy of each full run) as one batched model
+    batch_heads, keep_rows = [], []
+    for head, pts in zip(heads, points):
+        keep = torch.ones(1 + len(pts), n, dtype=torch.bool, device=dev)
+        keep[torch.arange(1, 1 + len(pts), device=dev), pts] = False
+        batch_heads += [head] * (1 + len(pts))
+        keep_rows.append(keep)
+    sub = lambda f, s, a=lo, b=hi: progress(a + (0.25 + 0.7 * f) * (b - a),  # noqa: E731
+                                            f"{stage}: retrainings, {s}")
+    run = train_masked(phi, y, c, batch_heads, torch.cat(keep_rows), cfg.train, seed,
+                       None if progress is None else sub, cancel)
+    tick(progress, cancel, lo + 0.95 * (hi - lo), f"{stage}: comparing")
+    seconds = (time.perf_counter() - t0) / len(sizes)
+    units = np.cumsum([0, *[h.width for h in batch_heads]])
+    first = 0
+    for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds)):
+        seg = slice(int(offsets[i]), int(offsets[i + 1]))
+        group = slice(int(units[first]), int(units[first + 1 + len(pts)]))
+        with torch.no_grad():
+            out_t = head_outputs(phi_t @ run.W[group].T, batch_heads[first:first + 1 + len(pts)]).double()
+            out_x, ref_t = (head_outputs(f @ full.W[seg].T, [head])[0].double() for f in (phi, phi_t))
+        first += 1 + len(pts)
+        gap = max(gap, float((out_t[0] - ref_t).abs().max()))
+        D_act = (out_t[0][None] - out_t[1:]).permute(1, 0, 2)  # (n_test, points, c): f − f₋ᵢ
+        net_metrics = {
+            "train_acc": float((predict_labels(out_x) == y).double().mean()),
+            "test_acc": float((predict_labels(ref_t) == yt).double().mean()),
+            "weight_movement": float(torch.linalg.norm(full.W[seg] - full.W0[seg])
+                                     / torch.linalg.norm(full.W0[seg])),
+            "final_loss": full.losses[-1][i],
+        }
+        for (kernel, loo), pred_loo in mine.items():
+            actual_loo = KernelLOO(D_act, pts, pred_loo.jstar)  # the net's changes, on the kernel's j*
+            for pick in PICKS:
+                idx = pk[pick].to(dev)
+                pred, actual = pred_loo.scored(cfg.target, yt, idx), actual_loo.scored(cfg.target, yt, idx)
+                rows.append({"arch": arch, "attention": cfg.attention if arch == "attn" else None,
+                             "init": cfg.init, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo,
+                             "pick": pick, "k": int(idx.numel()), "n_test": int(Xt.shape[0]),
+                             **agreement(pred, actual), **net_metrics, "seconds": seconds})
+                nt = pred.shape[0]
+                changes.append({
+                    "arch": arch, "width": head.width, "seed": seed, "kernel": kernel, "loo": loo, "pick": pick,
+                    "point": np.repeat(idx.cpu().numpy(), nt), "test_index": np.tile(np.arange(nt), idx.numel()),
+                    "predicted": pred.T.flatten().cpu().numpy(), "actual": actual.T.flatten().cpu().numpy()})
+    del run, full
+    return {"rows": rows, "changes": changes, "gap": gap, "stopping_ridge": kinf[arch][3]}

@@ -9,11 +9,14 @@ and moves it to the device once.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..data import DataSpec, Sample, load_sample
@@ -37,16 +40,44 @@ def resumable(unit: str, compute: Callable[[], dict]) -> dict:
     """One independent unit of a run (an architecture and seed, say): computed, or read back
     from the checkpoint an earlier, cancelled run of the same config left in the cache.
 
-    ``compute()`` returns JSON-able pieces (lists of row dicts). They always pass through JSON,
-    checkpointed or not, so a resumed run's result is bit for bit that of one that never
-    stopped. A unit must not depend on the units before it (its own seed, its own nets)."""
+    ``compute()`` returns JSON-able pieces: row dicts, numbers, and numpy arrays or torch
+    tensors (kept as .npy bytes, so every bit and dtype survives; tensors come back on the
+    CPU). The pieces always pass through that encoding, checkpointed or not, so a resumed
+    run's result is bit for bit that of one that never stopped. A unit must not depend on
+    the units before it (its own seed, its own nets)."""
     kept = checkpoints()
     value = kept.get(unit) if kept is not None else None
-    if value is None:
-        value = json.loads(json.dumps(compute()))
-        if kept is not None:
-            kept.put(unit, value)
-    return value
+    if value is not None:
+        try:
+            return _decode_arrays(value)
+        except (ValueError, TypeError, KeyError):  # a damaged array: recomputed, never trusted
+            pass
+    value = json.loads(json.dumps(compute(), default=_encode_array))
+    if kept is not None:
+        kept.put(unit, value)
+    return _decode_arrays(value)
+
+
+def _encode_array(obj) -> dict:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if not isinstance(obj, (np.ndarray, torch.Tensor)):
+        raise TypeError(f"a resumable unit returned {type(obj).__name__}; allowed: JSON values and arrays")
+    buf = io.BytesIO()
+    np.save(buf, obj.detach().cpu().numpy() if isinstance(obj, torch.Tensor) else obj, allow_pickle=False)
+    return {"__array__": "tensor" if isinstance(obj, torch.Tensor) else "ndarray",
+            "npy": base64.b64encode(buf.getvalue()).decode("ascii")}
+
+
+def _decode_arrays(value):
+    if isinstance(value, list):
+        return [_decode_arrays(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"__array__", "npy"}:
+        array = np.load(io.BytesIO(base64.b64decode(value["npy"])), allow_pickle=False)
+        return torch.from_numpy(array) if value["__array__"] == "tensor" else array
+    return {k: _decode_arrays(v) for k, v in value.items()}
 
 
 def sub_progress(progress: Progress | None, lo: float, hi: float, prefix: str) -> Progress | None:

@@ -31,7 +31,7 @@ from ..maths.models import MAX_WIDTH, Attention, Net, parse_attention
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import relative_distance, whitened_distance
-from .runs import Progress, experiment_run, tick, to_device
+from .runs import Progress, experiment_run, resumable, tick, to_device
 from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope
 from ..maths.training import TrainSpec, n_outputs, train
@@ -143,8 +143,9 @@ def _distance(cfg, K, K_ref) -> float:
     return relative_distance(K, K_ref)
 
 
-def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel) -> list[float]:
-    """The distance of each seed's net at one width."""
+def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report) -> list[float]:
+    """The distance of each seed's net at one width (``report``: progress, fraction, stage)."""
+    tick(report[0], cancel, report[1], report[2])
     out = []
     for seed in cfg.seeds:
         net = Net(arch, X, width, n_outputs(c), seed, 1.0, attention, cfg.normalize).to(dev)
@@ -203,9 +204,10 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
                 K_inf = infinite_ntk(probe.features(X))
             label = attention if arch == "attn" else None
             for w in grid:
-                tick(progress, cancel, done / total, f"κ = {kappa:g}, {arch} {label or ''} m = {w}")
-                done += 1
-                for seed, dist in zip(cfg.seeds, _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel)):
+                unit, frac, done = f"κ = {kappa:g}, {arch} {label or ''} m = {w}", done / total, done + 1
+                dists = resumable(unit, lambda: _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel,
+                                                           (progress, frac, unit)))
+                for seed, dist in zip(cfg.seeds, dists):
                     evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
                                   "seed": seed, "distance": dist})
             rows.append({"arch": arch, "attention": label, "kappa": float(kappa),

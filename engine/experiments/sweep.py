@@ -121,6 +121,7 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int,
     (this group's index, the number of groups) for progress. Returns lists of row dicts."""
     X, y, Xt, yt, c, Y = p.X, p.y, p.Xt, p.yt, p.c, p.Y
     (j, n_groups), stage = at, f"{arch} seed {seed}"
+    tick(progress, cancel, j / n_groups, stage)
     rows, losses, trajectory = [], [], []
     t0 = time.perf_counter()
     nets = [Net(arch, X, w, n_outputs(c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
@@ -198,8 +199,7 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
     rows, losses, trajectory, ref = [], [], [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
-        stage = f"{arch} seed {seed}"
-        tick(progress, cancel, j / len(groups), stage)
+        stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
         part = resumable(stage, lambda: _sweep_group(cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel))
         rows += part["rows"]
         losses += part["losses"]
