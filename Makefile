@@ -32,13 +32,19 @@ run: setup
 	$(BIN)/streamlit run app.py --server.port $(PORT) --server.address $(ADDRESS) \
 		--server.headless true --browser.gatherUsageStats false
 
-# The quick suite: every test not marked slow (a few minutes on 2 cores).
+# Tests run in parallel workers, one per core (at most 4), a test file per worker at a time (its
+# module fixtures, a Ray head or a server, start once); each worker's torch gets its share of the
+# cores. PYTEST_WORKERS=0 runs them in this process.
+PYTEST_WORKERS ?= auto
+PYTEST_PAR := -n $(PYTEST_WORKERS) --dist loadfile
+
+# The quick suite: every test not marked slow (about 3 minutes on 2 cores).
 test: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_PAR) -m "not slow"
 
 # Everything: adds memory peaks, AppTest on MNIST, the Ray grid and the browser (CI runs this).
 test-all: setup
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -m pytest $(PYTEST_PAR) --durations=30
 
 bench: setup
 	$(BIN)/python -m engine bench --quick

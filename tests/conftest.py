@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -101,11 +102,23 @@ REL_MEMORY_REREAD_RAW = 0.2
 REL_ETA = 0.01
 
 
+MAX_WORKERS = 4  # `-n auto` (the Makefile's): one test worker per core, at most this many (memory)
+
+
+def pytest_xdist_auto_num_workers(config):
+    return max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: tests that take more than a few seconds")
     config.addinivalue_line("markers", "browser: tests that drive a real Chromium")
     config.addinivalue_line("markers", "cuda: tests that need a CUDA GPU")
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # parallel workers share the cores: oversubscribed OpenMP threads spin against each other
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # and the CLI, grid and server subprocesses too
 
 
 @pytest.fixture(scope="session")
