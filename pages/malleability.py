@@ -15,7 +15,6 @@ from engine.reporting import tables
 from engine.maths.attacks import AttackSpec
 from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
 from engine.reporting.plots.nulls import excess_fig, nulls_fig
-from engine.runtime.settings import meta
 from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
@@ -27,14 +26,6 @@ EPS_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 WIDTHS = (64, 256, 1024, 4096)
 RIDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 QUICK = configs.QUICK["malleability"]
-
-
-def _float_input(container, label: str, cls, name: str, key: str, value: float):
-    """A float input shown with %g (1e-3 stays readable); bounds and help from the setting."""
-    m = meta(cls, name)
-    lo = None if m.lo is None else (1e-6 if m.lo_open and m.lo == 0 else float(m.lo))
-    return container.number_input(label, min_value=lo, max_value=None if m.hi is None else float(m.hi),
-                                  value=float(value), format="%g", key=key, help=configs.help_of(cls, name), **BOUND)
 
 
 def controls_ui() -> dict:
@@ -59,8 +50,7 @@ def controls_ui() -> dict:
     n_seeds = c4.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="mall.seeds", **BOUND,
                               help="Flip rates are shown as mean ± sd over these seeds.")
     c1, c2, c3, c4, c5 = st.columns([1, 1, 0.9, 1.7, 1])  # room for the checkbox labels
-    optimizer = c5.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="mall.optimizer",
-                             **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
+    optimizer = configs.optimizer_ui(c5, key="mall.optimizer", lr_key="mall.lr")
     width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="mall.width", **BOUND)
     tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=QUICK.tau,
                            key="mall.tau", **BOUND, help=configs.help_of(MalleabilityConfig, "tau"))
@@ -81,8 +71,8 @@ def controls_ui() -> dict:
                       help=configs.help_of(MalleabilityConfig, "influence_kernel"))
     init = c3.radio("Initialisation", configs.choices_of(MalleabilityConfig, "init"), key="mall.init", **BOUND,
                     help=configs.help_of(MalleabilityConfig, "init"))
-    lr = _float_input(c4, "Learning rate", TrainSpec, "lr", key="mall.lr", value=QUICK.train.lr)
-    decay = _float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
+    lr = configs.float_input(c4, "Learning rate", TrainSpec, "lr", key="mall.lr", value=QUICK.train.lr)
+    decay = configs.float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
                          value=QUICK.train.weight_decay)
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
                 steps=int(steps), epochs=int(epochs), width=int(width), tau=float(tau), perturb=perturb,

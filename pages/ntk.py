@@ -16,8 +16,8 @@ from ui.runner import obtain_planned
 BOUND = configs.BOUND
 
 
-def controls_ui() -> tuple[int, int, float, str, str]:
-    c1, c2, c3, c4, c5 = st.columns(5)
+def controls_ui() -> tuple[int, int, float, str, float, str]:
+    c1, c2, c3 = st.columns(3)
     epochs = configs.number(c1, "Training epochs", TrainSpec, "epochs", "ntk.epochs",
                             value=configs.QUICK["ntk-sweep"].train.epochs, step=10, hi=1000)
     seeds = c2.number_input("Network seeds per width", 1, 10, 3, key="ntk.seeds", **BOUND,
@@ -25,14 +25,16 @@ def controls_ui() -> tuple[int, int, float, str, str]:
     ridge = c3.select_slider("Ridge λ (relative)", [1e-6, 1e-4, 1e-3, 1e-2, 1e-1],
                              value=configs.QUICK["ntk-sweep"].ridge, key="ntk.ridge", **BOUND,
                              help=configs.help_of(SweepConfig, "ridge"))
-    optimizer = c4.selectbox("Optimiser", configs.choices_of(TrainSpec, "optimizer"), key="ntk.optimizer",
-                             **BOUND, help=configs.help_of(TrainSpec, "optimizer"))
-    metric = c5.selectbox("Kernel distance", list(NTK_METRIC_LABELS), format_func=lambda k: NTK_METRIC_LABELS[k],
+    c4, c5, c6 = st.columns(3)
+    optimizer = configs.optimizer_ui(c4, key="ntk.optimizer", lr_key="ntk.lr")
+    lr = configs.float_input(c5, "Learning rate", TrainSpec, "lr", key="ntk.lr",
+                             value=configs.QUICK["ntk-sweep"].train.lr)
+    metric = c6.selectbox("Kernel distance", list(NTK_METRIC_LABELS), format_func=lambda k: NTK_METRIC_LABELS[k],
                           key="ntk.metric", **BOUND,
                           help="The prediction gap (the default) and the whitened distance see the conditioning "
                                "the paper is about; the Frobenius distance is blind to it and can put MLP-Attn "
                                "closer to K∞ than 2L-ReLU.")
-    return int(epochs), int(seeds), float(ridge), optimizer, metric
+    return int(epochs), int(seeds), float(ridge), optimizer, float(lr), metric
 
 
 def heatmap_ui(widths: tuple[int, ...], archs: tuple[str, ...]) -> tuple[str, int]:
@@ -52,8 +54,8 @@ st.markdown(
     f"Settings: {s.describe()}, attention `{s.attention}`.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
-epochs, n_seeds, ridge, optimizer, metric = controls_ui()
-cfg = configs.sweep_config(s, epochs, n_seeds, ridge, optimizer=optimizer)
+epochs, n_seeds, ridge, optimizer, lr, metric = controls_ui()
+cfg = configs.sweep_config(s, epochs, n_seeds, ridge, optimizer=optimizer, lr=lr)
 res = obtain_planned(run_ntk_sweep, cfg, f"NTK sweep, {len(cfg.widths) * len(cfg.archs) * n_seeds} nets",
                      button="Run the sweep")
 

@@ -120,6 +120,23 @@ def test_sidebar_controls_change_results(env):
     assert not at.exception
 
 
+def test_picking_an_optimiser_sets_a_learning_rate_it_trains_with(env):
+    """Plain SGD with Adam's lr 1e-3 would barely move the net: the NTK page's lr follows the
+    optimiser picked (still editable), and the run's command line carries both."""
+    from engine.maths.training import SUGGESTED_LR
+
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    assert at.number_input(key="ntk.lr").value == SUGGESTED_LR["adam"]
+    at.selectbox(key="ntk.optimizer").set_value("sgd")
+    settle(at)
+    assert at.number_input(key="ntk.lr").value == SUGGESTED_LR["sgd"]
+    line = " ".join(c.value for c in at.code)
+    assert "--optimizer sgd" in line and f"--lr {SUGGESTED_LR['sgd']:g}" in line
+    at.number_input(key="ntk.lr").set_value(0.5)
+    settle(at)
+    assert "--lr 0.5" in " ".join(c.value for c in at.code) and not at.exception
+
+
 def test_page_controls_change_results(env):
     at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
     rows = next(d.value for d in at.dataframe if "seed" in d.value.columns)  # one row per seed

@@ -139,7 +139,8 @@ def test_kernel_grid():
     assert all(c.page == "ntk-sweep" and replace(c.config) == c.config for c in cells)
     assert cells[0].config == base and not L.of(cells[0]).unlinked
     sgd = next(c for c in cells if c.config.train.optimizer == "sgd")
-    assert (sgd.config.train.lr, sgd.config.train.weight_decay) == (10.0, 0.0) and "train" in L.of(sgd).unlinked
+    assert (sgd.config.train.lr, sgd.config.train.weight_decay) == (10.0, 0.0) and not L.of(sgd).unlinked
+    assert L.of(sgd).params["ntk.lr"] == "10.0"  # the page's learning rate, not the optimiser's suggestion
 
 
 def test_unreproducible_settings_are_named():
@@ -218,9 +219,9 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
     for c in P.kernel_variants(sbase):
         p = L.of(c).params
         cfg = configs.sweep_config(sidebar(p, tuple(int(w) for w in p["widths"])), int(p["ntk.epochs"]),
-                                   int(p["ntk.seeds"]), float(p["ntk.ridge"]), optimizer=p["ntk.optimizer"])
-        assert cfg == replace(c.config, train=replace(c.config.train, lr=cfg.train.lr,
-                                                         weight_decay=cfg.train.weight_decay))
+                                   int(p["ntk.seeds"]), float(p["ntk.ridge"]), optimizer=p["ntk.optimizer"],
+                                   lr=float(p["ntk.lr"]))
+        assert cfg == replace(c.config, train=replace(c.config.train, weight_decay=cfg.train.weight_decay))
         assert bool(L.of(c).unlinked) == (cfg != c.config)   # what the page cannot take is named
 
 

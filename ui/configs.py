@@ -39,6 +39,30 @@ def page_url(page: str, fallback: str | None = None) -> str:
     return fallback
 
 
+def float_input(container, label: str, cls, name: str, key: str, value: float):
+    """A float input shown with %g (1e-3 stays readable); bounds and help from the setting ``cls.name``."""
+    m = meta(cls, name)
+    lo = None if m.lo is None else (1e-6 if m.lo_open and m.lo == 0 else float(m.lo))
+    return container.number_input(label, min_value=lo, max_value=None if m.hi is None else float(m.hi),
+                                  value=float(value), format="%g", key=key, help=help_of(cls, name), **BOUND)
+
+
+def optimizer_ui(container, key: str, lr_key: str) -> str:
+    """The optimiser select of a page; picking one sets the page's learning rate (``lr_key``) to
+    that optimiser's ``SUGGESTED_LR``, which stays editable."""
+    import streamlit as st
+
+    from engine.maths.training import SUGGESTED_LR, TrainSpec
+
+    def follow():
+        st.session_state[lr_key] = SUGGESTED_LR[st.session_state[key]]
+
+    return container.selectbox("Optimiser", choices_of(TrainSpec, "optimizer"), key=key, on_change=follow,
+                               help=help_of(TrainSpec, "optimizer") + ". Picking one sets the learning rate to "
+                               "one it trains with here (" + ", ".join(f"{o} {v:g}" for o, v in SUGGESTED_LR.items())
+                               + ")", **BOUND)
+
+
 def number(container, label: str, cls, name: str, key: str, value=None, step=None, hi=None):
     """A number input whose bounds and help come from the setting ``cls.name``; bound to the URL.
 
@@ -137,13 +161,14 @@ def spectrum_config(s: Shared, rtol: float | None = None, eps: float | None = No
 
 
 def sweep_config(s: Shared, epochs: int | None = None, n_seeds: int = 3, ridge: float | None = None,
-                 widths: tuple[int, ...] | None = None, optimizer: str | None = None) -> SweepConfig:
+                 widths: tuple[int, ...] | None = None, optimizer: str | None = None,
+                 lr: float | None = None) -> SweepConfig:
     q = QUICK["ntk-sweep"]
     epochs = q.train.epochs if epochs is None else int(epochs)
     seeds = tuple(int(s.seed) + i for i in range(int(n_seeds)))
     snapshots = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
-    train = replace(q.train, epochs=epochs, snapshot_epochs=snapshots,
-                    optimizer=optimizer or q.train.optimizer)
+    train = replace(q.train, epochs=epochs, snapshot_epochs=snapshots, optimizer=optimizer or q.train.optimizer,
+                    lr=q.train.lr if lr is None else float(lr))
     return replace(q, data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
                    attention=s.attention, seeds=seeds, train=train, ridge=q.ridge if ridge is None else ridge)
 

@@ -83,10 +83,10 @@ def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
     params, unlinked = _sidebar(cfg.data, cfg.archs, cfg.attention, cfg.seeds)
     params.update({"widths": [str(w) for w in cfg.widths], "ntk.epochs": str(cfg.train.epochs),
                    "ntk.seeds": str(len(cfg.seeds)), "ntk.ridge": str(cfg.ridge),
-                   "ntk.optimizer": cfg.train.optimizer,
+                   "ntk.optimizer": cfg.train.optimizer, "ntk.lr": str(cfg.train.lr),
                    "ntk.metric": NTK_METRIC_LABELS[KERNEL_METRICS[metric][1]]})
-    q = preset("ntk-sweep").train  # the NTK page has no learning-rate or decay control: it uses the quick preset's
-    if (cfg.train.lr, cfg.train.weight_decay) != (q.lr, q.weight_decay):
-        unlinked["train"] = f"lr {cfg.train.lr:g}, weight decay {cfg.train.weight_decay:g}"
+    q = preset("ntk-sweep").train  # the NTK page has no weight-decay control: it uses the quick preset's
+    if cfg.train.weight_decay != q.weight_decay:
+        unlinked["train"] = f"weight decay {cfg.train.weight_decay:g}"
     return params, unlinked
 

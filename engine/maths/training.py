@@ -47,6 +47,10 @@ MAX_LR = 1e4   # SGD's stability limit n·c/λ₁ reaches the hundreds for well-
 # that it differs from the initialisation's stream and two runs with one seed see the same batches.
 BATCH_SEED_OFFSET = 7919
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# A learning rate each optimiser trains with at the quick presets' sizes, for a page that switches
+# optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 1
+# lies well below its stability limit 2·n·c/λ₁ on the pages' data (tens to hundreds on MNIST).
+SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1.0}
 
 
 @dataclass(frozen=True)
