@@ -85,16 +85,6 @@ def test_every_page_runs_at_defaults_on_synthetic_data(env):
         check_page(open_page(at, page), page)
 
 
-@pytest.mark.skipif(not HAS_MNIST, reason="../shared/datasets/MNIST is absent")
-@pytest.mark.slow
-def test_every_page_runs_at_defaults_on_mnist(env):
-    at = app()
-    settle(at)
-    assert at.selectbox(key="data").value == "mnist"   # the first available data set is the default
-    for page in PAGES:
-        check_page(open_page(at, page), page)
-
-
 def test_default_dataset_falls_back_when_mnist_is_absent(env, monkeypatch):
     monkeypatch.setenv("ENGINE_DATA_DIR", str(env / "empty"))
     at = settle(app({"n": "30", "n_test": "10", "widths": ["16"]}))
