@@ -1,7 +1,10 @@
 """What watching a run costs it: the same width sweep computed by the dashboard's server with its
 page open in Chromium, and with the tab closed right after the click.
 
-    .venv/bin/python benchmarks/polling.py [--repeat 2] [--epochs 300]
+    .venv/bin/python benchmarks/polling.py [--repeat 2] [--epochs 300] [--modes watched,unwatched]
+
+(``--modes watched`` alone, run from two checkouts in turn, compares their progress fragments;
+see RESULTS.md.)
 
 The sweep's rows record the seconds each architecture and seed took to compute inside the
 server (``seconds`` per width); their sum is the run's compute time, measured where it runs.
@@ -126,18 +129,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="watched/unwatched pairs")
     ap.add_argument("--epochs", type=int, default=300, help="training epochs of the sweep (sets its length)")
     ap.add_argument("--wait", type=float, default=1800, help="seconds to wait for one run at most")
+    ap.add_argument("--modes", default="watched,unwatched",
+                    help="comma-separated: watched, unwatched (one of them alone: e.g. to compare two checkouts' "
+                         "watched runs, alternating)")
     a = ap.parse_args()
+    modes = [m for m in a.modes.split(",") if m]
+    if not modes or set(modes) - {"watched", "unwatched"}:
+        raise SystemExit(f"--modes takes watched and/or unwatched, got {a.modes!r}")
     # synthetic data, so no download; 3 seeds x 2 widths x 2 nets: long enough to be polled many times
     query = {"data": "synthetic", "n": "300", "n_test": "100", "widths": ["1024", "4096"],
              "ntk.epochs": str(a.epochs), "ntk.seeds": "3"}
-    runs = {"watched": [], "unwatched": []}
+    runs = {m: [] for m in modes}
     for _ in range(a.repeat):
-        for mode in ("watched", "unwatched"):
+        for mode in modes:
             runs[mode].append(one_run(mode == "watched", query, a.wait))
     ok = {m: [r["sweep_s"] for r in v if r["sweep_s"] is not None] for m, v in runs.items()}
     out = {"query": query, "runs": runs,
            "watched_over_unwatched": (statistics.median(ok["watched"]) / statistics.median(ok["unwatched"])
-                                      if ok["watched"] and ok["unwatched"] else None),
+                                      if ok.get("watched") and ok.get("unwatched") else None),
            "cpu_count": os.cpu_count()}
     print(json.dumps(out))
 

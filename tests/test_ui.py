@@ -327,3 +327,16 @@ def test_every_chart_gets_a_title():
 
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert titles == ["Kernel distance", "Its own", "Given"]
+
+
+def test_a_running_job_is_polled_less_often_as_it_ages():
+    """The progress fragment refreshes every POLL_S at first, then no more often than every
+    1/POLL_AGE of the run's age, up to POLL_MAX_S; the interval never shrinks as the run ages."""
+    from ui.runner import POLL_AGE, POLL_MAX_S, POLL_S, poll_interval
+
+    ages = np.linspace(0, 3600, 7201)
+    every = np.array([poll_interval(a) for a in ages])
+    assert every[0] == POLL_S and every[-1] == POLL_MAX_S
+    assert (np.diff(every) >= 0).all()
+    assert (every <= np.maximum(POLL_S, ages / POLL_AGE)).all()  # a refresh at most every 1/POLL_AGE of the age
+    assert set(every) == {POLL_S * 2 ** k for k in range(int(np.log2(POLL_MAX_S / POLL_S)) + 1)}  # few reruns

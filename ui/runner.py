@@ -3,7 +3,8 @@
 ``obtain`` never blocks for long and never leaves a blank: a progress bar appears as soon as
 a job is queued or running, quick runs finish within ``INLINE_WAIT_S`` and render at once,
 longer ones keep a progress bar with stage text, ETA and a Cancel button in a fragment that
-polls the job every ``POLL_S`` seconds and reruns the page when it is done. Jobs live in the
+polls the job's state (every ``POLL_S`` seconds at first, less often as the run ages:
+``poll_interval``) and reruns the page when it is done. Jobs live in the
 server's ``JobManager``, so they survive widget changes, page switches and closed tabs, and
 two tabs asking for the same config share one job. After a failure or a cancel, one click on
 "Try again" / "Run again", in any tab, starts the run again (the buttons submit in their
@@ -26,7 +27,9 @@ from engine.runtime.jobs import Job, JobManager, JobState
 from ui.common import get_cache, get_manager, shared
 
 INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment
-POLL_S = 2.0          # progress bar refresh: each redraw costs the run CPU time, so not faster than this
+POLL_S = 2.0          # progress bar refresh at first: each redraw costs the run CPU time
+POLL_MAX_S = 16.0     # ... and at most, once the run has taken POLL_AGE times that
+POLL_AGE = 5.0        # a refresh interval never exceeds 1/POLL_AGE of the run's age (see poll_interval)
 DRAW_S = 0.25         # progress bar refresh while waiting inline
 CANCEL_WAIT_S = 1.0   # after Cancel, wait this long for the run to stop before redrawing the page
 
@@ -49,12 +52,31 @@ def _status(job: Job) -> str:
     return f"**{job.label}** — {state} · {job.frac:.0%} · {_duration(job.elapsed_s())} elapsed · {left}"
 
 
-@st.fragment(run_every=POLL_S)
+def poll_interval(elapsed_s: float) -> float:
+    """Seconds between progress refreshes of a run that has taken ``elapsed_s`` so far.
+
+    The longest of POLL_S, 2·POLL_S, 4·POLL_S, … up to ``POLL_MAX_S`` that is at most
+    1/``POLL_AGE`` of the run's age (``POLL_S`` while the run is young): a long run is redrawn
+    rarely (each redraw, the server's fragment and the browser's repaint, takes CPU from the
+    run), and its bar moves by at most a few percent of the run between redraws."""
+    every = POLL_S
+    while every * 2 <= POLL_MAX_S and elapsed_s >= POLL_AGE * every * 2:
+        every *= 2
+    return every
+
+
 def _progress(key: str) -> None:
+    """The running job's progress bar and Cancel button, refreshed every ``poll_interval``."""
+    job = get_manager().get_key(key)
+    every = poll_interval(job.elapsed_s() if job is not None else 0.0)
+    st.fragment(_progress_bar, run_every=every)(key, every)
+
+
+def _progress_bar(key: str, every: float) -> None:
     manager = get_manager()
     job = manager.get_key(key)
-    if job is None or job.done:
-        st.rerun(scope="app")
+    if job is None or job.done or poll_interval(job.elapsed_s()) != every:
+        st.rerun(scope="app")  # done: draw the result; or older: redraw at the longer interval
     st.progress(job.frac, text=_status(job))
     if job.cancelling:
         return  # no second Cancel; the bar says "cancelling…" until the run stops
@@ -107,6 +129,10 @@ def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = T
         return None
     elif job.done:
         _ended(slot, job, label, key, args)
+        return None
+    if job.state is JobState.RUNNING and job.elapsed_s() >= INLINE_WAIT_S:  # not fresh: no inline redraws
+        with slot.container():
+            _progress(key)
         return None
     deadline = time.monotonic() + INLINE_WAIT_S
     slot.progress(job.frac, text=_status(job))  # on screen at once, not after the inline wait
