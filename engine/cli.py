@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from .runtime import budget as B
-from . import doctor as _doctor
-from .reporting import report as _report
+from . import doctor
+from .reporting import report
 from .runtime.cache import Cache
 from .data import available_datasets, fetch_dataset, resolve_data_dir
 from .runtime.errors import EngineError
@@ -119,8 +119,8 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     _add_grid(sub)  # the grid command: see its block at the end of this file
     _add_figure(sub, preset)  # the figure command: see the figures block
-    _doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
-    _report.add_parser(sub)  # a grid spec's flip rates as the README's tables (engine.reporting.report)
+    doctor.add_parser(sub)  # device, memory and two kernel timings (engine.doctor)
+    report.add_parser(sub)  # a grid spec's flip rates as the README's tables (engine.reporting.report)
     return parser
 
 
@@ -224,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "grid":  # its own output and exit codes (4: some cells failed)
         return cmd_grid(a)
     if a.command == "doctor":  # prints its own report (human lines or --json)
-        return _doctor.command(a)
+        return doctor.command(a)
     if a.command == "report":  # Markdown on stdout
-        return _report.command(a)
+        return report.command(a)
     try:
         if a.command == "datasets":
             out = cmd_datasets(a)

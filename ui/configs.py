@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import streamlit as st
+
 from engine.runtime import budget
 from engine.runtime.device import resolve_device
 from engine.runtime.errors import EngineError
@@ -20,6 +22,7 @@ from engine.experiments.spectrum import SpectrumConfig
 from engine.experiments.malleability import MalleabilityConfig
 from engine.experiments.influence import InfluenceConfig
 from engine.experiments.registry import EXPERIMENTS, estimate, of
+from engine.maths.training import SUGGESTED_LR, TrainSpec
 from engine.runtime.settings import default, meta
 from ui.common import Shared
 
@@ -50,10 +53,6 @@ def float_input(container, label: str, cls, name: str, key: str, value: float):
 def optimizer_ui(container, key: str, lr_key: str) -> str:
     """The optimiser select of a page; picking one sets the page's learning rate (``lr_key``) to
     that optimiser's ``SUGGESTED_LR``, which stays editable."""
-    import streamlit as st
-
-    from engine.maths.training import SUGGESTED_LR, TrainSpec
-
     def follow():
         st.session_state[lr_key] = SUGGESTED_LR[st.session_state[key]]
 

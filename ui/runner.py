@@ -65,11 +65,18 @@ def poll_interval(elapsed_s: float) -> float:
     return every
 
 
+def polled(body: Callable, age_s: float, *args) -> None:
+    """``body(*args, every)`` as a fragment rerun every ``every = poll_interval(age_s)`` seconds.
+    The body asks for a page rerun (``st.rerun(scope="app")``) once ``poll_interval`` of the
+    run's age differs from ``every``: the page then draws it again at the longer interval."""
+    every = poll_interval(age_s)
+    st.fragment(body, run_every=every)(*args, every)
+
+
 def _progress(key: str) -> None:
     """The running job's progress bar and Cancel button, refreshed every ``poll_interval``."""
     job = get_manager().get_key(key)
-    every = poll_interval(job.elapsed_s() if job is not None else 0.0)
-    st.fragment(_progress_bar, run_every=every)(key, every)
+    polled(_progress_bar, job.elapsed_s() if job is not None else 0.0, key)
 
 
 def _progress_bar(key: str, every: float) -> None:

@@ -16,7 +16,7 @@ from engine.runtime.jobs import JobState
 from engine.experiments.malleability import run_malleability
 from ui import configs, links
 from ui.common import get_cache, get_manager
-from ui.runner import peek, poll_interval
+from ui.runner import peek, poll_interval, polled
 
 RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
 PAGE_NAMES = {"malleability": "Malleability", "ntk-sweep": "NTK convergence"}  # Variant.page: the URL path
@@ -32,12 +32,11 @@ def _submit(kind: str, fn, cells: dict, device: str) -> None:
 
 def _live(claim: str, keys: tuple[str, ...]) -> None:
     """Progress of a claim's running cells, refreshed every ``poll_interval`` of the oldest."""
-    every = poll_interval(_age(keys))
-    st.fragment(_live_bar, run_every=every)(claim, keys, every)
+    polled(_live_bar, _age([get_manager().get_key(k) for k in keys]), claim, keys)
 
 
-def _age(keys: tuple[str, ...]) -> float:
-    jobs = [get_manager().get_key(k) for k in keys]
+def _age(jobs: list) -> float:
+    """Seconds the oldest of ``jobs`` (None where gone) has run."""
     return max((j.elapsed_s() for j in jobs if j is not None), default=0.0)
 
 
@@ -45,7 +44,7 @@ def _live_bar(claim: str, keys: tuple[str, ...], every: float) -> None:
     """Redraws the page when one of the runs ends (or at a longer interval as they age)."""
     manager = get_manager()
     jobs = [manager.get_key(k) for k in keys]
-    if any(j is None or j.done for j in jobs) or poll_interval(_age(keys)) != every:
+    if any(j is None or j.done for j in jobs) or poll_interval(_age(jobs)) != every:
         st.rerun(scope="app")
     st.progress(sum(j.frac for j in jobs) / len(jobs), text=f"{len(jobs)} run(s) of this grid in progress")
     if st.button("Cancel these runs", key=f"protocols.cancel.{claim}"):

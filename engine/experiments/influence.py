@@ -226,7 +226,7 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
         lo, hi = k / len(runs), (k + 1) / len(runs)
         unit = resumable(f"{arch} seed {seed}", lambda: _influence_unit(cfg, p, arch, seed, X, Xt, ntk_acc,
                                                                         (lo, hi), progress, cancel))
-        if seed == cfg.seeds[0]:
+        if unit["I"] is not None:  # the first seed's only
             arrays[f"{arch}_I"] = unit["I"]
         agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),
                                       "label": sample.y.numpy(), "influence": unit["aggregate"]}))

@@ -57,6 +57,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -248,11 +249,20 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
     return Result("retrain-loo", {}, frames, {}, meta)
 
 
+class _Reference(NamedTuple):
+    """An arch's K∞ (n, n), K∞(test, train), its ridge leave-one-out (None without "ridge") and
+    the ridge early stopping amounts to: they depend on neither seed nor width."""
+
+    K: torch.Tensor
+    K_t: torch.Tensor
+    ridge: KernelLOO | None
+    stopping_ridge: float
+
+
 def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, cancel) -> dict:
     """One (arch, seed) of ``run_retrain_loo``, every width at once: its rows, its per-point
     changes (one column dict per (width, kernel, loo, pick)), the full runs' rerun gap and the
-    arch's stopping ridge. ``kinf`` keeps K∞, its test block and ridge LOO per arch (they
-    depend on neither seed nor width)."""
+    arch's stopping ridge. ``kinf`` keeps each arch's ``_Reference`` once computed."""
     stage, (lo, hi) = f"{arch} seed {seed}", span
     X, y, Xt, yt, c, Y, dev = p.X, p.y, p.Xt, p.yt, p.c, p.Y, p.device
     n, n_out, sizes = X.shape[0], p.n_out, list(cfg.widths)
@@ -268,7 +278,7 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
         K, K_t = infinite_ntk(phi), infinite_ntk(phi_t, phi)
         check_finite(K, f"the infinite-width kernel of {arch}")
         ridge = kernel_loo(K, K_t, Y, yt, cfg.ridge) if "ridge" in cfg.loo else None
-        kinf[arch] = (K, K_t, ridge, stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean())))
+        kinf[arch] = _Reference(K, K_t, ridge, stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean())))
 
     # 1. the full runs, every width in one batched model
     sub = lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}")  # noqa: E731
@@ -292,7 +302,8 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
         pts = torch.unique(torch.cat([pk["top"], pk["random"]])).to(dev)  # each point retrained once
         mine = {}
         for kernel in cfg.kernels:
-            KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else kinf[arch][:3]
+            ref = kinf[arch]
+            KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else (ref.K, ref.K_t, ref.ridge)
             if "ridge" in cfg.loo:
                 mine[kernel, "ridge"] = KernelLOO(ridge.D[:, pts], pts, ridge.jstar)
             if "flow" in cfg.loo:
@@ -348,4 +359,4 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
                     "point": np.repeat(idx.cpu().numpy(), nt), "test_index": np.tile(np.arange(nt), idx.numel()),
                     "predicted": pred.T.flatten().cpu().numpy(), "actual": actual.T.flatten().cpu().numpy()})
     del run, full
-    return {"rows": rows, "changes": changes, "gap": gap, "stopping_ridge": kinf[arch][3]}
+    return {"rows": rows, "changes": changes, "gap": gap, "stopping_ridge": kinf[arch].stopping_ridge}
