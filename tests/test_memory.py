@@ -337,7 +337,9 @@ print(json.dumps({"measured": after - base, "clean": reset or after > before, "c
 def test_each_steps_count_covers_its_measured_peak(step, n):
     """The bytes a step checks against free memory, against the growth of the peak resident
     memory of a fresh process while it runs (one thread, after a warm-up call): never below
-    it, so what the check lets through fits, and not wildly above it, so what fits is not refused."""
+    it by more than the library workspace the check keeps free beside every count (MKL's own
+    buffers, up to 20 MiB at these sizes on some instruction sets), so what the check lets through
+    fits, and not wildly above it, so what fits is not refused."""
     import json
     import subprocess
     import sys
@@ -349,5 +351,5 @@ def test_each_steps_count_covers_its_measured_peak(step, n):
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["clean"], r  # the step's peak is above anything before it, so the growth is its own
-    assert r["measured"] <= r["counted"], r
+    assert r["measured"] <= r["counted"] + B.LIBRARY_WORKSPACE, r
     assert r["counted"] <= 2.5 * r["measured"] + 64 * 2**20, r
