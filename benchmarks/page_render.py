@@ -26,7 +26,7 @@ def render_seconds(query: dict) -> float:
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
     at.query_params.update(query)
     at.run()
-    at.switch_page("pages/ntk.py")
+    at.switch_page("pages/ntk-sweep.py")
     at.run()
     while at.get("progress"):  # background job still running: poll like the browser does
         time.sleep(0.2)

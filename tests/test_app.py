@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 from tests.conftest import SHARED_DATA, steady_app_state
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk.py", "pages/influence.py",
-         "pages/malleability.py", "pages/scaling.py", "pages/regime.py", "pages/reproduction.py")
+PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk-sweep.py", "pages/influence.py",
+         "pages/malleability.py", "pages/scaling.py", "pages/dynamics.py", "pages/reproduction.py")
 HAS_MNIST = (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"],
          "scaling.kappas": ["2.0", "8.0"], "scaling.epochs": "10", "scaling.max_width": "1024",
@@ -115,7 +115,7 @@ def test_picking_an_optimiser_sets_a_learning_rate_it_trains_with(env):
     optimiser picked (still editable), and the run's command line carries both."""
     from engine.maths.training import SUGGESTED_LR
 
-    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk-sweep.py")
     assert at.number_input(key="ntk.lr").value == SUGGESTED_LR["adam"]
     at.selectbox(key="ntk.optimizer").set_value("sgd")
     settle(at)
@@ -128,7 +128,7 @@ def test_picking_an_optimiser_sets_a_learning_rate_it_trains_with(env):
 
 
 def test_page_controls_change_results(env):
-    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk-sweep.py")
     rows = next(d.value for d in at.dataframe if "seed" in d.value.columns)  # one row per seed
     assert set(rows["width"]) == {16, 64} and set(rows["seed"]) == {0}
     at.number_input(key="ntk.seeds").set_value(2)
@@ -139,7 +139,7 @@ def test_page_controls_change_results(env):
 
 def test_query_parameters_restore_a_view(env):
     view = {**SMALL, "n": "50", "seed": "3", "archs": ["2L-ReLU"], "ntk.epochs": "0", "ntk.seeds": "1"}
-    at = open_page(app(view), "pages/ntk.py")
+    at = open_page(app(view), "pages/ntk-sweep.py")
     assert at.number_input(key="n").value == 50
     assert at.number_input(key="seed").value == 3
     assert at.multiselect(key="widths").value == [16, 64]
@@ -169,7 +169,7 @@ def test_engine_errors_show_as_one_line(env):
 
 @pytest.mark.slow
 def test_heavy_runs_wait_for_a_click_and_can_be_cancelled(env):
-    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk.py")
+    at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk-sweep.py")
     at.number_input(key="n").set_value(1000)
     at.multiselect(key="widths").set_value([16, 16384])
     at.number_input(key="ntk.epochs").set_value(1000)
@@ -283,7 +283,7 @@ def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
 
     preset = PRESETS["dynamics"]["binary-mse"]
     at = app(SMALL)
-    at.switch_page("pages/regime.py")
+    at.switch_page("pages/dynamics.py")
     at.run()
     at.button(key="regime.binary").click()
     at.run()

@@ -293,26 +293,34 @@ def test_a_heavy_run_can_be_cancelled_and_run_again(slow_server, browser, shots)
     page.close()
 
 
-def test_a_deep_link_as_the_first_request_is_routed_through_app_py(browser, shots, tmp_path):
+@pytest.mark.parametrize("path,heading", [("spectrum", "Spectrum"), ("ntk-sweep", "NTK convergence")])
+def test_a_deep_link_as_the_first_request_is_routed_through_app_py(browser, shots, tmp_path, path, heading):
+    """A fresh server's first request runs in Streamlit's v1 mode (ui.common.ensure_entry); it
+    still shows the linked page, with the sidebar and the link's settings. ntk-sweep: a page whose
+    URL path is not the experiment's old file stem (tests/test_registry.py checks them all)."""
     with streamlit_server(tmp_path) as url:
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.goto(f"{url}/spectrum?{urlencode(SMALL)}")
+        page.goto(f"{url}/{path}?{urlencode(SMALL)}")
         t0 = time.monotonic()
         while _page_link_texts(page) != list(app_pages()):
             assert not _raw_list_shown(page), f"raw page list at {time.monotonic() - t0:.1f} s"
             assert time.monotonic() - t0 < 60
             page.wait_for_timeout(250)
         _settle(page)
-        page.screenshot(path=str(shots / "deep_link_spectrum.png"))
-        _no_errors(page, "spectrum as the first request")
-        assert "spectrum" in page.url
+        page.screenshot(path=str(shots / f"deep_link_{path}.png"))
+        _no_errors(page, f"{path} as the first request")
+        assert "Page not found" not in page.locator("body").inner_text()
+        assert urlparse(page.url).path.rstrip("/").endswith(f"/{path}"), page.url
+        assert page.get_by_role("heading", name=heading).count() >= 1
         assert page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"]').count() >= 3
         n_input = page.locator('[data-testid="stSidebar"] [data-testid="stNumberInput"] input').first
         assert n_input.input_value() == "40"  # the link's settings survive the re-route
-        assert "40 / 40" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
+        if path == "spectrum":
+            assert "40 / 40" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
         n_input.fill("30")  # and a changed widget writes the URL, so the view can be shared
         n_input.press("Enter")
         page.wait_for_function("() => window.location.search.includes('n=30')", timeout=30_000)
         _settle(page)
-        assert "30 / 30" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
+        if path == "spectrum":
+            assert "30 / 30" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
         page.close()

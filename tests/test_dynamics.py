@@ -323,7 +323,7 @@ def test_page_renders_and_binds_its_settings_to_the_url(tmp_path, monkeypatch):
 
     monkeypatch.setattr(PagesManager, "__init__", steady_init)
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
-    at = AppTest.from_file(str(ROOT / "pages" / "regime.py"), default_timeout=600)
+    at = AppTest.from_file(str(ROOT / "pages" / "dynamics.py"), default_timeout=600)
     at.session_state["shared"] = Shared(base="synthetic", classes="0-1", n=40, n_test=20, widths=(16, 64))
     at.query_params.update({"regime.epochs": "4", "regime.seeds": "1", "regime.cc_steps": "2"})
     at.run()

@@ -183,7 +183,7 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
     for c in (c for c in cells if c.claim == "flip"):
         assert set(L.of(c).params["mall.eps"]) <= eps_choices and L.of(c).params["mall.width"] in widths
         assert L.of(c).params["mall.attacks"] == ["PGD"] and L.of(c).params["mall.ridge"] in ridges
-    imported = {(n.module, a.name) for n in ast.walk(ast.parse((ROOT / "pages" / "ntk.py").read_text()))
+    imported = {(n.module, a.name) for n in ast.walk(ast.parse((ROOT / "pages" / "ntk-sweep.py").read_text()))
                 if isinstance(n, ast.ImportFrom) for a in n.names}
     assert ("ui.links", "NTK_METRIC_LABELS") in imported  # the page shows the labels the links use
     for c in (c for c in cells if c.claim == "kernel"):
@@ -192,7 +192,7 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
 
 
 def test_query_parameters_rebuild_the_configs_as_the_pages_do():
-    """What pages/malleability.py and pages/ntk.py make of the parameters is the cell's config."""
+    """What pages/malleability.py and pages/ntk-sweep.py make of the parameters is the cell's config."""
     from ui import configs
     from ui.common import ARCH_LABELS, Shared
 

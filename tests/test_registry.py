@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,23 @@ def test_pages_lead_with_their_experiment_at_its_url():
         if exp.page:
             assert (ROOT / exp.page).exists(), exp.page
     assert "url_path=page_url(" in app  # app.py takes each page's URL from the registry
+
+
+def test_every_page_file_is_named_after_its_url_path():
+    """A fresh server runs its first request in Streamlit's v1 mode, which finds a page by its
+    file's stem (ui.common.ensure_entry): a deep link to a page whose file is named otherwise
+    reads "Page not found" and lands on the Overview."""
+    from ui.configs import page_url
+
+    app = (ROOT / "app.py").read_text()
+    pages = re.findall(r'st\.Page\("(pages/[^"]+)"(.*?)\)(?:,\n|\n\])', app, re.S)
+    assert {p for p, _ in pages} == {str(p.relative_to(ROOT)) for p in (ROOT / "pages").glob("*.py")}
+    for path, args in pages:
+        if "default=True" in args:  # the Overview is at /
+            continue
+        fallback = re.search(r'page_url\("[^"]+"(?:, "([^"]+)")?\)', args)
+        assert fallback, (path, args)
+        assert page_url(path, fallback[1]) == Path(path).stem, path
 
 
 def _imports(path: Path) -> set[str]:

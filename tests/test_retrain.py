@@ -328,7 +328,7 @@ def test_width_chart_data_and_reference():
     assert len(fig.data) == 2 * 2 * 2 and fig.layout.xaxis.type == "log" and fig.layout.xaxis2.type == "log"
 
 
-@pytest.mark.parametrize("page,n", [("pages/influence.py", 40), ("pages/regime.py", 44)])
+@pytest.mark.parametrize("page,n", [("pages/influence.py", 40), ("pages/dynamics.py", 44)])
 def test_page_section_waits_for_its_button_then_shows_the_chart(page, n, tmp_path, monkeypatch):
     """The section never starts by itself; one click runs it and the chart appears. (Each page gets its own n:
     the job manager is the server's, so a second page asking for the same config would get the first's job.)"""

@@ -154,7 +154,7 @@ def test_a_bad_class_pair_falls_back_to_all_with_one_error():
     assert "synthetic classes" in at.error[0].value
 
 
-@pytest.mark.parametrize("page", ["pages/overview.py", "pages/ntk.py"])
+@pytest.mark.parametrize("page", ["pages/overview.py", "pages/ntk-sweep.py"])
 def test_a_bad_class_pair_shows_one_error_on_a_page_with_several_runs(env, page):
     at = AppTest.from_file(APP, default_timeout=120)
     at.query_params.update({**SMALL, "classes": "1-1", "ntk.epochs": "0", "ntk.seeds": "1"})

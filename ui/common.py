@@ -78,9 +78,11 @@ def ensure_entry() -> None:
 
     Streamlit 1.67 decides once per process, before the first run, whether the app "uses the
     pages directory": it does whenever a ``pages/`` folder sits beside the entry script, and
-    then runs that first request as a v1 multipage app. A first request for ``/ntk-sweep`` would
-    run ``pages/ntk.py`` on its own, without the sidebar, and the flag would never be cleared.
-    ``st.navigation`` clears it, so whoever sees it still set clears it and reruns.
+    then runs that first request as a v1 multipage app. A first request for ``/ntk-sweep`` runs
+    ``pages/ntk-sweep.py`` on its own, without the sidebar, and the flag would never be cleared.
+    ``st.navigation`` clears it, so whoever sees it still set clears it and reruns. v1 finds a
+    page by its file's stem, so each page's file is named after its URL path (tests/test_registry.py):
+    otherwise v1 answers "Page not found" and the rerun lands on the Overview.
 
     That first v1 run also sends its raw page list (``app, influence, ntk, …``) to the browser
     before any of our code runs; ``client.showSidebarNavigation = false`` in

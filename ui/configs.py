@@ -32,7 +32,7 @@ BOUND = dict(bind="query-params", persist_state="session")
 
 
 def page_url(page: str, fallback: str | None = None) -> str:
-    """The URL path of ``page`` (``pages/ntk.py``): the name of the experiment it leads with
+    """The URL path of ``page`` (``pages/ntk-sweep.py``): the name of the experiment it leads with
     (``engine.experiments.registry``), or ``fallback`` for pages that lead with none (Grid, Reproduction)."""
     for name, exp in EXPERIMENTS.items():
         if exp.page == page:
