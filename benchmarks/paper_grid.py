@@ -18,9 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.data import DataSpec  # noqa: E402
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.experiments.malleability import MalleabilityConfig, run_malleability  # noqa: E402
-from engine.maths.training import TrainSpec  # noqa: E402
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.malleability import run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.maths.specs import TrainSpec
 
 
 def tasks(args):

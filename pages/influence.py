@@ -7,8 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from engine.reporting import plots
-from engine.experiments.influence import InfluenceConfig, run_influence
-from engine.maths.training import TrainSpec
+from engine.experiments.influence import run_influence
+from engine.experiments.configs.influence import InfluenceConfig
+from engine.maths.specs import TrainSpec
 from ui import configs, render
 from ui.common import require, shared
 from ui.retrain import section as retrain_section

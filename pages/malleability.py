@@ -12,10 +12,10 @@ import streamlit as st
 from engine.reporting import plots
 from engine.reporting import protocols
 from engine.reporting import tables
-from engine.maths.attacks import AttackSpec
-from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.maths.specs import AttackSpec, TrainSpec
+from engine.experiments.malleability import example_key, run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.reporting.plots.nulls import excess_fig, nulls_fig
-from engine.maths.training import TrainSpec
 from ui import configs, render
 from ui.common import ARCH_LABELS, require, shared
 from ui.runner import obtain_planned

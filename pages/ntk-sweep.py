@@ -6,8 +6,9 @@ import streamlit as st
 
 from engine.reporting import plots
 from engine.experiments.kernels import run_kernels
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.maths.training import TrainSpec
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.maths.specs import TrainSpec
 from ui import configs, render
 from ui.links import NTK_METRIC_LABELS
 from ui.common import ARCH_LABELS, require, shared

@@ -8,8 +8,7 @@ from engine.reporting import paper
 from engine.reporting import plots
 from engine.reporting import protocols
 from engine.reporting import tables
-from engine.maths.attacks import AttackSpec
-from engine.maths.training import TrainSpec
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.experiments.sweep import run_ntk_sweep
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.malleability import run_malleability

@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.reporting import plots
-from engine.experiments.scaling import ScalingConfig, run_scaling
-from engine.maths.training import TrainSpec
+from engine.experiments.scaling import run_scaling
+from engine.experiments.configs.scaling import ScalingConfig
+from engine.maths.specs import TrainSpec
 from ui import configs, render
 from ui.common import ATTENTION_CHOICES, shared
 from ui.runner import obtain_planned

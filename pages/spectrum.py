@@ -5,7 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from engine.reporting import plots
-from engine.experiments.spectrum import SpectrumConfig, run_spectrum
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.configs.spectrum import SpectrumConfig
 from ui import configs, render
 from ui.common import shared
 from ui.runner import obtain_planned

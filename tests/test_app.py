@@ -113,7 +113,7 @@ def test_sidebar_controls_change_results(env):
 def test_picking_an_optimiser_sets_a_learning_rate_it_trains_with(env):
     """Plain SGD with Adam's lr 1e-3 would barely move the net: the NTK page's lr follows the
     optimiser picked (still editable), and the run's command line carries both."""
-    from engine.maths.training import SUGGESTED_LR
+    from engine.maths.specs import SUGGESTED_LR
 
     at = open_page(app({**SMALL, "ntk.seeds": "1"}), "pages/ntk-sweep.py")
     assert at.number_input(key="ntk.lr").value == SUGGESTED_LR["adam"]
@@ -279,7 +279,7 @@ def test_the_overview_measures_on_a_click_then_reads_the_cache(env):
 
 def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
     """The button sets the sidebar and the page's controls to engine.experiments.dynamics' ``binary-mse`` preset."""
-    from engine.experiments.dynamics import PRESETS
+    from engine.experiments.configs.dynamics import PRESETS
 
     preset = PRESETS["dynamics"]["binary-mse"]
     at = app(SMALL)

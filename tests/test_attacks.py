@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from conftest import ATOL64, RTOL64
-from engine.maths.attacks import AttackNorm, AttackSpec, _project, _random_start, attack, training_loss
+from engine.maths.attacks import _project, _random_start, attack, training_loss
+from engine.maths.specs import AttackNorm, AttackSpec, TrainSpec
 from engine.runtime.errors import BadInput
 from engine.maths.models import Net
-from engine.maths.training import TrainSpec, train
+from engine.maths.training import train
 from reference import attack as np_attack
 from reference import loss_grad, project, step_direction
 

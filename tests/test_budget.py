@@ -16,17 +16,19 @@ import pytest
 from conftest import REL_MEMORY_REREAD
 import engine.cli as cli
 from engine.runtime import budget as B
-from engine.maths.attacks import AttackSpec
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.experiments.registry import EXPERIMENTS, estimate
 from engine.data import DataSpec
 from engine.runtime.errors import BadInput
-from engine.experiments.kernels import KernelConfig
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.experiments.spectrum import SpectrumConfig
-from engine.experiments.malleability import MalleabilityConfig, run_malleability
-from engine.experiments.influence import InfluenceConfig
-from engine.experiments.scaling import ScalingConfig, run_scaling
-from engine.maths.training import TrainSpec
+from engine.experiments.configs.kernels import KernelConfig
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.malleability import run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.influence import InfluenceConfig
+from engine.experiments.scaling import run_scaling
+from engine.experiments.configs.scaling import ScalingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = DataSpec("synthetic", n=300, n_test=100, synthetic_d=64)
@@ -119,9 +121,9 @@ def test_memory_grows_with_n_squared(make, n):
 
 
 def test_every_config_has_an_estimate():
-    from engine.experiments.dynamics import DynamicsConfig
-    from engine.experiments.coord_check import CoordCheckConfig
-    from engine.experiments.retrain import RetrainConfig
+    from engine.experiments.configs.dynamics import DynamicsConfig
+    from engine.experiments.configs.coord_check import CoordCheckConfig
+    from engine.experiments.configs.retrain import RetrainConfig
 
     assert {e.config for e in EXPERIMENTS.values()} == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
                                                         MalleabilityConfig, ScalingConfig, DynamicsConfig,

@@ -6,15 +6,17 @@ import torch
 
 from conftest import (ATOL32_ONE_PASS, ATOL64, RTOL32, RTOL32_ONE_PASS, RTOL64, RTOL_DEVICES_INIT,
                       RTOL_DEVICES_TRAINED, requires_cuda)
-from engine.maths.attacks import AttackSpec, attack
+from engine.maths.attacks import attack
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.data import DataSpec
 from engine.runtime.device import resolve_device
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.experiments.malleability import MalleabilityConfig, example_key, run_malleability
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.malleability import example_key, run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.maths.models import Net, TwoLayerReLU, normalize_rows
 from engine.maths.ntk import empirical_ntk, empirical_ntk_features
 from engine.maths.counts import exact_counts
-from engine.maths.training import TrainSpec
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
 CUDA = torch.device("cuda")

@@ -17,12 +17,15 @@ from engine.experiments.registry import EXPERIMENTS
 from reference import arccos_ntk
 from engine.experiments.calibration import estimate
 from engine.data import DataSpec, load_sample
-from engine.experiments.dynamics import PRESETS, DynamicsConfig, run_dynamics, width_slopes
-from engine.experiments.coord_check import CoordCheckConfig, run_coord_check
+from engine.experiments.dynamics import run_dynamics, width_slopes
+from engine.experiments.configs.dynamics import PRESETS, DynamicsConfig
+from engine.experiments.coord_check import run_coord_check
+from engine.experiments.configs.coord_check import CoordCheckConfig
 from engine.maths.flow import KernelFlow, linearised_head, train_pair
 from engine.runtime.errors import BadInput
 from engine.maths.models import Net, TwoLayerReLU
-from engine.maths.training import TrainSpec, train
+from engine.maths.training import train
+from engine.maths.specs import TrainSpec
 from tests.conftest import ATOL_ONE_OF_40, ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,11 +7,14 @@ from conftest import (ATOL64, RTOL32_INPUT, RTOL32_ONE_PASS, RTOL64_EIG, RTOL64_
                       RTOL64_SAME)
 from engine.data import DataSpec, load_sample
 from engine.runtime.errors import BadInput, Cancelled
-from engine.experiments.kernels import KernelConfig, run_kernels
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.experiments.spectrum import SpectrumConfig, run_spectrum
+from engine.experiments.kernels import run_kernels
+from engine.experiments.configs.kernels import KernelConfig
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.configs.spectrum import SpectrumConfig
 from engine.maths.models import Net
-from engine.maths.training import TrainSpec
+from engine.maths.specs import TrainSpec
 from reference import arccos_ntk
 
 SYN = DataSpec("synthetic", n=60, n_test=20, synthetic_d=12, synthetic_kappa=30.0, synthetic_classes=3)
@@ -177,11 +180,11 @@ def _resume_cases():
     attn unit, the units a resumed run computes): every experiment whose run resumes."""
     import re
 
-    from engine.experiments.dynamics import DynamicsConfig
-    from engine.experiments.influence import InfluenceConfig
-    from engine.experiments.malleability import MalleabilityConfig
-    from engine.experiments.retrain import RetrainConfig
-    from engine.experiments.scaling import ScalingConfig
+    from engine.experiments.configs.dynamics import DynamicsConfig
+    from engine.experiments.configs.influence import InfluenceConfig
+    from engine.experiments.configs.malleability import MalleabilityConfig
+    from engine.experiments.configs.retrain import RetrainConfig
+    from engine.experiments.configs.scaling import ScalingConfig
 
     syn = DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=16)
     sgd = TrainSpec(epochs=3, optimizer="sgd", lr=1.0, weight_decay=0.0)

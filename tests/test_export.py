@@ -14,14 +14,20 @@ from engine import cli
 from engine.reporting import export
 from engine.experiments.registry import EXPERIMENTS
 from engine.data import DataSpec
-from engine.experiments.dynamics import DynamicsConfig, run_dynamics
+from engine.experiments.dynamics import run_dynamics
+from engine.experiments.configs.dynamics import DynamicsConfig
 from engine.runtime.errors import BadInput
-from engine.experiments.sweep import SweepConfig, run_ntk_sweep
-from engine.experiments.spectrum import SpectrumConfig, run_spectrum
-from engine.experiments.malleability import MalleabilityConfig, run_malleability
-from engine.experiments.retrain import RetrainConfig, run_retrain_loo
-from engine.experiments.scaling import ScalingConfig, run_scaling
-from engine.maths.training import TrainSpec
+from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.malleability import run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.retrain import run_retrain_loo
+from engine.experiments.configs.retrain import RetrainConfig
+from engine.experiments.scaling import run_scaling
+from engine.experiments.configs.scaling import ScalingConfig
+from engine.maths.specs import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_browser = pytest.mark.skipif(export.browser_path() is None,

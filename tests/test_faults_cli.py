@@ -32,7 +32,7 @@ def private_cache(folder: Path) -> Path:
     """A cache folder holding one stored result, so that "unchanged" also means "nothing dropped"."""
     from engine.runtime.cache import Cache, Result
     from engine.data import DataSpec
-    from engine.experiments.spectrum import SpectrumConfig
+    from engine.experiments.configs.spectrum import SpectrumConfig
 
     folder.mkdir(mode=0o700, parents=True)
     c = Cache(folder)

@@ -15,15 +15,18 @@ import torch
 
 from conftest import (ATOL32, ATOL64, ATOL64_MEAN, RTOL32, RTOL64, RTOL64_CHAIN, RTOL64_GRAD, RTOL_POWER_ITERATION,
                       RTOL_SAME_RANKS, RTOL_SAME_RANKS_REDRAWN)
-from engine.maths.attacks import AttackSpec, training_loss
+from engine.maths.attacks import training_loss
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.data import DataSpec
 from engine.runtime.errors import BadInput
 from engine.maths.influence import net_influence
-from engine.experiments.malleability import ROW_METRICS, MalleabilityConfig, example_key, run_malleability
-from engine.experiments.influence import InfluenceConfig, fit_net, in_space, run_influence
+from engine.experiments.malleability import ROW_METRICS, example_key, run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.influence import fit_net, in_space, run_influence
+from engine.experiments.configs.influence import InfluenceConfig
 from engine.maths.models import Net
 from engine.experiments.runs import prepare
-from engine.maths.training import TrainSpec, accuracy, n_outputs, targets, train
+from engine.maths.training import accuracy, n_outputs, targets, train
 from reference import features, loo_true, loss_grad, ntk_relu, unit
 
 TINY = DataSpec("synthetic", n=12, n_test=4, synthetic_d=6, synthetic_kappa=10.0, synthetic_classes=3)

@@ -206,7 +206,8 @@ def test_float32_storage_costs_at_most_kappa_times_one_rounding_on_mnist(mnist_d
     differs from float64 by at most κ(K + λI)·2⁻²⁴ (κ from numpy), and MLP-Attn, whose
     kernel is far worse conditioned (κ³), pays far more than 2L-ReLU."""
     from engine.data import DataSpec, load_sample
-    from engine.maths.training import TrainSpec, n_outputs, train
+    from engine.maths.training import n_outputs, train
+    from engine.maths.specs import TrainSpec
 
     sample = load_sample(DataSpec(n=400, n_test=50), mnist_dir)
     X, y, Xt, yt = sample.X.float(), sample.y, sample.X_test.float(), sample.y_test
@@ -234,9 +235,11 @@ def test_runs_take_storage_from_their_config(cache, tmp_path):
     with its float64 twin to the documented cost."""
     from engine.runtime.cache import config_key
     from engine.data import DataSpec
-    from engine.experiments.kernels import KernelConfig, estimate_kernels, run_kernels
-    from engine.experiments.influence import InfluenceConfig, estimate_influence, run_influence
-    from engine.maths.training import TrainSpec
+    from engine.experiments.kernels import run_kernels
+    from engine.experiments.configs.kernels import KernelConfig, estimate_kernels
+    from engine.experiments.influence import run_influence
+    from engine.experiments.configs.influence import InfluenceConfig, estimate_influence
+    from engine.maths.specs import TrainSpec
 
     data = DataSpec("synthetic", n=60, n_test=20, synthetic_d=8)
     kc = KernelConfig(data=data, train=TrainSpec(epochs=2), width=32)

@@ -6,7 +6,8 @@ import torch
 
 from conftest import ATOL64, ATOL64_CHAIN, ATOL64_POWER, RTOL64, RTOL64_CHAIN, RTOL64_POWER
 from engine.runtime.errors import BadInput
-from engine.maths.models import Net, TwoLayerReLU, attention_features, features, parse_attention
+from engine.maths.models import Net, TwoLayerReLU, attention_features, features
+from engine.maths.specs import parse_attention
 
 
 def _rand(n, d, seed=0):

@@ -15,8 +15,9 @@ import pytest
 from engine.reporting import protocols as P
 from ui import links as L
 from engine.data import DataSpec
-from engine.experiments.malleability import MalleabilityConfig, run_malleability
-from engine.maths.training import OPTIMIZERS, TrainSpec
+from engine.experiments.malleability import run_malleability
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.maths.specs import OPTIMIZERS, TrainSpec
 from tests.test_app import app, env, settle  # noqa: F401  (env is a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]

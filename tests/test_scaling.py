@@ -13,8 +13,10 @@ from engine.runtime.errors import BadInput
 from engine.maths.models import Net
 from engine.maths.ntk import empirical_ntk
 from engine.maths.kinf import infinite_ntk
-from engine.experiments.scaling import ScalingConfig, fit_exponent, run_scaling, theory_exponent, width_grid, width_needed
-from engine.maths.training import TrainSpec, n_outputs, train
+from engine.experiments.scaling import fit_exponent, run_scaling, theory_exponent, width_needed
+from engine.experiments.configs.scaling import ScalingConfig, width_grid
+from engine.maths.training import n_outputs, train
+from engine.maths.specs import TrainSpec
 
 FAST = TrainSpec(epochs=5)
 

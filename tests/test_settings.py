@@ -15,15 +15,14 @@ from pathlib import Path
 import pytest
 
 import engine.cli as cli
-from engine.maths.attacks import AttackSpec
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.data import DataSpec
 from engine.runtime.errors import BadInput
 from engine.experiments.registry import EXPERIMENTS, NESTED
-from engine.experiments.scaling import ScalingConfig
-from engine.experiments.sweep import SweepConfig
-from engine.experiments.malleability import MalleabilityConfig
+from engine.experiments.configs.scaling import ScalingConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.runtime.settings import meta, settings, validate
-from engine.maths.training import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (*NESTED.values(), *(e.config for e in EXPERIMENTS.values()))

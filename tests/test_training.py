@@ -7,7 +7,8 @@ import torch
 from conftest import ATOL32_ONE_PASS, ATOL64, ATOL64_STEP, RTOL32, RTOL64, RTOL64_STEP, RTOL_POWER_ITERATION
 from engine.runtime.errors import BadInput, Cancelled
 from engine.maths.models import Net
-from engine.maths.training import TrainSpec, accuracy, targets, train
+from engine.maths.training import accuracy, targets, train
+from engine.maths.specs import TrainSpec
 
 
 def _blobs(n=60, d=5, c=3, seed=0):
@@ -197,7 +198,8 @@ def test_fixed_epoch_inputs_equal_training_on_those_inputs(arch, attention):
 
 def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_reaches_it():
     from engine.maths.ntk import empirical_ntk
-    from engine.maths.training import MAX_LR, sgd_lr_limit, top_eigenvalue
+    from engine.maths.training import sgd_lr_limit, top_eigenvalue
+    from engine.maths.specs import MAX_LR
 
     X, _ = _blobs(c=3)
     K = empirical_ntk(Net("relu", X, 64, 3, seed=1), X)

@@ -16,13 +16,13 @@ import streamlit as st
 from engine.runtime import budget
 from engine.runtime.device import resolve_device
 from engine.runtime.errors import EngineError
-from engine.experiments.kernels import KernelConfig
-from engine.experiments.sweep import SweepConfig
-from engine.experiments.spectrum import SpectrumConfig
-from engine.experiments.malleability import MalleabilityConfig
-from engine.experiments.influence import InfluenceConfig
+from engine.experiments.configs.kernels import KernelConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.influence import InfluenceConfig
 from engine.experiments.registry import EXPERIMENTS, estimate, of
-from engine.maths.training import SUGGESTED_LR, TrainSpec
+from engine.maths.specs import SUGGESTED_LR, TrainSpec
 from engine.runtime.settings import default, meta
 from ui.common import Shared
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from engine.data import DataSpec
-from engine.experiments.sweep import SweepConfig
-from engine.experiments.malleability import MalleabilityConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.registry import preset
 from engine.reporting.protocols import KERNEL_METRICS, Variant
 from ui.common import ARCH_LABELS

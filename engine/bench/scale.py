@@ -17,7 +17,8 @@ from ..runtime.errors import BadInput, DataCorrupt, DataMissing
 from ..maths.influence import influence_matrix, loo_influence
 from ..maths.influence import aggregate, top_indices
 from ..maths.models import TwoLayerReLU, features, normalize_rows
-from ..maths.ntk import STORAGE, empirical_ntk_features
+from ..maths.ntk import empirical_ntk_features
+from ..maths.specs import STORAGE
 from ..maths.counts import count_dtype, exact_counts
 from ..maths.kinf import infinite_ntk
 from ..maths.spectral import gram_spectrum

@@ -2,7 +2,8 @@
 
 ``DataSpec`` declares each setting once, with its default, unit, bounds and help text
 (``engine.runtime.settings``), and validates itself on construction. ``parse_dataset`` reads the
-``dataset`` field; ``draw`` is the seeded subsampling every source uses.
+``dataset`` field; ``draw`` is the seeded subsampling every source uses. numpy and torch are
+imported where a draw is made, not here: configs and ``--help`` read ``DataSpec`` without them.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from ..runtime.errors import BadInput
 from ..runtime.settings import setting, validate
 from .folders import expand_path
+
+if TYPE_CHECKING:  # annotations only
+    import numpy as np
+    import torch
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "synthetic")  # plus a path to a user .npz
 DECAYS = ("geometric", "linear", "power")  # eigenvalue profiles of the synthetic Gram
@@ -115,6 +118,8 @@ class Sample:
 
     def class_counts(self) -> dict[str, tuple[int, int]]:
         """Class name -> (training count, test count)."""
+        import torch
+
         tr = torch.bincount(self.y, minlength=self.n_classes).tolist()
         te = torch.bincount(self.y_test, minlength=self.n_classes).tolist()
         return {name: (tr[i], te[i]) for i, name in enumerate(self.class_names)}
@@ -183,6 +188,8 @@ def draw(pool: np.ndarray, k: int, seed: int, stream: int, what: str, where: str
     """First k of a seeded permutation of the candidate indices `pool` (so a larger k extends
     a smaller draw). `what`/`where` name the setting and the source in the BadInput raised
     when k exceeds the pool."""
+    import numpy as np
+
     if k > len(pool):
         raise BadInput(f"{what}={k} is more than the {len(pool)} points in {where}; "
                        f"the maximum is {len(pool)}")

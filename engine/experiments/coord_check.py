@@ -8,24 +8,19 @@ ntk + SGD: Δh ∝ m^-1/2 (lazy), Δf flat; ntk + Adam: Δh flat, Δf ∝ m^+1/2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime import budget as B
-from . import options
-from ..runtime.budget import Estimate
 from ..runtime.cache import Result
-from ..data import DataSpec
-from ..maths.models import PARAMS, Net
+from ..maths.models import Net
+from ..maths.specs import TrainSpec
 from .runs import Progress, experiment_run, prepare, tick
-from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
-from ..maths.training import TrainSpec, per_model_loss, resolve_loss
+from ..maths.training import per_model_loss, resolve_loss
 from ..maths.flow import batch_steps, stack_heads
-from .dynamics import attention_setting
+from .configs.coord_check import CoordCheckConfig
 
 
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
@@ -37,49 +32,9 @@ COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of 
 }
 
 
-@dataclass(frozen=True)
-class CoordCheckConfig:
-    data: DataSpec = DataSpec(n=256, n_test=64)
-    # optimiser, lr, batch size and loss of the steps; its epochs and param are not used
-    train: TrainSpec = TrainSpec(epochs=1, optimizer="sgd", lr=0.1, batch_size=64, weight_decay=0.0)
-    arch: str = options.arch()
-    attention: str = attention_setting()
-    widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
-    params: tuple[str, ...] = setting(PARAMS, "parametrisations compared", choices=PARAMS)
-    steps: int = setting(5, "optimiser steps t = 1 … T measured", unit="steps", lo=1, hi=100)
-    seeds: tuple[int, ...] = options.seeds()
-    init_std: float = options.init_std()
-    init: str = options.init()
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        options.check_init_widths(self.init, self.widths)
-
-
-PRESETS = {
-    "coord-check": {
-        "quick": CoordCheckConfig(),
-        "paper": CoordCheckConfig(data=DataSpec(n=512, n_test=128),  # the paper's Adam, without decay
-                                  train=TrainSpec(epochs=1, lr=1e-3, batch_size=128, weight_decay=0.0)),
-    },
-}
-
-
 def theory_slopes(param: str, optimizer: str) -> dict[str, float]:
     """Log-log slopes against width of Δf and Δh for a parametrisation and optimiser."""
     return COORD_THEORY[(param, "sgd" if optimizer == "sgd" else "adam")]
-
-
-def estimate_coord_check(cfg: CoordCheckConfig) -> Estimate:
-    nt, d, m = cfg.data.n_test, B.input_dim(cfg.data), sum(cfg.widths)
-    b = min(cfg.train.batch_size, cfg.data.n)
-    runs = len(cfg.params) * len(cfg.seeds)
-    # each width steps on its own, and every step is measured on the test points (three small passes)
-    per_step = 3 * B.gemm_s(b, m, d) + 2 * B.gemm_s(nt, m, d) + 2 * len(cfg.widths) * B.STEP_OVERHEAD_S \
-        + 3 * nt * m / B.FLOPS
-    seconds = B.FIXED_S + B.attention_s(cfg.attention, cfg.data.n + nt, d) + runs * (cfg.steps + 1) * per_step
-    return Estimate(seconds, int(4 * (5 * m * d + 3 * nt * m) + B.head_bytes(m, b + nt, B.n_outputs(cfg.data))))
 
 
 @experiment_run("coord-check")

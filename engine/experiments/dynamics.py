@@ -17,99 +17,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime import budget as B
-from . import options
-from ..runtime.budget import Estimate
 from ..runtime.cache import Result
-from ..data import DataSpec
-from ..runtime.errors import BadInput
-from ..maths.models import Attention, Net, parse_attention
+from ..maths.models import Net
 from ..maths.kinf import infinite_ntk
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
-from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope, summarize
-from ..maths.training import TrainSpec, loss_fn, predict_labels, resolve_loss
+from ..maths.training import loss_fn, predict_labels, resolve_loss
 from ..maths.flow import KernelFlow, flow_rates, lin_gap, linearised_head, stack_heads, train_pair
+from .configs.dynamics import DynamicsConfig, record_epochs
 
 METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "train_acc", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
 
 
-def _check_attention(text: str) -> None:
-    if parse_attention(text).kind is Attention.QKV:
-        raise BadInput("attention 'qkv' trains its own parameters, so the head's linearisation does not "
-                       "describe the net; use a parameter-free variant")
-
-
-def attention_setting():
-    return options.attention(check=_check_attention, only="parameter-free variants only (qkv trains its own "
-                             "parameters, which the head's linearisation does not describe)")
-
-
-# ---------------------------------------------------------------- configs
-
-@dataclass(frozen=True)
-class DynamicsConfig:
-    data: DataSpec = DataSpec(n=200, n_test=100)
-    # plain SGD without decay: the setting of NTK theory (train.param picks ntk or μP)
-    train: TrainSpec = TrainSpec(epochs=50, optimizer="sgd", lr=1.0, weight_decay=0.0)
-    widths: tuple[int, ...] = options.widths((64, 256, 1024, 4096))
-    archs: tuple[str, ...] = options.archs()
-    attention: str = attention_setting()
-    seeds: tuple[int, ...] = options.seeds()
-    init_std: float = options.init_std()
-    init: str = options.init()
-    record_every: int = setting(5, "measure every K epochs (and at 0 and the last epoch)", unit="epochs",
-                                lo=1, hi=20_000)
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        options.check_init_widths(self.init, self.widths)
-
-
-PRESETS = {
-    "dynamics": {
-        "quick": DynamicsConfig(widths=(16, 64, 256, 1024, 4096)),
-        # the paper's protocol (Adam, lr 1e-3, L2 1e-3): does it stay near its linearisation?
-        "paper": DynamicsConfig(data=DataSpec(n=1000, n_test=500), train=TrainSpec(epochs=500),
-                                widths=(16, 1024, 4096), record_every=25),
-        # Why a binary MSE preset: on 10 classes with cross-entropy both nets' gaps fall near the lazy
-        # m^-1/2 rate, so the default view hides the paper's point. On 3 vs 8 with MSE and plain SGD (the
-        # README's set-up, where the closed-form K∞ gradient flow applies) 2L-ReLU's gap falls with slope
-        # ≈ −0.66 while MLP-Attn's stays near −0.14 and 0.5 from the K∞ flow. One click on the Kernel
-        # regime page sets it.
-        "binary-mse": DynamicsConfig(data=DataSpec(dataset="mnist:3-8", n=200, n_test=100),
-                                     # loss "auto" is MSE on ±1 for two classes, and the page's own setting
-                                     train=TrainSpec(epochs=50, optimizer="sgd", lr=1.0, weight_decay=0.0),
-                                     widths=(64, 256, 1024, 4096)),
-    },
-}
-
-
 # ---------------------------------------------------------------- real against linearised training
-
-def _record_epochs(cfg: DynamicsConfig) -> list[int]:
-    E = cfg.train.epochs
-    return sorted({0, E, *range(0, E + 1, cfg.record_every)})
-
-
-def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
-    n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
-    tr, groups, m = cfg.train, len(cfg.archs) * len(cfg.seeds), sum(cfg.widths)
-    c_out = B.n_outputs(cfg.data)
-    records = len(_record_epochs(cfg))
-    per_group = (B.train_s(n, d, 2 * m, tr.epochs, tr.batch_size, c_out)
-                 + records * (2 * B.gemm_s(n + nt, m, d) + 2 * B.gemm_s(n + nt, m, c_out) + 4 * (n + nt) * m / B.FLOPS
-                              + len(cfg.widths) * (B.gemm_s(nt, n, c_out, True) + 4 * n * n / B.FLOPS64)))
-    reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
-                                  + B.eig_s(n) * 3 + B.gemm_s(nt, n, n, True))
-    seconds = B.FIXED_S + reference + groups * per_group
-    memory = (8 * (4 * n * n + 2 * nt * n) + 4 * 6 * m * d + 4 * 4 * (n + nt) * m
-              + 2 * B.head_bytes(m, n + nt, c_out)       # the net's and its linearisation's heads
-              + 8 * 3 * (n + nt) * c_out)                 # float64 targets and the K∞ flow's outputs
-    return Estimate(seconds, int(memory))
-
 
 @dataclass
 class _Pair:
@@ -188,7 +109,7 @@ def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed
     pair = _Pair(arch, seed, phi, phi_t, W0, A, phi @ W0.T > 0, phi_t @ W0.T > 0)
     rows = []
     sub = None if progress is None else (lambda f, s: progress((j + f) / n_groups, f"{stage}: {s}"))
-    train_pair(nets, phi, p.y, p.c, cfg.train, seed, _record_epochs(cfg),
+    train_pair(nets, phi, p.y, p.c, cfg.train, seed, record_epochs(cfg),
                lambda epoch, W, W_lin: rows.extend(measure_pair(cfg, p, pair, flow, ref.get(arch), epoch, W, W_lin)),
                sub, cancel)
     for r in rows:

@@ -13,81 +13,24 @@ train, measure kernels and score a net here are the malleability experiment's to
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime import budget as B
-from . import options
-from ..maths.attacks import AttackSpec, attack
-from ..runtime.budget import Estimate
+from ..maths.attacks import attack
+from ..maths.specs import AttackSpec
 from ..runtime.cache import Result
-from ..data import DataSpec
-from ..maths.influence import INFLUENCE_TARGETS, aggregate, factor_bytes, influence_matrix
+from ..maths.influence import aggregate, influence_matrix
 from ..maths.models import Net, normalize_rows
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression
 from ..reporting.gates import passes_gate
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
-from ..runtime.settings import normalised, setting, validate
-from ..maths.training import TrainSpec, accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
-
-
-INFLUENCE_KERNELS = ("entk", "kinf")  # the trained net's eNTK K_m (the paper's), or K∞ of the same features
-
-
-@dataclass(frozen=True)
-class InfluenceConfig:
-    data: DataSpec = DataSpec(n=300, n_test=100)
-    train: TrainSpec = TrainSpec(epochs=100)
-    archs: tuple[str, ...] = options.archs()
-    width: int = options.width(1024)  # the paper's influence runs
-    attention: str = options.attention()
-    seeds: tuple[int, ...] = options.seeds()
-    init_std: float = options.init_std()
-    init: str = options.init()
-    ridge: float = options.ridge()  # of the influence's kernel regression and of the K∞ baseline
-    target: str = setting("true", "influence on: true = each test point's own-class output; margin = own "
-                          "class minus the best other class; sum = the label-free sum over outputs "
-                          "(binary tasks have one output: all agree)", flag="--influence",
-                          choices=INFLUENCE_TARGETS)
-    influence_kernel: str = setting("entk", "kernel of the influence's ridge regression: entk = the trained "
-                                    "net's empirical NTK K_m (the paper's), kinf = K∞ of the same features "
-                                    "(MLP-Attn's recomputed from the perturbed set after an attack)",
-                                    flag="--influence-kernel", choices=INFLUENCE_KERNELS)
-    storage: str = options.storage()
-    precision: str = options.precision()
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        options.check_init_widths(self.init, self.width)
-
-
-# ``trained``: nets that train to their kernel baseline on the README's MNIST setting (n = 500,
-# 100 test points, m = 1024): Adam 1e-3 without decay for 500 epochs, and MLP-Attn on centred
-# attention features (``centered``: a different model from the paper's linear attention, which
-# no option here trains past ~83 % train accuracy). Measured on real MNIST (seed 0): 2L-ReLU
-# 100 % train, 83 % test against 87 % for ridge with its own K_m; centred MLP-Attn 98 % train,
-# 82 % test against 79 %. ``paper`` stays the literal reading.
-TRAINED = TrainSpec(epochs=500, lr=1e-3, weight_decay=0.0)
-# ``quick``: the same recipe at the dashboard's n = 200 in 200 epochs. Measured on real MNIST
-# (seeds 0-2, m = 1024): 2L-ReLU 100 % train, 73 % test against 81 % for ridge with its own K_m
-# (passes the gate); centred MLP-Attn 96 % train, 69 % against 71 %; linear MLP-Attn 52 % train,
-# 45 % against 70 % (fails it: its flip rates are then shown greyed, as "did not train"). The
-# paper's 20 epochs with decay 1e-3 left every net near chance (8-25 % test).
-QUICK_TRAINED = TrainSpec(epochs=200, lr=1e-3, weight_decay=0.0)
-
-
-PRESETS = {
-    "influence": {"quick": InfluenceConfig(data=DataSpec(n=200, n_test=100), train=QUICK_TRAINED, seeds=(0,)),
-                  "paper": InfluenceConfig(data=DataSpec(n=1000, n_test=100), train=TrainSpec(epochs=500)),
-                  "trained": InfluenceConfig(data=DataSpec(n=500, n_test=100), train=TRAINED,
-                                             attention="centered")},
-}
+from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
+from .configs.influence import InfluenceConfig
 
 
 def _fresh_net(cfg, arch, X_ref, c, dev, seed) -> Net:
@@ -173,34 +116,6 @@ def clean_run(cfg, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float) ->
 
 
 # ---------------------------------------------------------------- influence
-
-def influence_bytes(cfg: InfluenceConfig) -> int:
-    """K and K_test in their storage (K_m and K∞ both with the K∞ kernel), the float64 factor
-    and solves beside them."""
-    n, nt = cfg.data.n, cfg.data.n_test
-    size = 4 if cfg.storage == "float32" else 8
-    kernels = 2 if cfg.influence_kernel == "kinf" else 1
-    c_out = B.n_outputs(cfg.data)
-    return (kernels * size * (n * n + nt * n) + factor_bytes(n, nt, c_out)
-            + B.head_bytes(cfg.width, n + nt, c_out))
-
-
-def kernel_seconds(cfg, n, nt, d, m) -> float:
-    """One influence: its kernels, the leave-one-out factor (and K∞'s GEMMs for ``kinf``)."""
-    s = B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)
-    if cfg.influence_kernel == "kinf":
-        s += B.gemm_s(n + nt, n, d, True) + B.chol_s(n)
-    return s * (2.0 if cfg.precision == "float64" else 1.0)
-
-
-def estimate_influence(cfg: InfluenceConfig) -> Estimate:
-    n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
-    per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + kernel_seconds(cfg, n, nt, d, m)
-           + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
-    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
-    return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(influence_bytes(cfg) + 16 * m * d))
-
 
 @experiment_run("influence")
 def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:

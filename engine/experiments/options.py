@@ -10,9 +10,7 @@ stay the same.
 
 from __future__ import annotations
 
-from ..maths.models import ARCHS, INITS, MAX_WIDTH, check_init, parse_attention
-from ..maths.influence import INFLUENCE_TARGETS
-from ..maths.ntk import STORAGE
+from ..maths.specs import ARCHS, INFLUENCE_TARGETS, INITS, MAX_WIDTH, STORAGE, check_init, parse_attention
 from ..runtime.settings import setting
 
 SEED_MAX = 2**31 - 1   # torch.manual_seed takes any 64-bit value; 31 bits keeps the seeds portable
@@ -94,7 +92,7 @@ INIT_HELP = ("initialisation of the head: gaussian (W ~ N(0, σ²), readout a = 
 
 
 def init(default: str = "gaussian"):
-    """How the head is initialised (``engine.maths.models.INITS``); the config checks even widths."""
+    """How the head is initialised (``engine.maths.specs.INITS``); the config checks even widths."""
     return setting(default, INIT_HELP, choices=INITS)
 
 
@@ -110,7 +108,7 @@ def attention(default: str = "linear", check=parse_attention, only: str = ""):
 
 
 def influence_target(default: str = "true"):
-    """Which output an influence scores (``engine.maths.influence.INFLUENCE_TARGETS``)."""
+    """Which output an influence scores (``engine.maths.specs.INFLUENCE_TARGETS``)."""
     return setting(default, "influence on: true = each test point's own-class output; margin = own class minus the "
                    "best other class; sum = the label-free sum over outputs (binary tasks have one output: all "
                    "agree)", flag="--influence", choices=INFLUENCE_TARGETS)

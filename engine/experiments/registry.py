@@ -5,7 +5,12 @@ The name is the experiment's only name: the CLI command (``python -m engine NAME
 kind, the preset key, the grid spec's ``kind``, the ``figure`` kind and the dashboard page's URL
 path where the page leads with it. The CLI, the grid, calibration, export, the dashboard and the
 tests all read this mapping; none keeps its own table, so a new experiment is one more record
-here (and its module: config, presets, estimate, ``@experiment_run`` body).
+here (its config, presets and estimate in ``engine.experiments.configs``, its ``@experiment_run``
+body in its run module).
+
+The records hold the configs and estimates themselves but only the *path* of each run function
+(``"sweep:run_ntk_sweep"``), imported on first use: reading the registry, and so
+the command line's flags and ``--estimate``, costs no torch.
 
 Old spellings (``figure ntk``, ``figure regime``) resolve through ``get`` for one release.
 """
@@ -15,25 +20,27 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..runtime import budget as B
-from . import coord_check, dynamics, influence, kernels, malleability, retrain, scaling, spectrum, sweep
+from .configs import coord_check, dynamics, influence, kernels, malleability, retrain, scaling, spectrum, sweep
 from ..runtime.budget import Estimate
-from ..runtime.cache import Result, cached_run
 from ..data import DataSpec
 from ..runtime.errors import BadInput
-from ..maths.attacks import AttackSpec
-from ..maths.training import TrainSpec
+from ..maths.specs import AttackSpec, TrainSpec
+
+if TYPE_CHECKING:  # annotations only: the cache loads pandas
+    from ..runtime.cache import Result
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One kind of experiment. ``run`` is the public run function (``engine.experiments.runs.experiment_run``)."""
+    """One kind of experiment. ``runner`` is its public run function (``engine.experiments.runs.experiment_run``),
+    imported from ``run_path`` on first use."""
 
     name: str                       # CLI command, cache kind, preset key, grid kind, figure kind, page URL
     config: type                    # frozen config dataclass; its fields are the CLI flags and widgets
-    runner: Callable                # the module's run_* (signature of every run; .compute is the body)
+    run_path: str                   # "module:function" of its run_* in this package (imported on first use)
     estimate: Callable[[object], Estimate]  # seconds on the reference CPU and peak bytes, from all fields
     presets: Mapping[str, object]   # "default" (the dataclass's own), "quick", "paper", ...
     help: str                       # one line: what it measures
@@ -47,10 +54,20 @@ class Experiment:
     aliases: tuple[str, ...] = ()   # old spellings, accepted for one release
     nested: tuple[str, ...] = field(default=())  # nested config fields whose settings are flags too
 
+    @property
+    def runner(self) -> Callable:
+        """The run function (signature of every run; ``.compute`` is the body), imported now."""
+        module, fn = self.run_path.split(":")
+        runner = getattr(importlib.import_module(f"{__package__}.{module}"), fn)
+        if runner.kind != self.name:
+            raise RuntimeError(f"{self.run_path} is registered as {runner.kind!r}, not {self.name!r}")
+        return runner
+
     def run(self, cfg, cache=None, data_dir=None, device: str = "cpu", progress=None, cancel=None,
             budget: B.Budget | None = None) -> Result:
         """Resolve the device, refuse work over ``budget`` before it starts, then read the cached
         result or compute it and store it (see ``engine.runtime.cache.cached_run``)."""
+        from ..runtime.cache import cached_run
         from ..runtime.device import resolve_device
 
         if type(cfg) is not self.config:  # MalleabilityConfig is an InfluenceConfig, but not that run's
@@ -89,34 +106,35 @@ def _records() -> dict[str, Experiment]:
     Sp, Sw, K, I, M, S, D, C = spectrum, sweep, kernels, influence, malleability, scaling, dynamics, coord_check
     syn = DataSpec(**_SYN)
     recs = [
-        Experiment("spectrum", Sp.SpectrumConfig, Sp.run_spectrum, Sp.estimate_spectrum, Sp.PRESETS["spectrum"],
+        Experiment("spectrum", Sp.SpectrumConfig, "spectrum:run_spectrum", Sp.estimate_spectrum, Sp.PRESETS["spectrum"],
                    "Gram spectrum, condition numbers and width thresholds", "this spectrum", ("growth",),
                    lambda: Sp.SpectrumConfig(data=DataSpec(dataset="synthetic", n=1500, n_test=1, synthetic_d=512),
                                             growth_ns=(200, 800)),
                    "engine.reporting.export:spectrum_figure",
                    "eigenvalues of G and of the attention features' Gram (Spectrum page)", "pages/spectrum.py"),
-        Experiment("ntk-sweep", Sw.SweepConfig, Sw.run_ntk_sweep, Sw.estimate_sweep, Sw.PRESETS["ntk-sweep"],
+        Experiment("ntk-sweep", Sw.SweepConfig, "sweep:run_ntk_sweep", Sw.estimate_sweep, Sw.PRESETS["ntk-sweep"],
                    "kernel and function distances to K∞ across widths, per seed", "this width sweep",
                    ("rows", "summary"),
                    lambda: Sw.SweepConfig(data=syn, train=TrainSpec(epochs=30), widths=(64, 512, 2048), seeds=(0, 1)),
                    "engine.reporting.export:ntk_figure", "kernel distance to K∞ against width (NTK convergence page)",
                    "pages/ntk-sweep.py", aliases=("ntk",)),
-        Experiment("kernels", K.KernelConfig, K.run_kernels, K.estimate_kernels, K.PRESETS["kernels"],
+        Experiment("kernels", K.KernelConfig, "kernels:run_kernels", K.estimate_kernels, K.PRESETS["kernels"],
                    "K_m at init and after training and K∞ of one net, as arrays", "these kernels", (),
                    lambda: K.KernelConfig(data=DataSpec(**{**_SYN, "n_test": 1}), train=TrainSpec(epochs=30))),
-        Experiment("influence", I.InfluenceConfig, I.run_influence, I.estimate_influence, I.PRESETS["influence"],
+        Experiment("influence", I.InfluenceConfig, "influence:run_influence", I.estimate_influence,
+                   I.PRESETS["influence"],
                    "NTK leave-one-out influence of trained nets on one draw", "this influence run",
                    ("summary", "aggregate"),
                    lambda: I.InfluenceConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,)),
                    page="pages/influence.py"),
-        Experiment("malleability", M.MalleabilityConfig, M.run_malleability, M.estimate_malleability,
+        Experiment("malleability", M.MalleabilityConfig, "malleability:run_malleability", M.estimate_malleability,
                    M.PRESETS["malleability"], "influence flip rates under attacks on the training data",
                    "this malleability run", ("rows", "summary", "interventions", "interventions_summary"),
                    lambda: M.MalleabilityConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,),
                                                 attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
                    "engine.reporting.export:malleability_figure",
                    "influence flip rates per attack at the largest ε (Malleability page)", "pages/malleability.py"),
-        Experiment("scaling", S.ScalingConfig, S.run_scaling, S.estimate_scaling, S.PRESETS["scaling"],
+        Experiment("scaling", S.ScalingConfig, "scaling:run_scaling", S.estimate_scaling, S.PRESETS["scaling"],
                    "width needed to stay near K∞ against κ, with the fitted exponent", "this scaling run",
                    ("widths", "fit", "curve"),
                    lambda: S.ScalingConfig(train=TrainSpec(epochs=30, lr=1e-2), kappas=(2.0, 8.0), max_width=1024,
@@ -124,7 +142,7 @@ def _records() -> dict[str, Experiment]:
                    "engine.reporting.export:scaling_figure",
                    "width needed against κ with the fitted power law (Scaling law page)", "pages/scaling.py",
                    hint="use fewer κ values, seeds or a smaller max width"),
-        Experiment("dynamics", D.DynamicsConfig, D.run_dynamics, D.estimate_dynamics, D.PRESETS["dynamics"],
+        Experiment("dynamics", D.DynamicsConfig, "dynamics:run_dynamics", D.estimate_dynamics, D.PRESETS["dynamics"],
                    "real against linearised training (kernel regime or not) across widths, per seed",
                    "this comparison with the linearised nets", ("rows", "summary"),
                    lambda: D.DynamicsConfig(data=syn, train=TrainSpec(epochs=30, optimizer="sgd", lr=1.0,
@@ -133,10 +151,10 @@ def _records() -> dict[str, Experiment]:
                    "engine.reporting.export:dynamics_figure",
                    "distance to the linearised net against width, m^-1/2 reference (Kernel regime page)",
                    "pages/dynamics.py", aliases=("regime",)),
-        Experiment("coord-check", C.CoordCheckConfig, C.run_coord_check, C.estimate_coord_check,
+        Experiment("coord-check", C.CoordCheckConfig, "coord_check:run_coord_check", C.estimate_coord_check,
                    C.PRESETS["coord-check"], "μP's coordinate check: sizes of the first steps' changes against width",
                    "this coordinate check", ("rows", "summary", "fit"), lambda: C.CoordCheckConfig(data=syn)),
-        Experiment("retrain-loo", retrain.RetrainConfig, retrain.run_retrain_loo, retrain.estimate_retrain,
+        Experiment("retrain-loo", retrain.RetrainConfig, "retrain:run_retrain_loo", retrain.estimate_retrain,
                    retrain.PRESETS["retrain-loo"], "leave-one-out by retraining against the kernels' leave-one-out, "
                    "per architecture and width", "this leave-one-out retraining", ("rows", "summary"),
                    lambda: retrain.RetrainConfig(data=syn, train=replace(retrain.LAZY_SGD, epochs=5), widths=(64, 256),
@@ -147,8 +165,6 @@ def _records() -> dict[str, Experiment]:
     ]
     out = {}
     for r in recs:
-        if r.runner.kind != r.name:
-            raise RuntimeError(f"{r.runner.__name__} is registered as {r.runner.kind!r}, not {r.name!r}")
         presets = {"default": r.config(), **r.presets}
         out[r.name] = Experiment(**{**r.__dict__, "presets": MappingProxyType(presets), "nested": _nested(r.config)})
     return out

@@ -15,81 +15,24 @@ values, with a 95 % interval from a bootstrap over seeds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime import budget as B
-from . import options
-from ..runtime.budget import Estimate
 from ..runtime.cache import Result
-from ..data import DECAYS, DataSpec, load_sample
-from ..runtime.errors import BadInput
-from ..maths.models import MAX_WIDTH, Attention, Net, parse_attention
+from ..data import DataSpec, load_sample
+from ..maths.models import Net
+from ..maths.specs import Attention, parse_attention
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import relative_distance, whitened_distance
 from .runs import Progress, experiment_run, resumable, tick, to_device
-from ..runtime.settings import normalised, setting, validate
 from ..reporting.tables import loglog_slope
-from ..maths.training import TrainSpec, n_outputs, train
+from ..maths.training import n_outputs, train
+from .configs.scaling import ScalingConfig, measured_models, width_grid
 
-MEASURES = ("trained", "init", "movement")
-METRICS = ("frobenius", "whitened")
 BOOTSTRAP = 400   # resamples of the seeds for the exponent's interval
-
-
-def _check_attention(a: str) -> None:
-    parse_attention(a)
-
-
-@dataclass(frozen=True)
-class ScalingConfig:
-    train: TrainSpec = TrainSpec(epochs=50)
-    n: int = setting(64, "training points of each synthetic draw", unit="points", lo=4, hi=2000)
-    d: int = setting(32, "input dimension of the synthetic data", lo=2, hi=1024)
-    kappas: tuple[float, ...] = setting((2.0, 4.0, 8.0, 16.0, 32.0), "dialled condition numbers κ(G) of "
-                                        "the raw Gram", lo=1.0, hi=1e6, max_len=12)
-    decay: str = setting("geometric", "eigenvalue profile of the synthetic Gram", choices=DECAYS)
-    classes: int = setting(2, "classes of the synthetic teacher", lo=2, hi=20)
-    normalize: bool = setting(False, "ℓ2-normalise rows (changes κ; off so that κ is the dialled one)")
-    archs: tuple[str, ...] = options.archs()
-    attentions: tuple[str, ...] = setting(("linear",), "attention variants tried for attn, e.g. "
-                                          "linear,stacked:2,truncated:8", check=_check_attention, max_len=6)
-    target: float = setting(0.1, "kernel distance to stay within", lo=0, lo_open=True, hi=10.0)
-    measure: str = setting("trained", "trained: K_t vs K∞; init: K_0 vs K∞; movement: K_t vs K_0 "
-                           "(training drift alone)", choices=MEASURES)
-    metric: str = setting("frobenius", "kernel distance: frobenius = ‖ΔK‖_F/‖K_ref‖_F; whitened = "
-                          "‖(K_ref+λI)^-½ ΔK (K_ref+λI)^-½‖₂ (κ-sensitive)", choices=METRICS)
-    min_width: int = setting(16, "smallest grid width", unit="units", lo=1, hi=MAX_WIDTH)
-    max_width: int = setting(4096, "largest grid width", unit="units", lo=2, hi=MAX_WIDTH)
-    per_octave: int = setting(2, "grid widths per doubling (grid: 2^(j/per_octave))", lo=1, hi=8)
-    seeds: tuple[int, ...] = options.seeds()  # distances averaged over them, bootstrapped for the interval
-    seed: int = setting(0, "data draw seed", flag="--data-seed", lo=0, hi=2**31 - 1)
-    ridge: float = options.ridge()  # of the whitened metric
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        if self.min_width >= self.max_width:
-            raise BadInput(f"min_width ({self.min_width}) must be smaller than max_width ({self.max_width})")
-
-
-PRESETS = {"scaling": {
-    "quick": ScalingConfig(train=TrainSpec(epochs=100, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0),
-                           measure="movement", target=0.05, max_width=4096, per_octave=1),
-    "paper": ScalingConfig(train=TrainSpec(epochs=200, lr=1e-2), kappas=(2.0, 4.0, 8.0, 16.0, 32.0),
-                           measure="movement", target=0.05, max_width=16384),
-}}
-
-
-def width_grid(min_width: int, max_width: int, per_octave: int) -> list[int]:
-    """Grid widths round(2^(j/per_octave)) within [min_width, max_width], ascending, distinct."""
-    lo = math.ceil(math.log2(min_width) * per_octave - 1e-9)
-    hi = math.floor(math.log2(max_width) * per_octave + 1e-9)
-    return sorted({int(round(2 ** (j / per_octave))) for j in range(lo, hi + 1)})
 
 
 def theory_exponent(arch: str, attention: str) -> float | None:
@@ -159,23 +102,6 @@ def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report)
     return out
 
 
-def _models(cfg) -> list[tuple[str, str]]:
-    return [("relu", "linear")] * ("relu" in cfg.archs) + [("attn", a) for a in cfg.attentions
-                                                           if "attn" in cfg.archs]
-
-
-def estimate_scaling(cfg: ScalingConfig) -> Estimate:
-    grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
-    epochs = 0 if cfg.measure == "init" else cfg.train.epochs
-    per_kappa_model = 0.0
-    for w in grid:
-        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 1 if cfg.classes == 2 else cfg.classes)
-                                             + 2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
-    attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
-    seconds = B.FIXED_S + len(cfg.kappas) * (len(_models(cfg)) * per_kappa_model + attention)
-    return Estimate(seconds, int(8 * 6 * cfg.n ** 2 + 16 * max(grid) * cfg.d + 8 * cfg.n * max(grid)))
-
-
 @experiment_run("scaling")
 def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Width needed against κ, and the fitted exponent with its interval, per (arch, attention).
@@ -186,7 +112,7 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
     exponent_low, exponent_high, intercept, points, theory_exponent).
     """
     grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
-    models = _models(cfg)
+    models = measured_models(cfg)
     total = len(models) * len(cfg.kappas) * len(grid)
     rows, evals, done = [], [], 0
     for kappa in cfg.kappas:

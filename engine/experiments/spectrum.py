@@ -7,48 +7,20 @@ width thresholds they imply and κ's growth with n.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from ..runtime import budget as B
-from . import options
 from ..maths import spectral
-from ..runtime.budget import Estimate
 from ..runtime.cache import Result
-from ..data import DataSpec, load_sample
-from ..runtime.errors import BadInput
-from ..maths.models import Attention, attention_features, features, parse_attention
+from ..data import load_sample
+from ..maths.models import attention_features, features
+from ..maths.specs import Attention, parse_attention
 from .runs import Progress, experiment_run, tick
-from ..runtime.settings import normalised, setting, validate
-
-
-@dataclass(frozen=True)
-class SpectrumConfig:
-    data: DataSpec = DataSpec(n=400, n_test=1)
-    attention: str = options.attention()  # whose feature Gram is measured
-    rtol: float | None = setting(None, "numerical-rank tolerance relative to λ_max (none: n·eps64)",
-                                 flag="--rank-rtol", lo=0, lo_open=True, hi=1.0)
-    eps: float = setting(0.1, "ε of the paper's v1 width threshold κ⁶/ε²", lo=0, lo_open=True, hi=1.0)
-    growth_ns: tuple[int, ...] = setting((), "prefix sizes of the draw for κ against n (each ≤ n)",
-                                         unit="points", flag="--growth", lo=2, hi=60_000, max_len=20)
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        too_big = [g for g in self.growth_ns if g > self.data.n]
-        if too_big:
-            raise BadInput(f"growth sizes {too_big} exceed n = {self.data.n}")
+from .configs.spectrum import SpectrumConfig
 
 
 # ---------------------------------------------------------------- helpers
-
-PRESETS = {"spectrum": {  # named instances of the config: the dashboard's quick run and the paper's
-    "quick": SpectrumConfig(data=DataSpec(n=200, n_test=1)),   # n_test = 1: the spectrum reads no test set
-    "paper": SpectrumConfig(data=DataSpec(n=1000, n_test=1)),  # the paper's n = 1000 training rows
-}}
-
 
 def theory_kappa(attention: str, spec: spectral.Spectrum) -> float | None:
     """κ of the attention features' Gram predicted from the input Gram's eigenvalues."""
@@ -100,13 +72,6 @@ def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig) -> 
         "width_threshold_log10": {"attn_v1": thr_attn["v1"], "attn_v2": thr_attn["v2"],
                                   "relu_v1": thr_relu["v1"], "relu_v2": thr_relu["v2"]},
     }, spec, att
-
-
-def estimate_spectrum(cfg: SpectrumConfig) -> Estimate:
-    n, d = cfg.data.n, B.input_dim(cfg.data)
-    one = lambda k: B.eig_s(min(k, d)) * 2 + B.gemm_s(k, d, min(k, d), True) * 2 + B.attention_s(cfg.attention, k, d)
-    seconds = B.FIXED_S + one(n) + sum(one(g) for g in cfg.growth_ns)
-    return Estimate(seconds, 8 * (3 * n * d + 2 * min(n, d) ** 2 + 2 * n))
 
 
 @experiment_run("spectrum")

@@ -4,23 +4,24 @@
 beneath it), ``kinf`` (the infinite-width NTK), ``ridge`` (kernel ridge regression and kernel
 distances), ``spectral``, ``influence`` (NTK leave-one-out), ``attacks``, ``training``,
 ``flow`` (the linearised head and the closed-form K∞ gradient flow) and ``loo`` (leave-one-out
-by retraining masked heads). No function here knows about configs, caches or pages.
+by retraining masked heads). No function here knows about configs, caches or pages. ``specs``
+holds the settings and names the configs need, without torch.
 """
 
 from .._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
-    "models": ["ARCHS", "INITS", "Attention", "Net", "TwoLayerReLU", "attention_features", "features",
-               "parse_attention"],
-    "ntk": ["STORAGE", "NTKMethod", "empirical_ntk", "empirical_ntk_features"],
+    "specs": ["ARCHS", "INITS", "STORAGE", "DEFAULT_TARGET", "INFLUENCE_TARGETS", "Attention", "AttackMethod",
+              "AttackSpec", "TrainSpec", "parse_attention"],
+    "models": ["Net", "TwoLayerReLU", "attention_features", "features"],
+    "ntk": ["NTKMethod", "empirical_ntk", "empirical_ntk_features"],
     "counts": ["count_dtype", "count_path_report", "exact_counts"],
     "kinf": ["infinite_ntk"],
     "ridge": ["kernel_regression", "prediction_gap", "relative_distance", "whitened_distance"],
     "spectral": ["Spectrum", "eig_spectrum", "gram_spectrum", "width_thresholds_log10"],
-    "influence": ["DEFAULT_TARGET", "INFLUENCE_TARGETS", "aggregate", "influence_matrix", "loo_influence",
-                  "net_influence", "top_indices"],
-    "attacks": ["AttackMethod", "AttackSpec", "attack"],
-    "training": ["TrainSpec", "sgd_lr_limit", "top_eigenvalue", "train"],
+    "influence": ["aggregate", "influence_matrix", "loo_influence", "net_influence", "top_indices"],
+    "attacks": ["attack"],
+    "training": ["sgd_lr_limit", "top_eigenvalue", "train"],
     "flow": ["KernelFlow", "lin_gap", "linearised_head", "train_pair"],
     "loo": ["flow_loo", "kernel_loo", "train_masked"],
 })

@@ -10,55 +10,11 @@ or all); the other rows are returned exactly as they came in.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-
 import torch
 
 from ..runtime.errors import Cancelled
-from ..runtime.settings import setting, validate
+from .specs import AttackMethod, AttackNorm, AttackSpec
 from .training import loss_fn
-
-
-class AttackMethod(str, enum.Enum):
-    FGSM = "fgsm"  # one gradient step of size ε (signed for ℓ∞, ℓ2-normalised for ℓ2)
-    PGD = "pgd"    # projected gradient ascent, optional random start
-    MIM = "mim"    # momentum iterative method (Dong et al. 2018)
-
-
-class AttackNorm(str, enum.Enum):
-    LINF = "linf"  # default: the paper's ℓ∞ budget; steps along sign(g)
-    L2 = "l2"      # per-row Euclidean ball; steps along g / ‖g‖₂
-
-
-NORMS = tuple(n.value for n in AttackNorm)
-
-
-@dataclass(frozen=True)
-class AttackSpec:
-    """One attack on the training set; field order is kept for positional callers."""
-
-    method: str = setting("pgd", "attack algorithm", choices=tuple(m.value for m in AttackMethod),
-                          cli=False)  # set by the experiment's own --attack flag
-    eps: float = setting(0.05, "radius of the per-row ball in the chosen norm",
-                         unit="input units (pixels in [0, 1] for raw images)", lo=0, hi=1e3,
-                         cli=False)  # set by the experiment's own ε sweep
-    steps: int = setting(20, "iterations of PGD and MIM (FGSM takes one step)", lo=1, hi=1000)
-    step_size: float | None = setting(None, "PGD / MIM step α; none: 2.5·ε/steps",
-                                      unit="input units", lo=0, lo_open=True)
-    random_start: bool = setting(False, "PGD: start from a uniform random point of the ball")
-    momentum: float = setting(1.0, "MIM decay μ of the accumulated gradient", lo=0, hi=10)
-    seed: int = setting(0, "seed of the random start (experiments set it from each network seed)", lo=0,
-                        cli=False)
-    norm: str = setting("linf", "norm of the ε-ball, per training point (linf: the paper's reading)",
-                        choices=NORMS)
-
-    def __post_init__(self):
-        validate(self)
-
-    @property
-    def alpha(self) -> float:
-        return self.step_size if self.step_size is not None else 2.5 * self.eps / self.steps
 
 
 def training_loss(net, Xp: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:

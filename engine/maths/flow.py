@@ -41,7 +41,8 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
-from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, TrainSpec, loss_weights, per_model_loss, resolve_loss
+from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, loss_weights, per_model_loss, resolve_loss
+from .specs import TrainSpec
 
 
 # ---------------------------------------------------------------- the linearised head and the loop

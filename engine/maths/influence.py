@@ -13,7 +13,7 @@ that point i is responsible for; positive means that removing i lowers the outpu
 λ is relative to the mean diagonal of K (``λ_abs = ridge · mean diag K``), as in
 ``engine.maths.ridge.kernel_regression``, so that it does not depend on the kernel's scale.
 diag M, α and k(x, X) M all come from one in-place Cholesky factor L of K + λI (triangular
-solves; M itself is never formed). K may be stored in float32 (``engine.maths.ntk.STORAGE``); L and
+solves; M itself is never formed). K may be stored in float32 (``engine.maths.specs.STORAGE``); L and
 every solve are float64, and the step refuses, before it allocates, what cannot fit.
 
 Which output is scored (``INFLUENCE_TARGETS``, documented default ``DEFAULT_TARGET`` =
@@ -34,18 +34,7 @@ from ..runtime import budget as B
 from ..runtime.errors import BadInput
 from .ntk import empirical_ntk
 from .ridge import check_ridge, check_solution, ridge_factor
-
-INFLUENCE_TARGETS = ("true", "margin", "sum")
-DEFAULT_TARGET = "true"  # what configs and pages should use; "sum" ignores one-hot labels
-
-
-_INVERSE_BLOCK = 512  # columns of L⁻¹ held at a time while its column norms are taken
-
-
-def factor_bytes(n: int, n_test: int, c: int) -> int:
-    """Peak bytes of the leave-one-out factorisation beside its inputs: L, the copy of it that
-    ``cholesky_solve`` makes, the test solves and one block of L⁻¹."""
-    return 8 * (2 * n * n + 3 * n_test * n + min(n, _INVERSE_BLOCK) * n + 2 * n * c + 2 * n)
+from .specs import INFLUENCE_TARGETS, INVERSE_BLOCK as _INVERSE_BLOCK, factor_bytes
 
 
 def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float, per_test_row: int = 0):
@@ -160,7 +149,7 @@ def net_influence(net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, r
     X (n, d) raw training inputs, Y (n, c) targets, X_test (n_test, d). ``X_ref`` is the
     training set that defines MLP-Attn's attention (pass the perturbed set after an attack
     so that C is recomputed); default: the net's own. ``target`` and ``y_test`` (n_test,)
-    as in ``influence_matrix``; ``storage`` the kernels' precision (``engine.maths.ntk.STORAGE``).
+    as in ``influence_matrix``; ``storage`` the kernels' precision (``engine.maths.specs.STORAGE``).
     """
     if target not in _TARGET_FNS:  # before the kernels are computed
         raise BadInput(f"unknown influence target {target!r}; allowed: {', '.join(INFLUENCE_TARGETS)}")

@@ -20,10 +20,11 @@ import torch
 
 from .flow import KernelFlow, flow_rates
 from ..runtime.errors import BadInput
-from .influence import INFLUENCE_TARGETS, loo_influence
+from .influence import loo_influence
+from .specs import INFLUENCE_TARGETS, TrainSpec
 from .models import TwoLayerReLU
 from .ridge import kernel_regression
-from .training import TrainSpec, optimise, resolve_loss, targets
+from .training import optimise, resolve_loss, targets
 
 
 # ---------------------------------------------------------------- the batched masked trainer

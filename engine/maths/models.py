@@ -21,77 +21,13 @@ Gram is ``G³``. ``centered`` subtracts the training set's mean attention featur
 
 from __future__ import annotations
 
-import enum
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..runtime.errors import BadInput
-
-ARCHS = ("relu", "attn")
-INITS = ("gaussian", "antisymmetric")  # W ~ N(0, σ²) and a = ±1; or the same, mirrored so that f₀ ≡ 0
-PARAMS = ("ntk", "mup")    # parametrisations of the head: output scale m^-1/2 (the paper's) or m^-1 (μP)
-MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
-MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
-MAX_TRUNCATED = 100_000
-SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the softmax
-
-
-class Attention(str, enum.Enum):
-    """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``."""
-
-    LINEAR = "linear"        # C z, C = Zᵀ Z (the paper's)
-    CENTERED = "centered"    # C (z − z̄): linear, minus the training set's mean attention feature
-    STACKED = "stacked"      # C^k z: k linear layers, Gram G^(2k+1)
-    TRUNCATED = "truncated"  # C_r z: top-r singular directions of Z only
-    SOFTMAX = "softmax"      # Nadaraya–Watson over the training set, temperature T
-    QKV = "qkv"              # trainable W_Q, W_K, W_V (standard init), trained with the head
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    kind: Attention
-    param: float | None  # k for stacked, r for truncated, T for softmax
-
-    def __str__(self) -> str:
-        if self.param is None:
-            return self.kind.value
-        p = int(self.param) if self.kind in (Attention.STACKED, Attention.TRUNCATED) else self.param
-        return f"{self.kind.value}:{p}"
-
-
-_DEFAULT_PARAM = {Attention.LINEAR: None, Attention.CENTERED: None, Attention.STACKED: 1, Attention.TRUNCATED: 10,
-                  Attention.SOFTMAX: 0.1, Attention.QKV: None}
-
-
-def parse_attention(text: str) -> AttentionSpec:
-    """``"linear"``, ``"centered"``, ``"stacked:k"`` (k ≥ 1), ``"truncated:r"`` (r ≥ 1), ``"softmax[:T]"``
-    (T > 0), ``"qkv"``."""
-    name, _, arg = str(text).strip().lower().partition(":")
-    try:
-        kind = Attention(name)
-    except ValueError:
-        allowed = ", ".join(a.value for a in Attention)
-        raise BadInput(f"unknown attention {text!r}; allowed: {allowed} (e.g. stacked:2, truncated:10)") from None
-    if kind in (Attention.LINEAR, Attention.CENTERED, Attention.QKV):
-        if arg:
-            raise BadInput(f"attention {kind.value!r} takes no parameter, got {text!r}")
-        return AttentionSpec(kind, None)
-    if not arg:
-        return AttentionSpec(kind, _DEFAULT_PARAM[kind])
-    try:
-        value = float(arg)
-    except ValueError:
-        raise BadInput(f"attention parameter in {text!r} must be a number") from None
-    if kind in (Attention.STACKED, Attention.TRUNCATED):
-        top = MAX_STACKED if kind is Attention.STACKED else MAX_TRUNCATED
-        if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:
-            raise BadInput(f"attention {text!r}: {kind.value} needs an integer in [1, {top}]")
-    elif not (math.isfinite(value) and SOFTMAX_T[0] <= value <= SOFTMAX_T[1]):
-        raise BadInput(f"attention {text!r}: softmax temperature must lie in [{SOFTMAX_T[0]:g}, {SOFTMAX_T[1]:g}]")
-    return AttentionSpec(kind, value)
+from .specs import ARCHS, PARAMS, Attention, check_init, check_width, parse_attention
 
 
 def normalize_rows(X: torch.Tensor) -> torch.Tensor:
@@ -218,21 +154,6 @@ def check_param(param) -> str:
     if param not in PARAMS:
         raise BadInput(f"unknown param {param!r}; allowed: {', '.join(PARAMS)}")
     return param
-
-
-def check_init(init, width: int | None = None) -> str:
-    """``init`` in INITS; ``antisymmetric`` pairs hidden units, so its widths must be even."""
-    if init not in INITS:
-        raise BadInput(f"unknown init {init!r}; allowed: {', '.join(INITS)}")
-    if init == "antisymmetric" and width is not None and width % 2:
-        raise BadInput(f"init 'antisymmetric' pairs hidden units: the width must be even, got {width}")
-    return init
-
-
-def check_width(width) -> int:
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
-        raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
-    return width
 
 
 class TwoLayerReLU(nn.Module):

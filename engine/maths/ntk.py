@@ -38,7 +38,7 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
-from ..runtime.settings import setting
+from .specs import STORAGE
 from .counts import count_dtype, gemm_counts
 from .tiles import SERIAL_WORK, row_blocks, serial, tile_ranges
 
@@ -49,16 +49,7 @@ _ENTK_SPLIT = 2       # blocks of rows at least, once tiles of _ENTK_MIN_TILE al
 _ENTK_COLS = 2048     # CPU tile columns: wide enough for the count GEMM to run near its rate
 
 
-STORAGE = ("float64", "float32")
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-def storage_setting():
-    """The ``storage`` field of configs whose runs hold kernels (one help text for all)."""
-    return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "
-                   "fit otherwise (half the memory; each float64 entry rounded once, solves stay float64; "
-                   "influence then moves by up to κ(K+λI)·6e-8: on 8000 MNIST digits 8e-6 for 2L-ReLU, but "
-                   "4e-4 and 0.7 % of signs for MLP-Attn)", choices=STORAGE)
 
 
 def storage_dtype(storage: str) -> torch.dtype:

@@ -37,54 +37,12 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.errors import BadInput, Cancelled
-from .models import PARAMS
-from ..runtime.settings import normalised, setting, validate
+from .specs import TrainSpec
 
 Progress = Callable[[float, str], None]
-LOSSES = ("auto", "ce", "mse")
-MAX_LR = 1e4   # SGD's stability limit n·c/λ₁ reaches the hundreds for well-conditioned kernels
 # The batch order is drawn from its own generator, seeded with the network seed plus this prime, so
 # that it differs from the initialisation's stream and two runs with one seed see the same batches.
 BATCH_SEED_OFFSET = 7919
-OPTIMIZERS = ("adam", "adamw", "sgd")
-# A learning rate each optimiser trains with at the quick presets' sizes, for a page that switches
-# optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 1
-# lies well below its stability limit 2·n·c/λ₁ on the pages' data (tens to hundreds on MNIST).
-SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1.0}
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    """How the head is trained. Defaults are the paper's protocol (Adam, lr 1e-3, batch 128,
-    L2 1e-3, 500 epochs); presets in the experiment configs pick shorter runs."""
-
-    epochs: int = setting(500, "training epochs; 0 means no training (the paper: 500)", unit="epochs",
-                          lo=0, hi=20_000)
-    lr: float = setting(1e-3, "learning rate (the paper's Adam: 1e-3). Plain SGD's stability limit is "
-                        "2·n·c/λ₁ (n training points, c outputs, λ₁ the largest eigenvalue of the net's eNTK): "
-                        "with MSE it trains lazily below n·c/λ₁, shrinks the kernel first between the two, and "
-                        "diverges beyond; cross-entropy tolerates at least as much. Influence and malleability "
-                        "rows estimate the limit (sgd_lr_limit); on MNIST it is tens to hundreds",
-                        lo=0, lo_open=True, hi=MAX_LR)
-    batch_size: int = setting(128, "mini-batch size (the paper: 128)", unit="points", lo=1, hi=100_000)
-    weight_decay: float = setting(1e-3, "L2 penalty; coupled (added to the gradient) with adam and sgd, "
-                                  "decoupled with adamw (the paper: 1e-3, coupled)", lo=0, hi=1.0)
-    optimizer: str = setting("adam", "adam with coupled L2 (the paper), adamw (decoupled decay), "
-                             "or plain sgd (the NTK setting)", choices=OPTIMIZERS)
-    loss: str = setting("auto", "training loss: auto = MSE on ±1 for 2 classes, cross-entropy otherwise",
-                        choices=LOSSES)
-    snapshot_epochs: tuple[int, ...] = setting((), "epochs at which the kernel is measured along training",
-                                               unit="epochs", lo=0, hi=20_000, max_len=50)
-    param: str = setting("ntk", "parametrisation: ntk = output scale m^-1/2, width-independent learning rate "
-                         "(the paper's); mup = μP, output scale m^-1, SGD learning rate × m (Adam's unchanged)",
-                         choices=PARAMS)
-
-    def __post_init__(self):
-        normalised(self)
-        validate(self)
-        late = [e for e in self.snapshot_epochs if e > self.epochs]
-        if late:
-            raise BadInput(f"snapshot_epochs {late} lie beyond epochs = {self.epochs}")
 
 
 def n_outputs(n_classes: int) -> int:

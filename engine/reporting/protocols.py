@@ -36,13 +36,13 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from ..experiments.sweep import SweepConfig
-from ..experiments.malleability import MalleabilityConfig
-from ..experiments.influence import INFLUENCE_KERNELS
+from ..experiments.configs.sweep import SweepConfig
+from ..experiments.configs.malleability import MalleabilityConfig
+from ..experiments.configs.influence import INFLUENCE_KERNELS
 from .paper import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
 from .plots import ARCH_LABELS
 from .tables import pm
-from ..maths.training import OPTIMIZERS
+from ..maths.specs import OPTIMIZERS
 
 VERDICTS = FLIP_OUTCOMES  # holds, fails, did not train, uninformative
 FACTOR = FLIP_FACTOR    # the "far more" of both claims: at least twice

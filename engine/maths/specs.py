@@ -1,0 +1,204 @@
+"""The maths layer's settings and names, without torch: what the configs, the estimates and the
+command line's ``--help`` need (each re-exported where it belongs: ``models``, ``training``,
+``attacks``, ``influence``, ``ntk``).
+
+``python -m engine --help`` builds every flag from the config dataclasses, and refusing a bad value
+must not wait seconds for torch; so the training and attack specs, the architecture, attention and
+init names, the influence targets, the kernel storages and the byte count the estimates read live
+here, on the standard library and ``engine.runtime`` only (``tests/test_lean.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from ..runtime.errors import BadInput
+from ..runtime.settings import normalised, setting, validate
+
+# ---------------------------------------------------------------- nets and attention (engine.maths.models)
+
+ARCHS = ("relu", "attn")
+INITS = ("gaussian", "antisymmetric")  # W ~ N(0, σ²) and a = ±1; or the same, mirrored so that f₀ ≡ 0
+PARAMS = ("ntk", "mup")    # parametrisations of the head: output scale m^-1/2 (the paper's) or m^-1 (μP)
+MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
+MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
+MAX_TRUNCATED = 100_000
+SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the softmax
+
+
+class Attention(str, enum.Enum):
+    """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``."""
+
+    LINEAR = "linear"        # C z, C = Zᵀ Z (the paper's)
+    CENTERED = "centered"    # C (z − z̄): linear, minus the training set's mean attention feature
+    STACKED = "stacked"      # C^k z: k linear layers, Gram G^(2k+1)
+    TRUNCATED = "truncated"  # C_r z: top-r singular directions of Z only
+    SOFTMAX = "softmax"      # Nadaraya–Watson over the training set, temperature T
+    QKV = "qkv"              # trainable W_Q, W_K, W_V (standard init), trained with the head
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    kind: Attention
+    param: float | None  # k for stacked, r for truncated, T for softmax
+
+    def __str__(self) -> str:
+        if self.param is None:
+            return self.kind.value
+        p = int(self.param) if self.kind in (Attention.STACKED, Attention.TRUNCATED) else self.param
+        return f"{self.kind.value}:{p}"
+
+
+_DEFAULT_PARAM = {Attention.LINEAR: None, Attention.CENTERED: None, Attention.STACKED: 1, Attention.TRUNCATED: 10,
+                  Attention.SOFTMAX: 0.1, Attention.QKV: None}
+
+
+def parse_attention(text: str) -> AttentionSpec:
+    """``"linear"``, ``"centered"``, ``"stacked:k"`` (k ≥ 1), ``"truncated:r"`` (r ≥ 1), ``"softmax[:T]"``
+    (T > 0), ``"qkv"``."""
+    name, _, arg = str(text).strip().lower().partition(":")
+    try:
+        kind = Attention(name)
+    except ValueError:
+        allowed = ", ".join(a.value for a in Attention)
+        raise BadInput(f"unknown attention {text!r}; allowed: {allowed} (e.g. stacked:2, truncated:10)") from None
+    if kind in (Attention.LINEAR, Attention.CENTERED, Attention.QKV):
+        if arg:
+            raise BadInput(f"attention {kind.value!r} takes no parameter, got {text!r}")
+        return AttentionSpec(kind, None)
+    if not arg:
+        return AttentionSpec(kind, _DEFAULT_PARAM[kind])
+    try:
+        value = float(arg)
+    except ValueError:
+        raise BadInput(f"attention parameter in {text!r} must be a number") from None
+    if kind in (Attention.STACKED, Attention.TRUNCATED):
+        top = MAX_STACKED if kind is Attention.STACKED else MAX_TRUNCATED
+        if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:
+            raise BadInput(f"attention {text!r}: {kind.value} needs an integer in [1, {top}]")
+    elif not (math.isfinite(value) and SOFTMAX_T[0] <= value <= SOFTMAX_T[1]):
+        raise BadInput(f"attention {text!r}: softmax temperature must lie in [{SOFTMAX_T[0]:g}, {SOFTMAX_T[1]:g}]")
+    return AttentionSpec(kind, value)
+
+
+def check_init(init, width: int | None = None) -> str:
+    """``init`` in INITS; ``antisymmetric`` pairs hidden units, so its widths must be even."""
+    if init not in INITS:
+        raise BadInput(f"unknown init {init!r}; allowed: {', '.join(INITS)}")
+    if init == "antisymmetric" and width is not None and width % 2:
+        raise BadInput(f"init 'antisymmetric' pairs hidden units: the width must be even, got {width}")
+    return init
+
+
+def check_width(width) -> int:
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+        raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
+    return width
+
+
+# ---------------------------------------------------------------- training (engine.maths.training)
+
+LOSSES = ("auto", "ce", "mse")
+MAX_LR = 1e4   # SGD's stability limit n·c/λ₁ reaches the hundreds for well-conditioned kernels
+OPTIMIZERS = ("adam", "adamw", "sgd")
+# A learning rate each optimiser trains with at the quick presets' sizes, for a page that switches
+# optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 1
+# lies well below its stability limit 2·n·c/λ₁ on the pages' data (tens to hundreds on MNIST).
+SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1.0}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """How the head is trained. Defaults are the paper's protocol (Adam, lr 1e-3, batch 128,
+    L2 1e-3, 500 epochs); presets in the experiment configs pick shorter runs."""
+
+    epochs: int = setting(500, "training epochs; 0 means no training (the paper: 500)", unit="epochs",
+                          lo=0, hi=20_000)
+    lr: float = setting(1e-3, "learning rate (the paper's Adam: 1e-3). Plain SGD's stability limit is "
+                        "2·n·c/λ₁ (n training points, c outputs, λ₁ the largest eigenvalue of the net's eNTK): "
+                        "with MSE it trains lazily below n·c/λ₁, shrinks the kernel first between the two, and "
+                        "diverges beyond; cross-entropy tolerates at least as much. Influence and malleability "
+                        "rows estimate the limit (sgd_lr_limit); on MNIST it is tens to hundreds",
+                        lo=0, lo_open=True, hi=MAX_LR)
+    batch_size: int = setting(128, "mini-batch size (the paper: 128)", unit="points", lo=1, hi=100_000)
+    weight_decay: float = setting(1e-3, "L2 penalty; coupled (added to the gradient) with adam and sgd, "
+                                  "decoupled with adamw (the paper: 1e-3, coupled)", lo=0, hi=1.0)
+    optimizer: str = setting("adam", "adam with coupled L2 (the paper), adamw (decoupled decay), "
+                             "or plain sgd (the NTK setting)", choices=OPTIMIZERS)
+    loss: str = setting("auto", "training loss: auto = MSE on ±1 for 2 classes, cross-entropy otherwise",
+                        choices=LOSSES)
+    snapshot_epochs: tuple[int, ...] = setting((), "epochs at which the kernel is measured along training",
+                                               unit="epochs", lo=0, hi=20_000, max_len=50)
+    param: str = setting("ntk", "parametrisation: ntk = output scale m^-1/2, width-independent learning rate "
+                         "(the paper's); mup = μP, output scale m^-1, SGD learning rate × m (Adam's unchanged)",
+                         choices=PARAMS)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        late = [e for e in self.snapshot_epochs if e > self.epochs]
+        if late:
+            raise BadInput(f"snapshot_epochs {late} lie beyond epochs = {self.epochs}")
+
+
+# ---------------------------------------------------------------- attacks (engine.maths.attacks)
+
+class AttackMethod(str, enum.Enum):
+    FGSM = "fgsm"  # one gradient step of size ε (signed for ℓ∞, ℓ2-normalised for ℓ2)
+    PGD = "pgd"    # projected gradient ascent, optional random start
+    MIM = "mim"    # momentum iterative method (Dong et al. 2018)
+
+
+class AttackNorm(str, enum.Enum):
+    LINF = "linf"  # default: the paper's ℓ∞ budget; steps along sign(g)
+    L2 = "l2"      # per-row Euclidean ball; steps along g / ‖g‖₂
+
+
+NORMS = tuple(n.value for n in AttackNorm)
+
+
+@dataclass(frozen=True)
+class AttackSpec:
+    """One attack on the training set; field order is kept for positional callers."""
+
+    method: str = setting("pgd", "attack algorithm", choices=tuple(m.value for m in AttackMethod),
+                          cli=False)  # set by the experiment's own --attack flag
+    eps: float = setting(0.05, "radius of the per-row ball in the chosen norm",
+                         unit="input units (pixels in [0, 1] for raw images)", lo=0, hi=1e3,
+                         cli=False)  # set by the experiment's own ε sweep
+    steps: int = setting(20, "iterations of PGD and MIM (FGSM takes one step)", lo=1, hi=1000)
+    step_size: float | None = setting(None, "PGD / MIM step α; none: 2.5·ε/steps",
+                                      unit="input units", lo=0, lo_open=True)
+    random_start: bool = setting(False, "PGD: start from a uniform random point of the ball")
+    momentum: float = setting(1.0, "MIM decay μ of the accumulated gradient", lo=0, hi=10)
+    seed: int = setting(0, "seed of the random start (experiments set it from each network seed)", lo=0,
+                        cli=False)
+    norm: str = setting("linf", "norm of the ε-ball, per training point (linf: the paper's reading)",
+                        choices=NORMS)
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def alpha(self) -> float:
+        return self.step_size if self.step_size is not None else 2.5 * self.eps / self.steps
+
+
+# ---------------------------------------------------------------- influence (engine.maths.influence)
+
+INFLUENCE_TARGETS = ("true", "margin", "sum")
+DEFAULT_TARGET = "true"  # what configs and pages should use; "sum" ignores one-hot labels
+INVERSE_BLOCK = 512  # columns of L⁻¹ held at a time while its column norms are taken
+
+
+def factor_bytes(n: int, n_test: int, c: int) -> int:
+    """Peak bytes of the leave-one-out factorisation beside its inputs: L, the copy of it that
+    ``cholesky_solve`` makes, the test solves and one block of L⁻¹."""
+    return 8 * (2 * n * n + 3 * n_test * n + min(n, INVERSE_BLOCK) * n + 2 * n * c + 2 * n)
+
+
+# ---------------------------------------------------------------- kernel storage (engine.maths.ntk)
+
+STORAGE = ("float64", "float32")
