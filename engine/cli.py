@@ -6,6 +6,10 @@ default, bounds, unit and help shown by ``--help`` are the ones the engine valid
 ``--preset quick|paper`` starts from a named instance of the same dataclass. Results go to
 stdout (``--json`` for one JSON object), progress to stderr. Exit codes: 0 ok, 2 bad
 arguments or over budget, 3 data missing or corrupt, 130 cancelled.
+
+Building the parser, ``--help``, a refused value and ``--estimate``'s arithmetic load no torch,
+numpy or pandas (the configs and estimates are torch-free, ``engine.experiments.configs``); a
+command imports what it computes with when it runs.
 """
 
 from __future__ import annotations
@@ -16,37 +20,35 @@ import json
 import math
 import sys
 
-import numpy as np
-import pandas as pd
-
 from .runtime import budget as B
 from . import doctor
 from .reporting import report
-from .runtime.cache import Cache
-from .data import available_datasets, fetch_dataset, resolve_data_dir
 from .runtime.errors import EngineError
 from .experiments.registry import EXPERIMENTS, NESTED, Experiment, get
 from .runtime.settings import add_arguments, from_args
 
 
 def _jsonable(obj):
-    """NaN/inf become null so that stdout is strict JSON."""
+    """NaN/inf become null so that stdout is strict JSON. numpy and pandas values can only exist
+    once their modules are loaded, so they are looked up, never imported, here."""
+    np, pd = sys.modules.get("numpy"), sys.modules.get("pandas")
     if isinstance(obj, dict):
         return {k: _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
-    if isinstance(obj, (np.integer,)):
+    if np is not None and isinstance(obj, np.integer):
         return int(obj)
-    if isinstance(obj, (np.bool_,)):
+    if np is not None and isinstance(obj, np.bool_):
         return bool(obj)
-    if isinstance(obj, (float, np.floating)):
+    if isinstance(obj, float) or (np is not None and isinstance(obj, np.floating)):
         return float(obj) if math.isfinite(obj) else None
-    if obj is pd.NA:
+    if pd is not None and obj is pd.NA:
         return None
     return obj
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def _records(df) -> list[dict]:
+    """A DataFrame's rows as JSON-able dicts (missing values as None)."""
     return _jsonable(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
 
 
@@ -142,6 +144,8 @@ def cmd_bench(a, progress) -> dict:
 
 
 def cmd_datasets(a) -> dict:
+    from .data import available_datasets, fetch_dataset, resolve_data_dir
+
     if a.fetch:
         print(f"{a.fetch}: files in {fetch_dataset(a.fetch, a.data_dir)}", file=sys.stderr)
     root = resolve_data_dir(a.data_dir)
@@ -151,12 +155,19 @@ def cmd_datasets(a) -> dict:
 
 def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
     """The estimate on the reference CPU and scaled by this machine's speed now (a GEMM timing of a
-    fraction of a second, ``engine.runtime.speed.speed_factor``) on the device the run would go to."""
-    from .runtime.device import resolve_device
+    fraction of a second, ``engine.runtime.speed.speed_factor``) on the device the run would go to.
+    torch is loaded only to find that device (``auto``, ``cuda``) or to time the GEMM: with
+    ``--device cpu`` and ``$ENGINE_SPEED_FACTOR`` set, an estimate is arithmetic on the config."""
     from .runtime.speed import speed_factor
 
     est = exp.estimate(cfg)
-    speed = speed_factor(resolve_device(device).type)
+    if device == "cpu":
+        kind = "cpu"
+    else:
+        from .runtime.device import resolve_device
+
+        kind = resolve_device(device).type
+    speed = speed_factor(kind)
     here = B.Estimate(est.seconds * speed, est.bytes)
     return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "speed_factor": speed,
             "estimate_seconds_here": here.seconds,
@@ -165,6 +176,8 @@ def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
 
 
 def _run(exp: Experiment, cfg, a, progress):
+    from .runtime.cache import Cache
+
     limit = None if a.max_gib is None else B.gib_limit(a.max_gib)  # NaN, inf, 1e300: one line, exit 2
     budget = B.Budget(B.seconds_limit(a.max_seconds), limit)
     cache = None if a.no_cache else Cache(a.cache_dir)
@@ -193,6 +206,8 @@ def run_command(name: str, a, progress) -> dict:
 
 def _print_human(out: dict) -> None:
     if "rows" in out:
+        import pandas as pd
+
         print(pd.DataFrame(out["rows"]).to_string(index=False))
         for extra in ("summary", "interventions", "interventions_summary", "fit"):
             if out.get(extra):
@@ -284,6 +299,7 @@ def cmd_grid(a) -> int:
     import os
 
     from .grid import driver as G
+    from .runtime.cache import Cache
 
     workers = a.workers or max(1, (os.cpu_count() or 1) // max(1, a.threads))
     try:

@@ -13,15 +13,13 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from .runtime import budget as B
-from .runtime.device import resolve_device
 from .runtime.errors import BadInput, EngineError
-from .maths.models import Net
-from .maths.ntk import empirical_ntk
+
+if TYPE_CHECKING:  # torch is imported when the report runs, not for the CLI's --help
+    import torch
 
 # Least Linux driver per CUDA major version (minor-version compatibility; NVIDIA's CUDA
 # compatibility guide): torch 2.14.1's default wheel bundles the CUDA 13.0 runtime.
@@ -34,6 +32,8 @@ GPU_HINT = ("this torch is built for CUDA {cuda} but sees no GPU; to use one, th
 
 def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median wall time of ``fn()`` after one warm-up call, synchronising CUDA around each run."""
+    import torch
+
     def once() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -50,6 +50,8 @@ def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int
 def _memory(device: torch.device) -> tuple[int, int]:
     """(free, total) bytes: the GPU's; on CPU what this process may still use (a container's
     cgroup limit counted, as the budgets count it) and the host's physical memory."""
+    import torch
+
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
@@ -80,6 +82,12 @@ def report(device: str | torch.device = "auto", n: int = 256, d: int = 64, width
     for name, value, least in (("n", n, 2), ("d", d, 1), ("width", width, 1), ("repeats", repeats, 1)):
         if not isinstance(value, int) or value < least:
             raise BadInput(f"doctor: {name} must be an integer >= {least}, got {value!r}")
+    import torch
+
+    from .maths.models import Net
+    from .maths.ntk import empirical_ntk
+    from .runtime.device import resolve_device
+
     dev = resolve_device(device)
     size = gemm if gemm is not None else (4096 if dev.type == "cuda" else 1024)
     if not isinstance(size, int) or size < 1:

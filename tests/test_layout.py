@@ -102,6 +102,30 @@ def test_the_packages_load_nothing_heavy_until_a_name_is_read():
     assert p.stdout.strip() == "[]", p.stdout
 
 
+HEAVY = ("torch", "numpy", "pandas", "plotly", "scipy")
+LEAN_COMMANDS = [  # (argv, exit code): the help of every kind of command, a refused value, a CPU estimate
+    (["--help"], 0), (["malleability", "--help"], 0), (["figure", "ntk-sweep", "--help"], 0), (["grid", "--help"], 0),
+    (["doctor", "--help"], 0), (["report", "--help"], 0), (["bench", "--help"], 0), (["datasets", "--help"], 0),
+    (["malleability", "--eps", "inf"], 2), (["ntk-sweep", "--widths", "0"], 2), (["retrain-loo", "--k", "0"], 2),
+    (["influence", "--estimate", "--device", "cpu"], 0), (["scaling", "--preset", "paper", "--estimate", "--device", "cpu"], 0),
+]
+
+
+@pytest.mark.parametrize("argv,code", LEAN_COMMANDS, ids=[" ".join(a) for a, _ in LEAN_COMMANDS])
+def test_the_command_line_parses_refuses_and_estimates_without_torch(argv, code):
+    """The CLI builds every command's flags from the configs, refuses a bad value and prints a CPU
+    estimate (at a pinned speed factor: timing the machine is a torch GEMM) without loading torch,
+    numpy, pandas or plotly: the configs, presets and estimates are torch-free
+    (``engine.experiments.configs``, ``engine.maths.specs``); the runs import what they compute with."""
+    script = ("import sys\nfrom engine.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+              "except SystemExit as e:\n    rc = e.code\n"
+              f"print('LOADED', rc, sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "ENGINE_SPEED_FACTOR": "1"}
+    p = subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, capture_output=True, text=True, env=env)
+    last = p.stderr.strip().splitlines()[-1]
+    assert last == f"LOADED {code} []", p.stderr[-2000:]
+
+
 def test_every_public_name_of_every_package_resolves_to_its_own_module():
     import importlib
 

@@ -23,13 +23,13 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-
-import plotly.graph_objects as go
+from typing import TYPE_CHECKING
 
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
-from .plots.style import NORM_SYMBOLS
-from .fit import fit, full_size_log_ticks
+
+if TYPE_CHECKING:  # plotly is imported where a figure is made: the CLI's parser reads the sizes below
+    import plotly.graph_objects as go
 
 FORMATS = ("png", "svg", "pdf")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -94,6 +94,8 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
         import kaleido
     except ImportError:
         raise EngineError("kaleido is not installed; pip install -r requirements.txt") from None
+    from .fit import fit
+
     opts = {"format": fmt, "width": int(width or WIDTH_PX),
             "height": int(height or fig.layout.height or HEIGHT_PX),
             "scale": float(scale) if fmt == "png" else 1.0}  # vector formats keep their CSS size
@@ -185,6 +187,10 @@ def talk_style(fig: go.Figure) -> go.Figure:
     """A copy with slide-sized text (``TALK``: ticks, axis titles, legend, subplot titles and
     colour bars too, set on every axis so that no theme's 12 px survives), thicker lines,
     larger markers and colour-blind-safe colours (the Presentation mode)."""
+    import plotly.graph_objects as go
+
+    from .fit import full_size_log_ticks
+
     out = go.Figure(fig)
     out.update_layout(font=dict(size=TALK["font"]), title_font=dict(size=TALK["title"]),
                       title_subtitle_font=dict(size=TALK["subtitle"]), legend=dict(font=dict(size=TALK["legend"])),
@@ -215,6 +221,8 @@ def talk_style(fig: go.Figure) -> go.Figure:
 def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
     """Put ``title`` at the top left and ``settings`` (one line: data, n, seeds, protocol) under
     it; ``fit`` gives them, and the legend below them, room at any export size."""
+    from .fit import full_size_log_ticks
+
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", xref="container", y=1.0, yanchor="top",
                                  yref="container", pad=dict(t=10), subtitle=dict(text=settings or None)))
     return full_size_log_ticks(fig)
@@ -224,6 +232,8 @@ def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Fi
     """A copy of a page's chart ready for a slide: ``title`` (default: the chart's own), the
     settings line under it, and full-size tick labels on log axes. ``image_bytes`` then fits it
     to the export's size."""
+    import plotly.graph_objects as go
+
     out = go.Figure(fig)
     text = title or out.layout.title.text or ""
     return titled(out, text, settings)
@@ -247,6 +257,8 @@ def settings_line(config: dict) -> str:
     """One line for a slide from a result's canonical config (``Result.config``): data set and
     sizes, seeds, training protocol and, where there is one, the attack. Missing parts are left
     out, so any experiment's config (or ``{}``) gives a line."""
+    from .plots.style import NORM_SYMBOLS
+
     config = config or {}
     parts = []
     data = config.get("data") or {}

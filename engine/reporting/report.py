@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from typing import TYPE_CHECKING
 
-from ..runtime.cache import Cache, Result
 from ..runtime.errors import EngineError
-from .paper import RULE_WORDS, flip_rule
+
+if TYPE_CHECKING:  # the cache and the verdicts load pandas: imported when a report is made, not for --help
+    from ..runtime.cache import Cache, Result
 
 
 # ---------------------------------------------------------------- the README's tables
@@ -33,6 +35,8 @@ def readme_tables(results) -> str:
     excess with its 95 % interval, test and K_m-ridge accuracy, the share of seeds through the
     training gate, and the verdict with its reason. Percent throughout.
     """
+    from .paper import RULE_WORDS, flip_rule
+
     head = ("| setting | attack | 2L-ReLU flip (seed / random null) | MLP-Attn flip (seed / random null) | "
             "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | seeds trained | "
             "verdict |\n|---|---|---|---|---|---|---|---|---|")
@@ -102,6 +106,7 @@ def add_parser(sub) -> None:
 
 def command(a: argparse.Namespace) -> int:
     from ..grid import driver as G
+    from ..runtime.cache import Cache
 
     try:
         spec = G.load_spec(a.spec)

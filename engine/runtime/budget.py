@@ -212,7 +212,7 @@ def input_dim(data) -> int:
     base = str(data.dataset).split(":")[0].strip().lower()
     if base == "synthetic":
         return int(data.synthetic_d)
-    return INPUT_DIMS.get(base, _npz_dim(str(data.dataset)))
+    return INPUT_DIMS[base] if base in INPUT_DIMS else _npz_dim(str(data.dataset))  # a file's header only when asked
 
 
 QKV_SLOWDOWN = 20  # trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form

@@ -34,19 +34,22 @@ import io
 import json
 import os
 import sqlite3
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import diskcache
-import numpy as np
-import pandas as pd
 
-from ..data import DataSpec, data_fingerprint
+from ..data.spec import DataSpec
 from ..data.folders import expand_path, user_cache_dir
 from .errors import CacheCorrupt, CacheError, CacheWarning
 from .store import RawDisk, Refused, db_damage, open_folder, set_aside
+
+if TYPE_CHECKING:  # numpy and pandas are imported where a result is encoded or decoded: keys need neither
+    import numpy as np
+    import pandas as pd
 
 ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
 _CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> the checkout
@@ -71,7 +74,8 @@ def canonical(obj) -> object:
         return {str(k): canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):
         return [canonical(v) for v in obj]
-    if isinstance(obj, (np.integer, np.floating)):
+    np = sys.modules.get("numpy")  # a numpy number exists only once numpy is loaded
+    if np is not None and isinstance(obj, (np.integer, np.floating)):
         return obj.item()
     if isinstance(obj, Path):
         return str(obj)
@@ -112,6 +116,8 @@ def _data_specs(obj, path: str = "") -> Iterator[tuple[str, DataSpec]]:
 
 def provenance_of(config, data_dir=None, allow_download: bool = True) -> dict:
     """How a result of `config` is made: code fingerprint, engine label, data fingerprints."""
+    from ..data.load import data_fingerprint  # the readers load torch and torchvision: only when a key is made
+
     return {"code": code_fingerprint(), "engine": ENGINE_VERSION,
             "data": {where: data_fingerprint(spec, data_dir, allow_download=allow_download)
                      for where, spec in _data_specs(config)}}
@@ -134,6 +140,9 @@ def config_key(kind: str, config, data_dir: str | os.PathLike | None = None,
 # ---------------------------------------------------------------- results as bytes
 
 def _jsonable(v):
+    import numpy as np
+    import pandas as pd
+
     if isinstance(v, np.generic):
         return v.item()
     if isinstance(v, np.ndarray):
@@ -145,6 +154,9 @@ def _jsonable(v):
 
 def _encode(values, name: str, members: dict) -> dict:
     # one column or index: numpy numbers as a .npy member (bit-exact), the rest as JSON
+    import numpy as np
+    import pandas as pd
+
     if isinstance(values, pd.RangeIndex):
         return {"range": [values.start, values.stop, values.step], "name": values.name}
     dtype = values.dtype
@@ -156,6 +168,8 @@ def _encode(values, name: str, members: dict) -> dict:
 
 
 def _decode(desc: dict, z, as_index: bool):
+    import pandas as pd
+
     if "range" in desc:
         return pd.RangeIndex(*desc["range"], name=desc["name"])
     if "npy" in desc:
@@ -167,6 +181,8 @@ def _decode(desc: dict, z, as_index: bool):
 
 
 def _frame_head(df: pd.DataFrame, i: int, members: dict) -> dict:
+    import pandas as pd
+
     if isinstance(df.index, pd.MultiIndex) or isinstance(df.columns, pd.MultiIndex):
         raise TypeError("cannot store a DataFrame with a MultiIndex in a cache entry")
     return {"index": _encode(df.index, f"f{i}_index", members),
@@ -175,6 +191,8 @@ def _frame_head(df: pd.DataFrame, i: int, members: dict) -> dict:
 
 
 def _frame(desc: dict, z) -> pd.DataFrame:
+    import pandas as pd
+
     index, columns = _decode(desc["index"], z, True), _decode(desc["columns"], z, True)
     cols = [_decode(d, z, False).set_axis(index) for d in desc["data"]]
     df = pd.concat(cols, axis=1) if cols else pd.DataFrame(index=index)
@@ -194,6 +212,8 @@ class Result:
 
     def to_bytes(self) -> bytes:
         """The ``.npz`` blob; float64 arrays and columns round-trip bit for bit."""
+        import numpy as np
+
         members = {}
         for k, v in self.arrays.items():
             v = np.ascontiguousarray(v)
@@ -211,6 +231,8 @@ class Result:
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> "Result":
+        import numpy as np
+
         try:
             with np.load(io.BytesIO(blob), allow_pickle=False) as z:
                 head = json.loads(z["__head__"].tobytes().decode())
