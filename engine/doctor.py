@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .runtime import budget as B
 from .runtime.errors import BadInput, EngineError
+from .runtime.speed import SPEED_GEMM_FLOPS
 
 if TYPE_CHECKING:  # torch is imported when the report runs, not for the CLI's --help
     import torch
@@ -75,8 +76,8 @@ def report(device: str | torch.device = "auto", n: int = 256, d: int = 64, width
     ``empirical_ntk`` of an MLP-Attn ``Net`` (linear attention, float32 features) of width
     ``width`` on n random points of dimension d: an (n, n) float64 kernel; the GEMM is one
     float32 (gemm, gemm) @ (gemm, gemm) product (default 1024 on CPU, 4096 on CUDA), whose
-    rate is also given against the reference 2-core CPU that the run-time estimates assume
-    (``engine.runtime.budget.FLOPS``). Returns a JSON-able dict; ``hint`` says what to fix when a
+    rate is also given against that of a machine where the run-time estimates hold
+    (``engine.runtime.speed.SPEED_GEMM_FLOPS``, the speed factor's reference). Returns a JSON-able dict; ``hint`` says what to fix when a
     CUDA build sees no GPU (None otherwise).
     """
     for name, value, least in (("n", n, 2), ("d", d, 1), ("width", width, 1), ("repeats", repeats, 1)):
@@ -118,7 +119,7 @@ def report(device: str | torch.device = "auto", n: int = 256, d: int = 64, width
     seconds = _median_seconds(lambda: A @ Bm, dev, repeats)
     flops = 2.0 * size ** 3 / max(seconds, 1e-9)
     out["gemm"] = {"size": size, "dtype": "float32", "seconds": seconds, "gflops": flops / 1e9,
-                   "vs_reference_cpu": flops / B.FLOPS,
+                   "vs_reference_cpu": flops / SPEED_GEMM_FLOPS,
                    "matmul_precision": torch.get_float32_matmul_precision()}
     out["hint"] = (GPU_HINT.format(cuda=cuda, driver=CUDA_DRIVER.get(cuda.split(".")[0], "?"))
                    if cuda and not torch.cuda.is_available() else None)

@@ -88,7 +88,9 @@ def streamlit_server(tmp: Path, **extra_env: str):
     """``streamlit run app.py`` with its own cache (and ``extra_env``); yields the base URL once
     it is healthy."""
     port = _free_port()
-    env = dict(os.environ, ENGINE_CACHE_DIR=str(tmp / "cache"), ENGINE_DATA_DIR=str(tmp / "no-data"), **extra_env)
+    # what starts by itself must not depend on how loaded the machine running the tests is (as in conftest)
+    env = dict(os.environ, ENGINE_CACHE_DIR=str(tmp / "cache"), ENGINE_DATA_DIR=str(tmp / "no-data"),
+               **{"ENGINE_SPEED_FACTOR": "1", **extra_env})
     log = tmp / "streamlit.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

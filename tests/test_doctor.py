@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from engine.runtime import budget as B
 from engine.doctor import CUDA_DRIVER, describe, report
 from engine.runtime.errors import BadInput
+from engine.runtime.speed import SPEED_GEMM_FLOPS
 from tests.conftest import requires_cuda
 
 SMALL = dict(n=24, d=8, width=32, gemm=64, repeats=1)
@@ -34,7 +34,7 @@ def test_times_an_empirical_ntk_and_a_float32_gemm(cpu):
     assert math.isfinite(k["seconds"]) and k["seconds"] > 0
     assert g["size"] == 64 and g["dtype"] == "float32" and g["seconds"] > 0
     flops = 2 * 64**3 / g["seconds"]
-    assert g["gflops"] == pytest.approx(flops / 1e9) and g["vs_reference_cpu"] == pytest.approx(flops / B.FLOPS)
+    assert g["gflops"] == pytest.approx(flops / 1e9) and g["vs_reference_cpu"] == pytest.approx(flops / SPEED_GEMM_FLOPS)
 
 
 def test_is_strict_json_and_reads_as_lines(cpu):

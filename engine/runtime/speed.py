@@ -1,8 +1,9 @@
 """This machine's speed now: the factor that turns the reference estimates into seconds here.
 
 Estimates (``engine.runtime.budget``) are in seconds of a reference 2-core machine. A short
-float32 GEMM calibrates the factor on first use (``calibrate``), and every run that finishes
-refreshes it with its measured against its estimated time (``record_run``), per device type.
+float32 GEMM calibrates the factor on first use (``calibrate``: ``SPEED_GEMM_FLOPS``, that GEMM's
+rate where the estimates hold, over its rate now), and every run that finishes refreshes it with
+its measured against its estimated time (``record_run``), per device type.
 ``$ENGINE_SPEED_FACTOR`` pins it.
 """
 
@@ -12,10 +13,16 @@ import math
 import os
 
 from .errors import BadInput
-from .budget import FLOPS
 
 
 SPEED_GEMM_N = 768        # the calibration GEMM: 768³ float32, ~0.9 GFLOP, a few ms to a few tenths of a second
+# That GEMM's rate on a machine where the estimates hold (measured / estimated = 1). Set from
+# `bench --estimates` on a 2-core AMD EPYC (AVX2, torch's 2 threads, 2026-12-02): its probes ran
+# 1.6x longer than estimated (geometric mean of eight, two rounds; benchmarks/RESULTS.md) while
+# this GEMM ran at 125 GFLOP/s, so 1.6 x 125. Timed against budget.FLOPS instead (the effective
+# rate of whole steps, 60 GFLOP/s, not of one large GEMM), that machine read as 2x faster than the
+# estimates when it was 1.6x slower, and runs the dashboard judged under 30 s took a minute or more.
+SPEED_GEMM_FLOPS = 2.0e11
 SPEED_REPEATS = 5         # timed products after one warm-up; their median (a loaded machine's rate, not its best)
 SPEED_MIN, SPEED_MAX = 0.25, 100.0  # factors beyond these are a broken timer, not a machine
 SPEED_MIN_RUN_S = 2.0     # runs shorter than this (estimated or measured) are mostly fixed costs: not recorded
@@ -30,8 +37,8 @@ def _clamp_speed(factor: float) -> float:
 
 
 def calibrate(n: int = SPEED_GEMM_N, repeats: int = SPEED_REPEATS) -> float:
-    """Time an (n, n) @ (n, n) float32 GEMM on the CPU now and store ``FLOPS / rate`` as the
-    speed factor used until a finished run refreshes it (``record_run``). A fraction of a
+    """Time an (n, n) @ (n, n) float32 GEMM on the CPU now and store ``SPEED_GEMM_FLOPS / rate``
+    as the speed factor used until a finished run refreshes it (``record_run``). A fraction of a
     second; a loaded machine gives a factor above 1. Returns the factor."""
     import statistics
     import time
@@ -46,7 +53,7 @@ def calibrate(n: int = SPEED_GEMM_N, repeats: int = SPEED_REPEATS) -> float:
         a @ b
         times.append(time.perf_counter() - t0)
     rate = 2.0 * n ** 3 / max(statistics.median(times), 1e-9)
-    factor = _clamp_speed(FLOPS / rate)
+    factor = _clamp_speed(SPEED_GEMM_FLOPS / rate)
     _gemm_factor[:] = [factor]
     return factor
 
@@ -72,7 +79,7 @@ def speed_factor(device: str = "cpu") -> float:
     """How many times longer than its estimate (the reference 2-core CPU's seconds) a run takes
     here now: ``$ENGINE_SPEED_FACTOR`` when set; else the factor refreshed by the runs that
     finished on this device type (``record_run``); else, on the CPU, a GEMM timing against
-    ``FLOPS`` (``calibrate``, run once on first use); else 1 (a GPU: the CPU estimate is an
+    ``SPEED_GEMM_FLOPS`` (``calibrate``, run once on first use); else 1 (a GPU: the CPU estimate is an
     upper bound). Multiply an ``Estimate``'s seconds by it before deciding what starts by itself."""
     pinned = os.environ.get(SPEED_ENV)
     if pinned:
