@@ -77,8 +77,8 @@ def report(device: str | torch.device = "auto", n: int = 256, d: int = 64, width
     ``width`` on n random points of dimension d: an (n, n) float64 kernel; the GEMM is one
     float32 (gemm, gemm) @ (gemm, gemm) product (default 1024 on CPU, 4096 on CUDA), whose
     rate is also given against that of a machine where the run-time estimates hold
-    (``engine.runtime.speed.SPEED_GEMM_FLOPS``, the speed factor's reference). Returns a JSON-able dict; ``hint`` says what to fix when a
-    CUDA build sees no GPU (None otherwise).
+    (``engine.runtime.speed.SPEED_GEMM_FLOPS``, the speed factor's reference). Returns a
+    JSON-able dict; ``hint`` says what to fix when a CUDA build sees no GPU (None otherwise).
     """
     for name, value, least in (("n", n, 2), ("d", d, 1), ("width", width, 1), ("repeats", repeats, 1)):
         if not isinstance(value, int) or value < least:

@@ -10,8 +10,9 @@ Every ``run_*`` takes a config dataclass (its canonical form, with fingerprints 
 and the engine's code, is the cache key and is stored with the result), returns a
 ``cache.Result`` of DataFrames and arrays, reports progress as ``progress(fraction, stage)``
 and stops with ``Cancelled`` when ``cancel.is_set()``. ``estimate(cfg)`` beside each config
-(one import away from its run) gives its time and memory from all parameters; a run over its ``Budget`` is refused before
-it starts. The device is not part of the key: CPU and CUDA compute the same quantities.
+(one import away from its run) gives its time and memory from all parameters; a run over its
+``Budget`` is refused before it starts. The device is not part of the key: CPU and CUDA compute
+the same quantities.
 """
 
 from .._lazy import attach

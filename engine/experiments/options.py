@@ -10,7 +10,8 @@ stay the same.
 
 from __future__ import annotations
 
-from ..maths.specs import ARCHS, INFLUENCE_TARGETS, INITS, MAX_WIDTH, STORAGE, check_init, parse_attention
+from ..maths.specs import ARCHS, INFLUENCE_TARGETS, INITS, MAX_WIDTH, STORAGE, Attention, check_init, parse_attention
+from ..runtime.errors import BadInput
 from ..runtime.settings import setting
 
 SEED_MAX = 2**31 - 1   # torch.manual_seed takes any 64-bit value; 31 bits keeps the seeds portable
@@ -105,6 +106,16 @@ def check_init_widths(init: str, widths) -> None:
 def attention(default: str = "linear", check=parse_attention, only: str = ""):
     """The attention variant of MLP-Attn; ``check`` may be stricter (``only`` says how, in the help)."""
     return setting(default, ATTENTION_HELP + (f"; {only}" if only else ""), check=check)
+
+
+def parameter_free_attention(why: str, only: str):
+    """``attention`` that refuses qkv, whose trained attention parameters break what ``why`` says
+    (the refusal's reason); ``only`` says so in the help."""
+    def check(text: str) -> None:
+        if parse_attention(text).kind is Attention.QKV:
+            raise BadInput(f"attention 'qkv' trains its own parameters, so {why}; use a parameter-free variant")
+
+    return attention(check=check, only=only)
 
 
 def influence_target(default: str = "true"):

@@ -354,9 +354,9 @@ def require(need: int, device, what: str, bytes_at=None, n: int | None = None, a
             alternative_bytes: int | None = None) -> None:
     """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.
 
-    need: the step's peak bytes, beside which ``LIBRARY_WORKSPACE`` stays free. bytes_at(k): its bytes with k points in place of ``n``, to say
-    what fits; ``alternative``: another way out (e.g. float32 storage), named only when its
-    ``alternative_bytes`` (if given) fit. One line.
+    need: the step's peak bytes, beside which ``LIBRARY_WORKSPACE`` stays free. bytes_at(k): its
+    bytes with k points in place of ``n``, to say what fits; ``alternative``: another way out
+    (e.g. float32 storage), named only when its ``alternative_bytes`` (if given) fit. One line.
     """
     free = max(0, int(STEP_SHARE * free_bytes(device)) - LIBRARY_WORKSPACE)
     if need <= free:

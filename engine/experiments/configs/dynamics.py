@@ -8,23 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...data import DataSpec
-from ...maths.specs import Attention, TrainSpec, parse_attention
+from ...maths.specs import TrainSpec
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
-from ...runtime.errors import BadInput
 from ...runtime.settings import normalised, setting, validate
 from .. import options
 
 
-def _check_attention(text: str) -> None:
-    if parse_attention(text).kind is Attention.QKV:
-        raise BadInput("attention 'qkv' trains its own parameters, so the head's linearisation does not "
-                       "describe the net; use a parameter-free variant")
-
-
 def attention_setting():
-    return options.attention(check=_check_attention, only="parameter-free variants only (qkv trains its own "
-                             "parameters, which the head's linearisation does not describe)")
+    """The attention of the experiments that linearise the head (dynamics, coord-check): no qkv."""
+    return options.parameter_free_attention("the head's linearisation does not describe the net",
+                                            only="parameter-free variants only (qkv trains its own parameters, "
+                                                 "which the head's linearisation does not describe)")
 
 
 @dataclass(frozen=True)

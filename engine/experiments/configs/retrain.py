@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import Attention, TrainSpec, factor_bytes, parse_attention
+from ...maths.specs import TrainSpec, factor_bytes
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
@@ -20,12 +20,6 @@ from .. import options
 KERNELS = ("entk", "kinf")   # the trained net's empirical NTK (what the engine reports), K∞
 LOOS = ("ridge", "flow")     # kernel ridge regression's exact leave-one-out; kernel gradient descent's
 MAX_K = 200                  # points per pick: 2k + 1 heads per width are trained in one batched model
-
-
-def _check_attention(text: str) -> None:
-    if parse_attention(text).kind is Attention.QKV:
-        raise BadInput("attention 'qkv' trains its own parameters, so the retrainings cannot share one set of "
-                       "features; use a parameter-free variant")
 
 
 # Lazy SGD on MSE, the NTK setting: no decay; η = 16 lies below SGD's lazy limit n·c/λ₁ (about 30 on MNIST,
@@ -39,8 +33,9 @@ class RetrainConfig:
     train: TrainSpec = LAZY_SGD
     widths: tuple[int, ...] = options.widths((64, 1024, 4096))
     archs: tuple[str, ...] = options.archs()
-    attention: str = options.attention(check=_check_attention, only="parameter-free variants only (qkv's features "
-                                       "move with training)")
+    attention: str = options.parameter_free_attention("the retrainings cannot share one set of features",
+                                                      only="parameter-free variants only (qkv's features move "
+                                                           "with training)")
     seeds: tuple[int, ...] = options.seeds()
     init_std: float = options.init_std()
     init: str = options.init("antisymmetric")  # f₀ ≡ 0: the kernel's LOO has no f₀ term (module notes)

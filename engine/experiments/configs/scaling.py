@@ -21,10 +21,6 @@ MEASURES = ("trained", "init", "movement")
 METRICS = ("frobenius", "whitened")
 
 
-def _check_attention(a: str) -> None:
-    parse_attention(a)
-
-
 @dataclass(frozen=True)
 class ScalingConfig:
     train: TrainSpec = TrainSpec(epochs=50)
@@ -37,7 +33,7 @@ class ScalingConfig:
     normalize: bool = setting(False, "ℓ2-normalise rows (changes κ; off so that κ is the dialled one)")
     archs: tuple[str, ...] = options.archs()
     attentions: tuple[str, ...] = setting(("linear",), "attention variants tried for attn, e.g. "
-                                          "linear,stacked:2,truncated:8", check=_check_attention, max_len=6)
+                                          "linear,stacked:2,truncated:8", check=parse_attention, max_len=6)
     target: float = setting(0.1, "kernel distance to stay within", lo=0, lo_open=True, hi=10.0)
     measure: str = setting("trained", "trained: K_t vs K∞; init: K_0 vs K∞; movement: K_t vs K_0 "
                            "(training drift alone)", choices=MEASURES)
