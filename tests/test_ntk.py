@@ -274,6 +274,37 @@ def test_tiled_infinite_ntk_matches_the_closed_form_and_keeps_threads(threads):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("n", [7, 300, 777])
+def test_symmetric_float64_kernel_by_dsyrk_matches_the_closed_form_and_the_tiles(n):
+    """The symmetric float64 CPU kernel (one BLAS dsyrk, then blocked passes and mirroring)
+    against the numpy closed form and the tiled cross kernel K∞(A, A) (MKL's GEMM), with
+    block counts from one to many and a zero row; bit for bit the same on 1 and 2 BLAS and
+    torch threads, exactly symmetric, and scipy's BLAS thread count left as it was."""
+    from threadpoolctl import threadpool_info
+
+    A = _rand(n, 50, seed=n) - 0.5
+    A[n // 2] = 0.0
+    before = torch.get_num_threads()
+    blas_before = [(i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"]
+    try:
+        kernels = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            kernels.append(infinite_ntk(A))
+    finally:
+        torch.set_num_threads(before)
+    K = kernels[0]
+    torch.testing.assert_close(kernels[1], K, rtol=0, atol=0)
+    assert [(i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas"] == blas_before
+    np.testing.assert_array_equal(K.numpy(), K.numpy().T)
+    np.testing.assert_array_equal(np.diag(K.numpy()), (A * A).sum(1).numpy() / 2)
+    off = ~np.eye(n, dtype=bool)
+    np.testing.assert_allclose(K.numpy()[off], _arccos_kernel(A.numpy(), A.numpy())[off], rtol=RTOL64, atol=ATOL64)
+    # off the diagonal: the cross kernel takes arccos of a rounded 1 there (θ ~ 1e-8, not 0)
+    np.testing.assert_allclose(K.numpy()[off], infinite_ntk(A, A).numpy()[off], rtol=RTOL64_SAME, atol=ATOL64_SAME)
+    assert not K[n // 2].any()
+
+
 def test_measured_count_paths_lists_only_devices_already_timed():
     from engine.maths.counts import count_path_report, measured_count_paths
 

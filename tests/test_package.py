@@ -35,8 +35,8 @@ def test_runtime_requirements_are_pinned_and_hold_no_test_tools():
     lines = _lines("requirements.txt")
     assert all(line.count("==") == 1 for line in lines), lines
     assert not DEV_TOOLS & set(_pins("requirements.txt"))
-    assert {"torch", "torchvision", "numpy", "scipy", "pandas", "diskcache", "streamlit", "plotly", "kaleido",
-            "ray"} == set(_pins("requirements.txt"))
+    assert {"torch", "torchvision", "numpy", "scipy", "threadpoolctl", "pandas", "diskcache", "streamlit", "plotly",
+            "kaleido", "ray"} == set(_pins("requirements.txt"))
 
 
 def test_dev_requirements_add_the_pinned_test_tools_to_the_runtime_set():

@@ -1,20 +1,25 @@
 """The infinite-width NTK of the two-layer ReLU head (the arc-cosine kernel of degree 1), in tiles.
 
-K∞(x, x') = xᵀx' · (π − θ) / (2π) with θ the angle between x and x'. It is computed by row
-tiles sized for the cache, the symmetric half once, with its element-wise passes on one thread
-for small tiles (``engine.maths.tiles.serial``): a busy machine's thread barrier costs more
-than the work there.
+K∞(x, x') = xᵀx' · (π − θ) / (2π) with θ the angle between x and x'. A symmetric float64
+kernel on CPU is one BLAS ``dsyrk`` (half of X Xᵀ, at the GEMM rate; scipy's BLAS, with as
+many threads as torch has) into K's own memory, then the element-wise passes over
+cache-sized square blocks of its lower triangle, each mirrored while in the cache, one torch
+thread per Python thread. Other kernels (float32 storage,
+X1 ≠ X2, CUDA) are computed by row tiles sized for the cache, the symmetric half once, with
+their element-wise passes on one thread for small tiles (``engine.maths.tiles.serial``): a
+busy machine's thread barrier costs more than the work there.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
 from ..runtime.errors import BadInput
 from .ntk import require_kernel, storage_dtype
-from .tiles import SERIAL_WORK, serial, tile_ranges
+from .tiles import SERIAL_WORK, one_thread, row_blocks, serial, tile_ranges
 
 
 _KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # entries per block at most: cache-sized on CPU, large on GPU
@@ -49,10 +54,13 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     Returns (n1, n2) in ``storage`` (float64 by default; float32 rounds each float64 entry
     once). Zero rows give zero kernel entries. For X2 = None the result is
     exactly symmetric and its diagonal is exactly ``|x|² / 2`` (θ = 0 there; arccos is
-    ill-conditioned at 1, where rounding would cost 1e-8). ``chunk``: rows per tile at most
+    ill-conditioned at 1, where rounding would cost 1e-8). A symmetric float64 CPU kernel is
+    one ``dsyrk`` (``_syrk_kernel``); the others are tiled, ``chunk`` rows per tile at most
     (default: about 2²¹ entries per block on CPU, 2²⁶ on CUDA; CPU tiles are cache-sized
-    below that); besides the output only three tiles are held, never a temporary the size
-    of K. Not differentiable: inputs are detached.
+    below that). Besides the output only three tiles (one cache-sized block after
+    ``dsyrk``) are held, never a temporary the size of K. The two GEMMs may differ in the
+    last bit, so float32 storage is the float64 entries of the tiles rounded once: within a
+    float32 ulp of float64 storage's. Not differentiable: inputs are detached.
     """
     dtype = storage_dtype(storage)
     same = X2 is None
@@ -66,11 +74,14 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
                     lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
     B_ = A if same else X2.detach().double()
-    K = torch.empty(n1, n2, dtype=dtype, device=dev)
     if n1 == 0 or n2 == 0:
-        return K
+        return torch.empty(n1, n2, dtype=dtype, device=dev)
     rA2 = _inverse_norms(A).mul_(2)  # 2/|a|: scales the halved Gram below to the cosine exactly
     rB = rA2 / 2 if same else _inverse_norms(B_)
+    if same and dtype == torch.float64 and dev.type == "cpu":
+        with serial(n1 * n1 * d, dev.type, SERIAL_WORK, 0):
+            return _syrk_kernel(A, rA2, rB)
+    K = torch.empty(n1, n2, dtype=dtype, device=dev)
     r, c = _kinf_tiles(n1, n2, rows, dev.type)
     G_buf = torch.empty(r * min(max(r, c), n2), dtype=torch.float64, device=dev)  # the largest tile
     C_buf = torch.empty_like(G_buf)
@@ -98,6 +109,85 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
                 else:
                     if same:
                         K[j:j2, i:i2] = K[i:i2, j:j2].T
+    return K
+
+
+_SYRK_MIN, _SYRK_MAX = 64, 256  # rows of the square blocks of the passes after dsyrk: n / 8 within these
+                                # (a diagonal block's upper half is wasted work; 256² entries is 512 KiB)
+_blas_lock = threading.Lock()
+_blas_controller = []
+
+
+def _blas_threads(threads: int):
+    """A context in which scipy's BLAS runs on ``threads`` threads (threadpoolctl), as torch's
+    own ops do: its default is every core, which beside torch's threads would oversubscribe a
+    worker given a share of the machine."""
+    from threadpoolctl import ThreadpoolController
+
+    with _blas_lock:
+        if not _blas_controller:  # finding the loaded BLAS libraries takes milliseconds: once
+            _blas_controller.append(ThreadpoolController())
+    return _blas_controller[0].limit(limits=threads, user_api="blas")
+
+
+def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.Tensor:
+    """The symmetric float64 CPU kernel: ``dsyrk`` writes xᵀx'/2 into K's lower triangle (K is
+    C-ordered, so the Fortran upper triangle of K.numpy().T) in one call, the element-wise
+    passes run over row blocks of that triangle in the cache, and the strict upper triangle
+    is mirrored from it (exactly symmetric). K is numpy's memory, which Linux backs with huge
+    pages (numpy advises them): a fresh 128 MB K (n = 4000) then faults in 25 ms instead of
+    the 100-110 ms torch's 4 KiB pages took here, a sixth of the whole kernel."""
+    import numpy as np
+    from scipy.linalg import blas
+
+    n = A.shape[0]
+    K = torch.from_numpy(np.empty((n, n)))
+    An, F = A.contiguous().numpy(), K.numpy().T
+    with _blas_threads(torch.get_num_threads()):
+        out = blas.dsyrk(0.5, An.T, trans=1, lower=0, c=F, beta=0.0, overwrite_c=1)
+    if out is not F:  # f2py copied (it does not for a Fortran-ordered float64 c): keep its result
+        F[...] = out
+    b = max(_SYRK_MIN, min(_SYRK_MAX, n // 8))
+    blocks = row_blocks(n, b)
+    pairs = [(i, i2, j, j2) for bi, (i, i2) in enumerate(blocks) for j, j2 in blocks[:bi + 1]]
+    workers = max(1, min(torch.get_num_threads(), len(pairs) // 4))
+
+    def finish(share):  # the square blocks of the lower triangle, each while it is in the cache
+        C_buf = torch.empty(b * b + b, dtype=torch.float64)
+        for i, i2, j, j2 in share:
+            G = K[i:i2, j:j2]  # a diagonal block's upper part is unused (dsyrk leaves it)
+            C = C_buf[:G.numel()].view_as(G)
+            torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
+            G.addcmul_(G, C, value=-1 / math.pi)  # xᵀx'/2 · (1 − θ/π)
+            if j < i:
+                K[j:j2, i:i2] = G.T  # mirrored while in the cache: a strided copy of the whole
+            else:                    # triangle afterwards ran at 15 ns an entry
+                G.copy_(G.tril() + G.tril(-1).T)
+                G.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
+
+    # The passes run on one torch thread each (a barrier per small op costs more than the
+    # work), in as many Python threads as torch has, over interleaved shares of the blocks
+    # (torch releases the GIL in each op): every block is computed alike whichever thread
+    # takes it, so K is bit for bit the same on any thread count.
+    errors = []
+
+    def worker(share):
+        try:
+            finish(share)
+        except BaseException as exc:  # raised again in the caller's thread below
+            errors.append(exc)
+
+    with one_thread():
+        threads = [threading.Thread(target=worker, args=(pairs[w::workers],)) for w in range(1, workers)]
+        for t in threads:
+            t.start()
+        try:
+            finish(pairs[0::workers])
+        finally:
+            for t in threads:
+                t.join()
+    if errors:
+        raise errors[0]
     return K
 
 
