@@ -134,14 +134,11 @@ def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.
     """The symmetric float64 CPU kernel: ``dsyrk`` writes xᵀx'/2 into K's lower triangle (K is
     C-ordered, so the Fortran upper triangle of K.numpy().T) in one call, the element-wise
     passes run over row blocks of that triangle in the cache, and the strict upper triangle
-    is mirrored from it (exactly symmetric). K is numpy's memory, which Linux backs with huge
-    pages (numpy advises them): a fresh 128 MB K (n = 4000) then faults in 25 ms instead of
-    the 100-110 ms torch's 4 KiB pages took here, a sixth of the whole kernel."""
-    import numpy as np
+    is mirrored from it (exactly symmetric)."""
     from scipy.linalg import blas
 
     n = A.shape[0]
-    K = torch.from_numpy(np.empty((n, n)))
+    K = torch.empty(n, n, dtype=torch.float64)
     An, F = A.contiguous().numpy(), K.numpy().T
     with _blas_threads(torch.get_num_threads()):
         out = blas.dsyrk(0.5, An.T, trans=1, lower=0, c=F, beta=0.0, overwrite_c=1)
