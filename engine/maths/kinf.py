@@ -1,13 +1,13 @@
-"""The infinite-width NTK of the two-layer ReLU head (the arc-cosine kernel of degree 1), in tiles.
+"""The infinite-width NTK of the two-layer ReLU head (the arc-cosine kernel of degree 1).
 
 K∞(x, x') = xᵀx' · (π − θ) / (2π) with θ the angle between x and x'. A symmetric float64
 kernel on CPU is one BLAS ``dsyrk`` (half of X Xᵀ, at the GEMM rate; scipy's BLAS, with as
 many threads as torch has) into K's own memory, then the element-wise passes over
 cache-sized square blocks of its lower triangle, each mirrored while in the cache, one torch
-thread per Python thread. Other kernels (float32 storage,
-X1 ≠ X2, CUDA) are computed by row tiles sized for the cache, the symmetric half once, with
-their element-wise passes on one thread for small tiles (``engine.maths.tiles.serial``): a
-busy machine's thread barrier costs more than the work there.
+thread per Python thread. Other kernels (float32 storage, X1 ≠ X2, CUDA) are computed by
+row tiles sized for the cache, the symmetric half once, with their element-wise passes on
+one thread for small tiles (``engine.maths.tiles.serial``): a busy machine's thread barrier
+costs more than the work there.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def _blas_threads(threads: int):
 def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.Tensor:
     """The symmetric float64 CPU kernel: ``dsyrk`` writes xᵀx'/2 into K's lower triangle (K is
     C-ordered, so the Fortran upper triangle of K.numpy().T) in one call, the element-wise
-    passes run over row blocks of that triangle in the cache, and the strict upper triangle
-    is mirrored from it (exactly symmetric)."""
+    passes run over square blocks of that triangle in the cache, and each block is mirrored
+    into the strict upper triangle (exactly symmetric)."""
     from scipy.linalg import blas
 
     n = A.shape[0]
