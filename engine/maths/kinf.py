@@ -12,8 +12,9 @@ costs more than the work there.
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -98,12 +99,11 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
             diagonal = same and i == j
             T = S_buf[:G.numel()].view_as(G) if S_buf is not None and diagonal else K[i:i2, j:j2]
             with serial(G.numel(), dev.type):
-                torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
-                torch.addcmul(G, G, C, value=-1 / math.pi, out=T)  # float32 K: rounded once here
+                _from_gram(G, rA2[i:i2], rB[j:j2], C, out=T)  # float32 K: rounded once here
                 if diagonal:
                     C.copy_(T.T)
                     T.add_(C).div_(2)  # the diagonal tile's GEMM is a hair asymmetric
-                    T.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
+                    _exact_diagonal(T, A[i:i2])
                     if S_buf is not None:
                         K[i:i2, j:j2] = T
                 else:
@@ -114,20 +114,36 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
 
 _SYRK_MIN, _SYRK_MAX = 64, 256  # rows of the square blocks of the passes after dsyrk: n / 8 within these
                                 # (a diagonal block's upper half is wasted work; 256² entries is 512 KiB)
-_blas_lock = threading.Lock()
-_blas_controller = []
+
+
+def _from_gram(G: torch.Tensor, ra: torch.Tensor, rb: torch.Tensor, C: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+    """K∞ of a block from its halved Gram G = xᵀx'/2: ``out`` = G · (1 − θ/π), with the cosine
+    G · ra (2/|x|, per row) · rb (1/|x'|, per column) and θ in the scratch C, in five passes
+    (``out`` may be G itself)."""
+    torch.mul(G, ra[:, None], out=C).mul_(rb).clamp_(-1.0, 1.0).arccos_()  # θ
+    return torch.addcmul(G, G, C, value=-1 / math.pi, out=out)
+
+
+def _exact_diagonal(T: torch.Tensor, rows: torch.Tensor) -> None:
+    """Set a diagonal block's diagonal to |x|²/2 exactly (θ = 0 there; arccos of a rounded 1
+    would give 1e-8)."""
+    T.diagonal().copy_((rows * rows).sum(dim=1) / 2)
+
+
+@functools.cache
+def _blas_controller():
+    """scipy's BLAS libraries, found once (threadpoolctl takes milliseconds to list them)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def _blas_threads(threads: int):
     """A context in which scipy's BLAS runs on ``threads`` threads (threadpoolctl), as torch's
     own ops do: its default is every core, which beside torch's threads would oversubscribe a
     worker given a share of the machine."""
-    from threadpoolctl import ThreadpoolController
-
-    with _blas_lock:
-        if not _blas_controller:  # finding the loaded BLAS libraries takes milliseconds: once
-            _blas_controller.append(ThreadpoolController())
-    return _blas_controller[0].limit(limits=threads, user_api="blas")
+    return _blas_controller().limit(limits=threads, user_api="blas")
 
 
 def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.Tensor:
@@ -153,38 +169,22 @@ def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.
         C_buf = torch.empty(b * b + b, dtype=torch.float64)
         for i, i2, j, j2 in share:
             G = K[i:i2, j:j2]  # a diagonal block's upper part is unused (dsyrk leaves it)
-            C = C_buf[:G.numel()].view_as(G)
-            torch.mul(G, rA2[i:i2, None], out=C).mul_(rB[j:j2]).clamp_(-1.0, 1.0).arccos_()  # θ
-            G.addcmul_(G, C, value=-1 / math.pi)  # xᵀx'/2 · (1 − θ/π)
-            if j < i:
-                K[j:j2, i:i2] = G.T  # mirrored while in the cache: a strided copy of the whole
-            else:                    # triangle afterwards ran at 15 ns an entry
+            _from_gram(G, rA2[i:i2], rB[j:j2], C_buf[:G.numel()].view_as(G), out=G)
+            if j < i:  # mirrored while in the cache (a strided copy of the whole triangle
+                K[j:j2, i:i2] = G.T  # afterwards ran at 15 ns an entry)
+            else:
                 G.copy_(G.tril() + G.tril(-1).T)
-                G.diagonal().copy_((A[i:i2] * A[i:i2]).sum(dim=1) / 2)  # exact: θ = 0 there
+                _exact_diagonal(G, A[i:i2])
 
     # The passes run on one torch thread each (a barrier per small op costs more than the
     # work), in as many Python threads as torch has, over interleaved shares of the blocks
     # (torch releases the GIL in each op): every block is computed alike whichever thread
     # takes it, so K is bit for bit the same on any thread count.
-    errors = []
-
-    def worker(share):
-        try:
-            finish(share)
-        except BaseException as exc:  # raised again in the caller's thread below
-            errors.append(exc)
-
-    with one_thread():
-        threads = [threading.Thread(target=worker, args=(pairs[w::workers],)) for w in range(1, workers)]
-        for t in threads:
-            t.start()
-        try:
-            finish(pairs[0::workers])
-        finally:
-            for t in threads:
-                t.join()
-    if errors:
-        raise errors[0]
+    with one_thread(), ThreadPoolExecutor(max_workers=max(1, workers - 1)) as pool:
+        others = [pool.submit(finish, pairs[w::workers]) for w in range(1, workers)]
+        finish(pairs[0::workers])
+        for f in others:
+            f.result()  # a worker's exception is raised here
     return K
 
 
