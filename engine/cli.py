@@ -156,21 +156,18 @@ def cmd_datasets(a) -> dict:
 def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
     """The estimate on the reference CPU and scaled by this machine's speed now (a GEMM timing of a
     fraction of a second, ``engine.runtime.speed.speed_factor``) on the device the run would go to.
-    torch is loaded only to find that device (``auto``, ``cuda``) or to time the GEMM: with
-    ``--device cpu`` and ``$ENGINE_SPEED_FACTOR`` set, an estimate is arithmetic on the config."""
-    from .runtime.speed import speed_factor
+    No torch is loaded where no GPU can be there (``engine.runtime.device.device_type``): the
+    factor is then a numpy GEMM's, or ``$ENGINE_SPEED_FACTOR``."""
+    from .runtime.device import device_type
+    from .runtime.speed import speed_factor, timed_with
 
     est = exp.estimate(cfg)
-    if device == "cpu":
-        kind = "cpu"
-    else:
-        from .runtime.device import resolve_device
-
-        kind = resolve_device(device).type
+    kind = device_type(device)
     speed = speed_factor(kind)
     here = B.Estimate(est.seconds * speed, est.bytes)
     return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "speed_factor": speed,
-            "estimate_seconds_here": here.seconds,
+            "speed_factor_from": timed_with(kind),
+            "device": kind, "estimate_seconds_here": here.seconds,
             "describe": f"{here.describe()} at this machine's speed now ({speed:.2g}× the reference CPU's "
                         f"{B.duration(est.seconds)})"}
 

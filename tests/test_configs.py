@@ -72,6 +72,22 @@ def test_the_gemm_calibration_is_quick_and_within_bounds(monkeypatch):
         speed.speed_factor()
 
 
+@pytest.mark.parametrize("library", ["torch", "numpy"])
+def test_the_gemm_calibration_names_its_library_and_each_has_its_reference(monkeypatch, library):
+    """Either library's GEMM gives a factor within bounds and says which timed it; numpy's
+    reference is torch's times the ratio of their rates on the reference machine."""
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
+    monkeypatch.setattr(speed, "_speed", {})
+    factor = speed.calibrate(library=library)
+    assert speed.SPEED_MIN <= factor <= speed.SPEED_MAX and speed.timed_with() == library
+    assert speed.timed_with("cuda") == "none" and speed.speed_factor("cuda") == 1.0
+    assert speed.SPEED_GEMM_FLOPS_NUMPY == pytest.approx(1.35 * speed.SPEED_GEMM_FLOPS)
+    monkeypatch.setenv(speed.SPEED_ENV, "2")
+    assert speed.timed_with() == speed.timed_with("cuda") == speed.SPEED_ENV
+    with pytest.raises(BadInput, match="unknown GEMM library 'mkl'; allowed: torch, numpy"):
+        speed.calibrate(library="mkl")
+
+
 def test_a_run_that_cannot_fit_in_memory_is_not_allowed():
     cfg = configs.sweep_config(replace(S, n=60000), epochs=0, n_seeds=1)
     plan = configs.plan(cfg)

@@ -55,3 +55,60 @@ def test_unknown_devices_are_rejected_with_the_allowed_names(name):
     with pytest.raises(BadInput) as e:
         resolve_device(name)
     assert all(d in _one_line(e) for d in DEVICES)
+
+
+# ---------------------------------------------------------------- device_type: the same answer, torch only when needed
+
+FRESH = ("import sys\nfrom engine.runtime.device import device_type\nfrom engine.runtime.errors import BadInput\n"
+         "try:\n    print(device_type(sys.argv[1]))\nexcept BadInput as e:\n    print('BadInput:', e)\n"
+         "print('torch' in sys.modules)")
+
+
+def _fresh(name: str, **env) -> tuple[str, bool]:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", FRESH, name], cwd=root, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(root), **env})
+    assert p.returncode == 0, p.stderr
+    answer, loaded = p.stdout.strip().splitlines()
+    return answer, loaded == "True"
+
+
+@pytest.mark.parametrize("name", ["auto", "cpu", "cuda"])
+def test_device_type_in_a_fresh_process_answers_as_torch_does(name):
+    """The answer equals resolve_device's here (with torch), the refusal too; where no GPU can be
+    there (gpu_possible() False) it was found without importing torch."""
+    from engine.runtime.device import gpu_possible
+
+    try:
+        want = resolve_device(name).type
+    except BadInput as e:
+        want = f"BadInput: {e}"
+    answer, loaded = _fresh(name)
+    assert answer == want
+    assert loaded == (name != "cpu" and gpu_possible())
+
+
+def test_gpu_possible_never_hides_a_gpu_torch_sees(monkeypatch):
+    from engine.runtime.device import device_type, gpu_possible
+
+    if torch.cuda.is_available():
+        assert gpu_possible()
+    assert device_type("auto") == resolve_device("auto").type
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not gpu_possible()
+    assert _fresh("auto", CUDA_VISIBLE_DEVICES="") == ("cpu", False)  # and torch agrees:
+    assert _fresh("auto", CUDA_VISIBLE_DEVICES="-1")[0] == "cpu"
+
+
+@pytest.mark.parametrize("name", ["gpu", "", torch.device("meta")])
+def test_device_type_refuses_what_resolve_device_refuses(name):
+    from engine.runtime.device import device_type
+
+    with pytest.raises(BadInput) as e:
+        device_type(name)
+    assert all(d in _one_line(e) for d in DEVICES)
