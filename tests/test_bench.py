@@ -148,8 +148,15 @@ def _nt_python():
 
 @pytest.mark.slow
 def test_peer_neural_tangents_computes_the_same_kernel():
-    out = peer_neural_tangents(40, 64, 12, python=_nt_python(), repeat=2, timeout=240)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the one-core comparison: the peer is pinned to one core of ours
+    try:
+        out = peer_neural_tangents(40, 64, 12, python=_nt_python(), repeat=2, timeout=240)
+    finally:
+        torch.set_num_threads(threads)
     assert "peer_error" not in out and "peer_skipped" not in out, out
+    assert out["peer_threads"] == 1 and len(out["peer_cpus"]) == 1
+    assert set(out["peer_cpus"]) <= os.sched_getaffinity(0)
     assert out["peer_max_rel_diff"] < RTOL32  # jax float32 against exact counts, float64 product
     assert _positive(out["peer_speedup"]) and _positive(out["peer_speedup_cpu"])
     assert out["peer_versions"]["neural_tangents"] == "0.6.5"

@@ -32,10 +32,12 @@ class _Peer:
     """A line-protocol conversation with ``benchmarks/peer_nt.py`` under another Python, with a
     deadline on every reply."""
 
-    def __init__(self, python: str, args: list[str], env: dict, deadline: float):
+    def __init__(self, python: str, args: list[str], env: dict, deadline: float, cpus: set[int] | None = None):
         self.deadline = deadline
+        pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
         self.p = subprocess.Popen([python, str(ROOT / "benchmarks" / "peer_nt.py"), *args], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                                  preexec_fn=pin)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.p.stdout, selectors.EVENT_READ)
 
@@ -75,7 +77,8 @@ def peer_neural_tangents(n: int = 300, m: int = 4096, d: int = 784, device: str 
     environment with neural-tangents 0.6.5 and jax/jaxlib 0.4.28 (benchmarks/README.md), as a
     subprocess that computes the kernel with respect to W on each request, so that the two
     run alternately (``repeat`` rounds after one warm-up each; jax compiles in its warm-up).
-    With one torch thread the peer gets one XLA thread too. Returns ``peer_*`` keys: medians
+    With one torch thread the peer runs on one core (its CPU affinity, where the OS has one:
+    jax 0.4.28's XLA ignores its thread flags and ran on two cores otherwise). Returns ``peer_*`` keys: medians
     of wall and CPU seconds of each side, ``peer_speedup`` (peer time / engine time; > 1
     means the engine is faster; ``_cpu`` in CPU time), ``peer_max_rel_diff`` (max |ΔK| / max
     |K|), the peer's versions; or ``peer_skipped`` with a one-line reason when no such
@@ -102,16 +105,19 @@ def peer_neural_tangents(n: int = 300, m: int = 4096, d: int = 784, device: str 
     K = empirical_ntk_features(head, phi)
     env = {**os.environ, "JAX_PLATFORMS": "cuda" if dev.type == "cuda" else "cpu"}
     env.pop("PYTHONPATH", None)  # the peer's own site-packages, never this environment's
+    cpus = None
     if torch.get_num_threads() == 1:
         env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        if hasattr(os, "sched_getaffinity"):
+            cpus = {min(os.sched_getaffinity(0))}
     row = {"peer": f"neural-tangents {implementation}", "peer_size": {"n": n, "m": m, "d": d},
-           "peer_threads": torch.get_num_threads()}
+           "peer_threads": torch.get_num_threads(), "peer_cpus": None if cpus is None else sorted(cpus)}
     with tempfile.TemporaryDirectory(prefix="engine-peer-") as folder:
         data = Path(folder) / "case.npz"
         np.savez(data, phi=phi.cpu().numpy(), W=head.W.detach().cpu().numpy(), a=head.a.cpu().numpy())
         peer = None
         try:
-            peer = _Peer(python, [str(data), implementation], env, deadline)
+            peer = _Peer(python, [str(data), implementation], env, deadline, cpus)
             ready = peer.ask(None)
             if "skip" in ready:
                 return {**row, "peer_skipped": ready["skip"]}
