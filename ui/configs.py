@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 from engine.runtime import budget
-from engine.runtime.device import resolve_device
+from engine.runtime.device import device_type, resolve_device
 from engine.runtime.errors import EngineError
 from engine.experiments.configs.kernels import KernelConfig
 from engine.experiments.configs.sweep import SweepConfig
@@ -107,12 +107,12 @@ def _memory_limit(device: str) -> int:
 
 def speed(device: str = "cpu") -> float:
     """This machine's speed factor now on the device runs go to (``engine.runtime.speed.speed_factor``)."""
-    try:
-        kind = resolve_device(device).type
-    except EngineError:
-        kind = "cpu"
     from engine.runtime.speed import speed_factor
 
+    try:
+        kind = device_type(device)
+    except EngineError:
+        kind = "cpu"
     return speed_factor(kind)
 
 

@@ -78,12 +78,13 @@ def peer_neural_tangents(n: int = 300, m: int = 4096, d: int = 784, device: str 
     subprocess that computes the kernel with respect to W on each request, so that the two
     run alternately (``repeat`` rounds after one warm-up each; jax compiles in its warm-up).
     With one torch thread the peer runs on one core (its CPU affinity, where the OS has one:
-    jax 0.4.28's XLA ignores its thread flags and ran on two cores otherwise). Returns ``peer_*`` keys: medians
-    of wall and CPU seconds of each side, ``peer_speedup`` (peer time / engine time; > 1
-    means the engine is faster; ``_cpu`` in CPU time), ``peer_max_rel_diff`` (max |ΔK| / max
-    |K|), the peer's versions; or ``peer_skipped`` with a one-line reason when no such
-    Python is given, it cannot import neural-tangents, or jax lacks the device; or
-    ``peer_error`` when it fails or passes ``timeout`` seconds.
+    jax 0.4.28's XLA ignores its thread flags and ran on two cores otherwise). Returns
+    ``peer_*`` keys: medians of wall and CPU seconds of each side, ``peer_speedup`` (peer time
+    / engine time; > 1 means the engine is faster; ``_cpu`` in CPU time), ``peer_max_rel_diff``
+    (max |ΔK| / max |K|), the peer's versions, ``peer_cpus`` (the core it was pinned to, or
+    None); or ``peer_skipped`` with a one-line reason when no such Python is given, it cannot
+    import neural-tangents, or jax lacks the device; or ``peer_error`` when it fails or passes
+    ``timeout`` seconds.
     """
     import numpy as np
 

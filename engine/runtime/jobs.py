@@ -306,10 +306,10 @@ def _estimate(config, device) -> tuple[float | None, str]:
     """The engine's estimate of ``config`` in reference seconds and the device type the run goes
     to; (None, "cpu") for a config the registry does not know (a grid run, a test's)."""
     try:
-        from .device import resolve_device
+        from .device import device_type
         from ..experiments.registry import estimate
 
-        return float(estimate(config).seconds), resolve_device(device).type
+        return float(estimate(config).seconds), device_type(device)
     except Exception:  # no estimate is no reason to fail a run
         return None, "cpu"
 

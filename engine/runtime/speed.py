@@ -5,7 +5,7 @@ float32 GEMM calibrates the factor on first use (``calibrate``: that GEMM's rate
 estimates hold, over its rate now), and every run that finishes refreshes it with its measured
 against its estimated time (``record_run``), per device type. ``$ENGINE_SPEED_FACTOR`` pins it.
 The GEMM is torch's when torch is loaded (the dashboard, a run) and numpy's otherwise (an
-``--estimate`` on the command line, which then costs 0.3 s instead of a 4 s torch import).
+``--estimate`` on the command line, which then costs about 0.4 s of CPU instead of 3-5 s).
 """
 
 from __future__ import annotations
