@@ -11,6 +11,7 @@ import streamlit as st
 
 from engine.reporting import plots
 from engine.reporting import protocols
+from engine.maths import metrics
 from engine.reporting import tables
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.experiments.malleability import example_key, run_malleability
@@ -209,7 +210,7 @@ shape = res.meta.get("image_shape") if cfg.space == "raw" else None
 m = st.columns(3)
 m[0].metric("influence before", f"{before[j]:+.4g}")
 m[1].metric("influence after", f"{after[j]:+.4g}", delta=f"{after[j] - before[j]:+.3g}")
-m[2].metric("sign flipped", "yes" if tables.flip_rate(before[j], after[j]) == 1.0 else "no")
+m[2].metric("sign flipped", "yes" if metrics.flip_rate(before[j], after[j]) == 1.0 else "no")
 clean = res.arrays[example_key(arch, attack, eps, "X_clean")][pos]
 pert = res.arrays[example_key(arch, attack, eps, "X_pert")][pos]
 data = pd.DataFrame({"pixel": np.arange(clean.size), "clean": clean, "perturbed": pert})

@@ -1,9 +1,9 @@
-"""engine.reporting.gates: the per-seed training gate against chance level."""
+"""engine.maths.gates: the per-seed training gate against chance level."""
 
 import pandas as pd
 import pytest
 
-from engine.reporting import gates
+from engine.maths import gates
 
 
 def _rows(accs: dict) -> pd.DataFrame:

@@ -397,7 +397,7 @@ def test_data_seeds_repeat_the_run_on_fresh_draws():
 # ---------------------------------------------------------------- kernels, baselines, precision
 
 def test_test_acc_kernel_is_kernel_ridge_with_the_trained_nets_own_kernel():
-    from engine.reporting.gates import passes_gate
+    from engine.maths.gates import passes_gate
     from reference import ridge_predict
 
     cfg = InfluenceConfig(data=SYN, width=32, train=FAST, seeds=(0, 1))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engine.reporting import gates, paper, report
+from engine.maths import gates
+from engine.reporting import paper, report
 
 NOTES = Path(__file__).resolve().parents[2] / "shared" / "paper" / "NOTES.md"
 

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ATOL32, ATOL32_ONE_PASS, RTOL32, RTOL32_ONE_PASS
 from engine.reporting import plots
+from engine.maths import metrics
 from engine.reporting import tables
 
 
@@ -74,7 +75,7 @@ def test_every_chart_has_axis_titles():
     mall_rows = pd.DataFrame([{"arch": a, "attack": k, "eps": e, "seed": s, "flip_rate": 0.1 + 0.01 * s,
                                "spearman": 0.9} for a in ("relu", "attn") for k in ("fgsm", "pgd")
                               for e in (0.05, 0.3) for s in (0, 1)])
-    mall = tables.percent(tables.summarize(mall_rows, ["arch", "attack", "eps"], ["flip_rate", "spearman"]),
+    mall = tables.percent(metrics.summarize(mall_rows, ["arch", "attack", "eps"], ["flip_rate", "spearman"]),
                           ["flip_rate"])
     inter = pd.DataFrame([{"arch": a, "intervention": i, "test_acc": 0.8, "influence_change": 0.1}
                           for a in ("relu", "attn") for i in ("none", "curated")])

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from conftest import ATOL64_MEAN, RTOL64, RTOL64_MEAN, RTOL64_SD
-from engine.reporting.tables import mean_sd, percent, pm, sign_flipped, summarize
+from engine.maths.metrics import sign_flipped, summarize
+from engine.reporting.tables import mean_sd, percent, pm
 
 
 def test_summarize_is_numpy_mean_and_sample_sd_per_group():
@@ -60,7 +61,7 @@ def test_sign_flipped_counts_zero_as_its_own_sign():
 def test_loglog_slope_matches_scipy_and_skips_what_a_log_cannot_take():
     import scipy.stats
 
-    from engine.reporting.tables import loglog_slope
+    from engine.maths.metrics import loglog_slope
 
     x = np.array([16.0, 64.0, 256.0, 1024.0, 4096.0])
     y = 3.0 * x ** -0.5 * np.array([1.1, 0.9, 1.05, 0.97, 1.0])
@@ -75,7 +76,7 @@ def test_flip_rate_and_rank_correlation_against_numpy_and_scipy():
     import scipy.stats
     import torch
 
-    from engine.reporting.tables import flip_rate, rank_correlation
+    from engine.maths.metrics import flip_rate, rank_correlation
 
     rng = np.random.default_rng(4)
     a, b = rng.normal(size=200), rng.normal(size=200)
@@ -92,7 +93,7 @@ def test_flip_rate_and_rank_correlation_against_numpy_and_scipy():
 
 
 def test_excess_interval_is_a_percentile_bootstrap_over_points_and_nets():
-    from engine.reporting.tables import excess_interval
+    from engine.maths.metrics import excess_interval
 
     rng = np.random.default_rng(1)
     a, s, r = rng.random(40) < 0.4, rng.random(40) < 0.1, rng.random(40) < 0.2

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from engine.reporting import export, fit
-from engine.reporting import gates
+from engine.maths import gates
 
 PAGE_WIDTH_PX = 450  # a half-width column at 1280 px (about 400 px): titles wrap and legends stack for it
 WIDE_PX = 1000       # a chart across the page
@@ -118,8 +118,8 @@ GREY = "color: #9e9e9e"  # the numbers of a net at chance: still there, visibly 
 
 def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("arch", "width"),
                   what: str = "numbers") -> pd.DataFrame:
-    """A banner naming every net whose worst seed trains to within ``engine.reporting.gates.CHANCE_POINTS``
-    of chance (``engine.reporting.gates.untrained``); returns those groups (empty when every net trained).
+    """A banner naming every net whose worst seed trains to within ``engine.maths.gates.CHANCE_POINTS``
+    of chance (``engine.maths.gates.untrained``); returns those groups (empty when every net trained).
     ``rows``: one row per net with ``train_acc``; ``what``: the page's numbers, for the banner."""
     from ui.common import ARCH_LABELS
 

@@ -17,7 +17,7 @@ from ..runtime.cache import Result
 from ..maths.models import Net
 from ..maths.specs import TrainSpec
 from .runs import Progress, experiment_run, prepare, tick
-from ..reporting.tables import loglog_slope, summarize
+from ..maths.metrics import loglog_slope, summarize
 from ..maths.training import per_model_loss, resolve_loss
 from ..maths.flow import batch_steps, stack_heads
 from .configs.coord_check import CoordCheckConfig

@@ -21,7 +21,7 @@ from ..runtime.cache import Result
 from ..maths.models import Net
 from ..maths.kinf import infinite_ntk
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
-from ..reporting.tables import loglog_slope, summarize
+from ..maths.metrics import loglog_slope, summarize
 from ..maths.training import loss_fn, predict_labels, resolve_loss
 from ..maths.flow import KernelFlow, flow_rates, lin_gap, linearised_head, stack_heads, train_pair
 from .configs.dynamics import DynamicsConfig, record_epochs

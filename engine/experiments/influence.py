@@ -27,7 +27,7 @@ from ..maths.models import Net, normalize_rows
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression
-from ..reporting.gates import passes_gate
+from ..maths.gates import passes_gate
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
 from .configs.influence import InfluenceConfig
@@ -127,7 +127,7 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     train_index, label, influence (mean over test points). Frame ``summary``: arch, seed,
     test_acc, train_acc, test_acc_ntk (K∞ ridge on the same features), test_acc_kernel (ridge
     with the trained net's own K_m: what this width supports), trained (the training gate,
-    ``engine.reporting.gates.passes_gate``), sgd_lr_limit, influence_scale (mean |aggregate influence|),
+    ``engine.maths.gates.passes_gate``), sgd_lr_limit, influence_scale (mean |aggregate influence|),
     influence_kernel, kernel_precision. Meta: image_shape, class_names, target.
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)

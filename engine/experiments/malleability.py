@@ -15,9 +15,9 @@ Protocol (Definition 3.4 of the paper, with every choice it leaves open an optio
    is recomputed from the perturbed set, so every feature changes.
 4. Recompute features, empirical kernel and influences — with the same trained W by
    default (``retrain=False``), or with a net retrained on the perturbed data.
-5. Flip rate (``engine.reporting.tables.flip_rate``): share of the top-τ points whose aggregate
+5. Flip rate (``engine.maths.metrics.flip_rate``): share of the top-τ points whose aggregate
    influence changed sign. Also the per-(test, train)-pair flip rate over the top-τ columns,
-   and Spearman ρ (``engine.reporting.tables.rank_correlation``) between the aggregate influences
+   and Spearman ρ (``engine.maths.metrics.rank_correlation``) between the aggregate influences
    before and after over all training points (lower = more malleable).
 6. Nulls, on the same top-τ points: the flip rate between two nets that differ only in their
    network seed (no attack), and under a random perturbation of the attack's per-row ℓ2 norm.
@@ -46,7 +46,7 @@ from ..maths.specs import AttackSpec
 from ..runtime.cache import Result
 from ..maths.influence import aggregate, top_indices
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
-from ..reporting.tables import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
+from ..maths.metrics import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
 from ..maths.training import accuracy, predict_labels, resolve_loss
 from .influence import (at_precision, attack_dtype, clean_run, fit_net, in_space, influence_of, kernel_precision,
                         ntk_accuracy)
@@ -153,10 +153,10 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
       the same space, re-measured exactly as the attack is.
     - flip_excess = flip_rate − max(null_seed_flip_rate, null_random_flip_rate) (the random
       null alone with one seed), with flip_excess_low / _high: a 95 % percentile bootstrap
-      over the tracked points (``engine.reporting.tables.excess_interval``).
+      over the tracked points (``engine.maths.metrics.excess_interval``).
 
     Then test_acc and train_acc (clean net), test_acc_ntk (K∞ ridge on the same features),
-    test_acc_kernel (ridge with the trained net's K_m), trained (``engine.reporting.gates.passes_gate``:
+    test_acc_kernel (ridge with the trained net's K_m), trained (``engine.maths.gates.passes_gate``:
     test_acc within TRAIN_GATE of test_acc_kernel), test_acc_after, rel_perturbation (mean
     ‖δ‖₂/‖x‖₂ applied, in the attack's space), sgd_lr_limit, attack_precision and
     kernel_precision, and the options that produced them. Frame ``summary``: mean and sd over

@@ -68,10 +68,9 @@ from ..maths.models import Net
 from ..maths.ntk import empirical_ntk_features
 from ..maths.kinf import infinite_ntk
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
-from ..reporting.tables import summarize
 from ..maths.training import predict_labels, resolve_loss
 from ..maths.loo import KernelLOO, flow_loo, head_outputs, kernel_loo, stopping_ridge, train_masked
-from ..reporting.tables import rank_correlation
+from ..maths.metrics import rank_correlation, summarize
 from .configs.retrain import RetrainConfig
 
 PICKS = ("top", "random")
@@ -86,7 +85,7 @@ def agreement(pred: torch.Tensor, actual: torch.Tensor) -> dict:
     """How well predicted changes (n_test, k) match the actual ones, over all n_test · k pairs.
 
     retrain_spearman / retrain_pearson: rank and linear correlation; retrain_sign_agreement:
-    share of pairs with the same sign (zero is its own sign, as ``engine.reporting.tables.sign_flipped``);
+    share of pairs with the same sign (zero is its own sign, as ``engine.maths.metrics.sign_flipped``);
     retrain_rel_error ‖pred − actual‖_F / ‖actual‖_F; actual_rms and predicted_rms, the scales.
     """
     p, a = pred.double().flatten().cpu().numpy(), actual.double().flatten().cpu().numpy()

@@ -28,7 +28,7 @@ from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import relative_distance, whitened_distance
 from .runs import Progress, experiment_run, resumable, tick, to_device
-from ..reporting.tables import loglog_slope
+from ..maths.metrics import loglog_slope
 from ..maths.training import n_outputs, train
 from .configs.scaling import ScalingConfig, measured_models, width_grid
 

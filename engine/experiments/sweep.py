@@ -18,9 +18,9 @@ from ..maths.models import Net
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
-from ..reporting.gates import passes_gate
+from ..maths.gates import passes_gate
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
-from ..reporting.tables import summarize
+from ..maths.metrics import summarize
 from ..maths.training import accuracy, n_outputs, predict_labels, train_many
 from .configs.sweep import SweepConfig
 
@@ -132,7 +132,7 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
         f_norm = ‖f_m(X_test)‖_F and f_ntk_norm = ‖f_NTK(X_test)‖_F (the scales compared);
       - test_acc, train_acc of the net, test_acc_ntk of f_NTK (the K∞ ridge baseline),
         test_acc_kernel(_init) of ridge regression with the net's own K_m (trained; at init),
-        trained (1/0: ``engine.reporting.gates.passes_gate`` of test_acc against test_acc_kernel; NaN
+        trained (1/0: ``engine.maths.gates.passes_gate`` of test_acc against test_acc_kernel; NaN
         without training);
       - weight_movement ‖W_t − W_0‖_F / ‖W_0‖_F, final_loss, n_test, seconds.
     Frame ``summary``: mean and sd of each metric over seeds per (arch, width).

@@ -4,7 +4,9 @@
 beneath it), ``kinf`` (the infinite-width NTK), ``ridge`` (kernel ridge regression and kernel
 distances), ``spectral``, ``influence`` (NTK leave-one-out), ``attacks``, ``training``,
 ``flow`` (the linearised head and the closed-form K∞ gradient flow) and ``loo`` (leave-one-out
-by retraining masked heads). No function here knows about configs, caches or pages. ``specs``
+by retraining masked heads), and ``metrics`` (seed averages, flip rates, rank correlation, the
+flip excess with its interval, slopes: the numbers every experiment and page reads) and ``gates``
+(when a trained net's numbers can be read). No function here knows about configs, caches or pages. ``specs``
 holds the settings and names the configs need, without torch.
 """
 
@@ -24,4 +26,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "training": ["sgd_lr_limit", "top_eigenvalue", "train"],
     "flow": ["KernelFlow", "lin_gap", "linearised_head", "train_pair"],
     "loo": ["flow_loo", "kernel_loo", "train_masked"],
+    "gates": ["TRAIN_GATE", "passes_gate"],
+    "metrics": ["Excess", "excess_interval", "flip_rate", "loglog_slope", "rank_correlation", "sign_flipped",
+                "summarize"],
 })

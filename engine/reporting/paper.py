@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-from .gates import TRAIN_GATE
+from ..maths.gates import TRAIN_GATE
 
 PAPER = "arXiv 2603.13085 (Miñoza, Medina, Ibañez, 2026)"
 EPS64 = 2.220446049250313e-16

@@ -11,30 +11,6 @@ import numpy as np
 import pandas as pd
 
 
-def summarize(rows: pd.DataFrame, by: list[str], metrics) -> pd.DataFrame:
-    """Mean, sample sd (ddof 1; NaN for one seed) and count over seeds of each metric.
-
-    rows: one row per seed with the ``by`` columns and numeric ``metrics``. Returns one row
-    per group with ``{metric}_mean``, ``{metric}_sd`` and ``n_seeds``. Missing ``by``
-    values (e.g. attention of the ReLU net) form their own group.
-    """
-    metrics = [m for m in metrics if m in rows.columns]
-    if rows.empty:
-        return pd.DataFrame(columns=[*by, *[f"{m}_{s}" for m in metrics for s in ("mean", "sd")], "n_seeds"])
-    keys = rows[by].astype(object).where(rows[by].notna(), "")
-    out = []
-    for key, g in rows.groupby([keys[c] for c in by], sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        row = {c: (g[c].iloc[0]) for c in by}
-        for m in metrics:
-            v = pd.to_numeric(g[m], errors="coerce").astype(float)
-            row[f"{m}_mean"] = float(v.mean()) if v.notna().any() else np.nan
-            row[f"{m}_sd"] = float(v.std(ddof=1)) if v.notna().sum() > 1 else np.nan
-        row["n_seeds"] = int(len(g))
-        out.append(row)
-    return pd.DataFrame(out)
-
-
 def mean_sd(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     """The ``{metric}_mean`` and ``{metric}_sd`` columns of a summary as ``mean`` and ``sd``."""
     out = frame.copy()
@@ -70,83 +46,6 @@ def percent(frame: pd.DataFrame, columns) -> pd.DataFrame:
     return out
 
 
-def _numpy(x) -> np.ndarray:
-    """A numpy view of an array, a scalar or a (CPU or CUDA) torch tensor, without importing torch."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def sign_flipped(before, after) -> np.ndarray:
-    """True where an influence changed sign, elementwise (zero counts as its own sign).
-
-    before, after: same shape, numpy arrays, scalars or torch tensors; returns bool numpy."""
-    return np.sign(_numpy(before)) != np.sign(_numpy(after))
-
-
-def flip_rate(before, after) -> float:
-    """Share of entries whose sign differs between ``before`` and ``after`` (the flip rate).
-
-    The one flip-rate function of the engine: the malleability rows (attack, seed null,
-    random null, interventions) and the pages all count flips here. Any shape, as long as
-    both agree (e.g. the top-τ aggregate influences (k,), or an influence matrix's top-τ
-    columns (n_test, k)); numpy or torch; zero counts as its own sign (0 → 0 is no flip,
-    0 → ± is one). Empty inputs give NaN."""
-    flips = sign_flipped(before, after)
-    return float(flips.mean()) if flips.size else float("nan")
-
-
-def rank_correlation(before, after) -> float:
-    """Spearman ρ between two influence vectors (n,), ties ranked by their mean rank (scipy).
-
-    1 keeps the ranking, 0 scrambles it; NaN when either vector is constant."""
-    import scipy.stats
-
-    a, b = _numpy(before).ravel(), _numpy(after).ravel()
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
-        return float("nan")
-    return float(scipy.stats.spearmanr(a, b).statistic)
-
-
-BOOTSTRAP = 2000        # bootstrap replicates of an interval
-LEVEL = 0.95            # two-sided coverage of every interval here
-
-
-def excess_interval(units, n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0) -> tuple[float, float, float]:
-    """The flip excess and its percentile bootstrap interval, over seeds and tracked points.
-
-    units: one tuple ``(attack, seed_null, random_null)`` per net (network seed × data draw),
-    each a bool array (k,) of per-point sign flips over that net's top-τ points (the same
-    points in all three; ``seed_null`` may be None when the run had no partner seed). The
-    excess of one net is ``mean(attack) − max(mean(seed_null), mean(random_null))``; the
-    statistic is its mean over nets. Each replicate resamples the nets with replacement and,
-    within each, its tracked points with replacement (the same draw of points for the three
-    arrays, which are paired). With one net only the points are resampled. Returns
-    (excess, low, high); ``level`` two-sided, ``seed`` fixes the replicates.
-    """
-    units = [tuple(None if u is None else np.asarray(u, dtype=float) for u in unit) for unit in units]
-    if not units:
-        return float("nan"), float("nan"), float("nan")
-
-    def excess(a, s, r):
-        null = r.mean(axis=-1) if s is None else np.maximum(s.mean(axis=-1), r.mean(axis=-1))
-        return a.mean(axis=-1) - null
-
-    point = float(np.mean([excess(*u) for u in units]))
-    rng = np.random.default_rng(seed)
-    reps = np.zeros(n_boot)
-    nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
-    for slot in range(nets.shape[1]):  # every drawn net gets its own resample of points
-        for j, (a, s, r) in enumerate(units):
-            rows = np.flatnonzero(nets[:, slot] == j)
-            if rows.size:
-                idx = rng.integers(0, a.size, size=(rows.size, a.size))
-                reps[rows] += excess(a[idx], None if s is None else s[idx], r[idx])
-    reps /= nets.shape[1]
-    lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
-    return point, float(lo), float(hi)
-
-
 FLIP_TABLE = {  # column of ``flip_table`` -> what it shows (the page's column headers)
     "flip": "flip rate (%)", "flip_sd": "± sd", "null_seed": "seed null (%)", "null_random": "random null (%)",
     "excess": "excess (%)", "excess_low": "excess low", "excess_high": "excess high",
@@ -176,13 +75,3 @@ def flip_table(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def loglog_slope(x, y) -> tuple[float, float]:
-    """Least-squares slope and intercept of log y against log x, over the points where both are
-    finite and positive; (NaN, NaN) with fewer than two distinct x. The one fitted exponent every
-    page and run uses (widths against κ, gaps against width, coordinate checks)."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
-    if np.unique(x[ok]).size < 2:
-        return float("nan"), float("nan")
-    slope, icpt = np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)
-    return float(slope), float(icpt)
