@@ -52,7 +52,7 @@ def controls_ui() -> dict:
                               help="Flip rates are shown as mean ± sd over these seeds.")
     c1, c2, c3, c4, c5 = st.columns([1, 1, 0.9, 1.7, 1])  # room for the checkbox labels
     optimizer = configs.optimizer_ui(c5, key="mall.optimizer", lr_key="mall.lr")
-    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.width), key="mall.width", **BOUND)
+    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.widths[0]), key="mall.width", **BOUND)
     tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=QUICK.tau,
                            key="mall.tau", **BOUND, help=configs.help_of(MalleabilityConfig, "tau"))
     perturb = c3.radio("Perturb", configs.choices_of(MalleabilityConfig, "perturb"), horizontal=True,
@@ -76,7 +76,7 @@ def controls_ui() -> dict:
     decay = configs.float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
                          value=QUICK.train.weight_decay)
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
-                steps=int(steps), epochs=int(epochs), width=int(width), tau=float(tau), perturb=perturb,
+                steps=int(steps), epochs=int(epochs), widths=(int(width),), tau=float(tau), perturb=perturb,
                 retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
                 norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer,
                 ridge=float(ridge), influence_kernel=kernel, init=init, lr=float(lr), weight_decay=float(decay))

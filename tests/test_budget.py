@@ -77,7 +77,7 @@ GROWS = [
      InfluenceConfig(data=SYN, attention="stacked:8")),
     # malleability
     ("malleability epochs", MALL, replace(MALL, train=TrainSpec(epochs=1000))),
-    ("malleability width", MALL, replace(MALL, width=2048)),
+    ("malleability width", MALL, replace(MALL, widths=(2048,))),
     ("malleability seeds", MALL, replace(MALL, seeds=(0, 1))),
     ("malleability n", MALL, replace(MALL, data=_data(n=600))),
     ("malleability stacked:k", replace(MALL, attention="stacked:2"), replace(MALL, attention="stacked:8")),
@@ -112,7 +112,7 @@ def test_estimates_grow_with_every_parameter(name, small, large):
     (lambda n: SweepConfig(data=_data(n=n, n_test=10, synthetic_d=16), widths=(16,)), 20_000),
     (lambda n: KernelConfig(data=_data(n=n, n_test=1, synthetic_d=16), width=16), 20_000),
     (lambda n: InfluenceConfig(data=_data(n=n, n_test=10, synthetic_d=16), width=16), 20_000),
-    (lambda n: MalleabilityConfig(data=_data(n=n, n_test=10, synthetic_d=16), width=16), 20_000),
+    (lambda n: MalleabilityConfig(data=_data(n=n, n_test=10, synthetic_d=16), widths=(16,)), 20_000),
     (lambda n: ScalingConfig(n=n, d=8, min_width=16, max_width=32), 1000),
 ], ids=["sweep", "kernels", "influence", "malleability", "scaling"])
 def test_memory_grows_with_n_squared(make, n):
@@ -159,7 +159,7 @@ def test_estimates_add_time_and_keep_the_largest_memory():
 @pytest.mark.parametrize("run,cfg,kind", [
     (run_ntk_sweep, SweepConfig(data=_data(n=40, n_test=10, synthetic_d=8), widths=(16,), seeds=(0,),
                                 train=TrainSpec(epochs=2)), "ntk-sweep"),
-    (run_malleability, MalleabilityConfig(data=_data(n=40, n_test=10, synthetic_d=8), width=16, seeds=(0,),
+    (run_malleability, MalleabilityConfig(data=_data(n=40, n_test=10, synthetic_d=8), widths=(16,), seeds=(0,),
                                           train=TrainSpec(epochs=2)), "malleability"),
     (run_scaling, ScalingConfig(n=16, d=8, kappas=(2.0,), max_width=32, seeds=(0,), train=TrainSpec(epochs=2)),
      "scaling"),

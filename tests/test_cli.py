@@ -106,7 +106,7 @@ def test_missing_data_exits_3_and_names_the_files(tmp_path):
 
 @pytest.mark.slow
 def test_malleability_json_on_real_digits(mnist_dir):
-    rc, out, err = run("malleability", "--dataset", "mnist", "--n", "200", "--n-test", "50", "--width", "256",
+    rc, out, err = run("malleability", "--dataset", "mnist", "--n", "200", "--n-test", "50", "--widths", "256",
                        "--archs", "relu,attn", "--epochs", "10", "--attack", "pgd,fgsm", "--eps", "0.05,0.3",
                        "--tau", "0.1", "--seed", "0", "--seeds", "0", "--norm", "l2", "--space", "normalized",
                        "--influence", "true", "--json", "--data-dir", str(mnist_dir), "--no-cache")

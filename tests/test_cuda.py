@@ -85,7 +85,7 @@ def test_attacks_on_cuda_match_the_cpu_float64_reference(arch, method, norm):
 def _malleability_against(device: str, reference: str = "cpu"):
     """Untrained nets (no training noise to amplify): clean influences agree between devices,
     and each device's rows follow from its own stored influences."""
-    cfg = MalleabilityConfig(data=SYN, width=64, seeds=(0,), train=TrainSpec(epochs=0), tau=0.25,
+    cfg = MalleabilityConfig(data=SYN, widths=(64,), seeds=(0,), train=TrainSpec(epochs=0), tau=0.25,
                              attacks=("fgsm", "pgd", "mim"), eps=(0.1,), attack=AttackSpec(steps=3))
     got = run_malleability(cfg, device=device)
     ref = run_malleability(cfg, device=reference)

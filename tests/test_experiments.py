@@ -197,6 +197,10 @@ def _resume_cases():
         found = re.search(r"(relu|attn) \S* ?m = \d+", stage)
         return found and found.group(0)
 
+    def cells(stage):
+        found = re.search(r"(relu|attn) m=\d+", stage)
+        return found and found.group(0)
+
     by_seed = (["relu seed 0", "relu seed 1"], {"attn seed 0", "attn seed 1"})
     return [
         ("ntk-sweep", SweepConfig(data=syn, train=TrainSpec(epochs=3), widths=(16, 64), seeds=(0, 1)), seeds,
@@ -204,9 +208,9 @@ def _resume_cases():
         ("dynamics", DynamicsConfig(data=syn, train=sgd, widths=(16, 64), seeds=(0, 1), record_every=1), seeds,
          *by_seed),
         ("influence", InfluenceConfig(data=syn, train=TrainSpec(epochs=3), width=16, seeds=(0, 1)), seeds, *by_seed),
-        ("malleability", MalleabilityConfig(data=syn, train=TrainSpec(epochs=3), width=16, seeds=(0, 1),
-                                            attacks=("fgsm",), eps=(0.1,)), seeds,
-         ["relu seed 0 draw 0", "relu seed 1 draw 0"], by_seed[1]),
+        ("malleability", MalleabilityConfig(data=syn, train=TrainSpec(epochs=3), widths=(16,), seeds=(0, 1),
+                                            attacks=("fgsm",), eps=(0.1,)), cells,
+         ["relu width 16 draw 0"], {"attn m=16"}),
         ("retrain-loo", RetrainConfig(data=syn, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd", loss="mse",
                                                                  weight_decay=0.0), widths=(16, 32), seeds=(0, 1), k=2),
          seeds, *by_seed),

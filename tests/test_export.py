@@ -71,7 +71,7 @@ def _results(tmp_path):
     return {
         "spectrum": run_spectrum(SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8))),
         "ntk-sweep": run_ntk_sweep(SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,))),
-        "malleability": run_malleability(MalleabilityConfig(data=SYN, train=t, width=32, seeds=(0,),
+        "malleability": run_malleability(MalleabilityConfig(data=SYN, train=t, widths=(32,), seeds=(0,),
                                                             attacks=("fgsm",), eps=(0.05, 0.1))),
         "scaling": run_scaling(ScalingConfig(train=TrainSpec(epochs=2), n=16, d=6, kappas=(2.0, 4.0), min_width=16,
                                              max_width=64, seeds=(0,))),

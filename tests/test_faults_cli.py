@@ -202,7 +202,7 @@ def test_singular_kernel_in_ntk_sweep_names_the_step_and_the_ridge(cache, data):
 
 @pytest.mark.slow
 def test_singular_kernel_in_malleability_names_the_step_and_the_ridge(cache, data):
-    line = refused(2, "malleability", *_singular(data), "--width", "16", "--epochs", "1", cache=cache, data=data)
+    line = refused(2, "malleability", *_singular(data), "--widths", "16", "--epochs", "1", cache=cache, data=data)
     assert "not positive definite" in line and "ridge" in line and "larger ridge" in line
 
 

@@ -23,6 +23,7 @@ from engine.maths.influence import net_influence
 from engine.experiments.malleability import ROW_METRICS, example_key, run_malleability
 from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.influence import fit_net, in_space, run_influence
+from engine.experiments.recipes import net_recipe
 from engine.experiments.configs.influence import InfluenceConfig
 from engine.maths.models import Net
 from engine.experiments.runs import prepare
@@ -62,7 +63,7 @@ def test_reference_gradient_equals_autograd_of_the_engine_loss(arch):
 @pytest.mark.parametrize("norm", ["linf", "l2"])
 def test_flip_rates_equal_the_numpy_reference_end_to_end(norm, space):
     eps = (0.1, 0.5)
-    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attack=AttackSpec(norm=norm),
+    cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0,), attack=AttackSpec(norm=norm),
                              attacks=("fgsm",), eps=eps, space=space, tau=0.5, target="true")
     res = run_malleability(cfg)
     rows = res.frames["rows"]
@@ -79,7 +80,7 @@ def test_flip_rates_equal_the_numpy_reference_end_to_end(norm, space):
     X32, _, box = in_space(cfg, p)
     for arch in cfg.archs:
         # the only engine inputs: the trained weights (the run's own training, deterministic on CPU)
-        net = fit_net(cfg, arch, X32, p.y, p.c, p.device, 0, box)
+        net = fit_net(net_recipe(cfg, arch, cfg.widths[0], 0), X32, p.y, p.c, p.device, box)
         W, a = net.mlp.W.detach().double().numpy(), net.mlp.a.double().numpy()
         I0 = _influences(X, Xt, W, Y, yt, arch, cfg.ridge)
         agg0 = I0.mean(axis=0)
@@ -128,7 +129,7 @@ def test_shuffling_training_labels_changes_true_influences_but_not_sum():
 # ---------------------------------------------------------------- the run's frames
 
 def test_rows_follow_the_definitions_from_the_stored_arrays(cache):
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=3), attacks=("fgsm", "pgd"),
+    cfg = MalleabilityConfig(data=SYN, widths=(32,), train=FAST, attack=AttackSpec(steps=3), attacks=("fgsm", "pgd"),
                              eps=(0.2, 0.5), seeds=(0,))
     res = run_malleability(cfg, cache)
     rows = res.frames["rows"]
@@ -153,7 +154,7 @@ def test_rows_follow_the_definitions_from_the_stored_arrays(cache):
 
 @pytest.mark.parametrize("norm", ["linf", "l2"])
 def test_rel_perturbation_is_the_mean_relative_size_of_the_moved_points(norm):
-    cfg = MalleabilityConfig(data=SYN, archs=("attn",), width=32, train=FAST, attack=AttackSpec(norm=norm, steps=3),
+    cfg = MalleabilityConfig(data=SYN, archs=("attn",), widths=(32,), train=FAST, attack=AttackSpec(norm=norm, steps=3),
                              attacks=("fgsm", "pgd"), eps=(0.3,), seeds=(0,))
     res = run_malleability(cfg)
     for _, row in res.frames["rows"].iterrows():
@@ -170,14 +171,14 @@ def test_rel_perturbation_is_the_mean_relative_size_of_the_moved_points(norm):
 
 
 def test_zero_budget_flips_nothing():
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), eps=(0.0,), seeds=(0,))
+    cfg = MalleabilityConfig(data=SYN, widths=(32,), train=FAST, attack=AttackSpec(steps=2), eps=(0.0,), seeds=(0,))
     rows = run_malleability(cfg).frames["rows"]
     assert (rows.flip_rate == 0).all() and (rows.pair_flip_rate == 0).all() and (rows.rel_perturbation == 0).all()
     np.testing.assert_allclose(rows.spearman, 1.0)
 
 
 def test_seeds_give_rows_and_a_summary_of_mean_and_sample_sd():
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "mim"),
+    cfg = MalleabilityConfig(data=SYN, widths=(32,), train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "mim"),
                              eps=(0.3,), seeds=(0, 1, 2))
     res = run_malleability(cfg)
     rows, summary = res.frames["rows"], res.frames["summary"]
@@ -192,7 +193,7 @@ def test_seeds_give_rows_and_a_summary_of_mean_and_sample_sd():
 
 
 def test_interventions_match_direct_retraining():
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm",),
+    cfg = MalleabilityConfig(data=SYN, widths=(32,), train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm",),
                              eps=(0.3,), seeds=(0,), interventions=True)
     res = run_malleability(cfg)
     inter, rows = res.frames["interventions"], res.frames["rows"]
@@ -208,7 +209,7 @@ def test_interventions_match_direct_retraining():
         X_transformed = p.X.clone()
         X_transformed[top] = torch.from_numpy(res.arrays[example_key(arch, "fgsm", 0.3, "X_pert")])
         for name, (X, y) in {"curated": (p.X[keep], p.y[keep]), "transformed": (X_transformed, p.y)}.items():
-            net = Net(arch, X, cfg.width, n_outputs(c), 0, cfg.init_std, cfg.attention, cfg.data.normalize)
+            net = Net(arch, X, cfg.widths[0], n_outputs(c), 0, cfg.init_std, cfg.attention, cfg.data.normalize)
             train(net, X, y, c, cfg.train, 0)
             assert mine.loc[name, "test_acc"] == accuracy(net, p.Xt, p.yt), name
         assert mine.loc["curated", "flip_rate"] is None or np.isnan(mine.loc["curated", "flip_rate"])
@@ -217,7 +218,7 @@ def test_interventions_match_direct_retraining():
 
 
 def test_options_show_up_in_rows():
-    cfg = MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST, attack=AttackSpec(steps=2),
+    cfg = MalleabilityConfig(data=SYN, archs=("relu",), widths=(32,), train=FAST, attack=AttackSpec(steps=2),
                              eps=(0.1,), seeds=(0,), perturb="all", retrain=True, adversarial_training=True,
                              target="margin", storage="float32")
     res = run_malleability(cfg)
@@ -226,7 +227,7 @@ def test_options_show_up_in_rows():
     assert row.storage == "float32" and res.meta["storage"] == "float32"
     assert row.points_moved > round(0.1 * 24) and row.steps == 2
     assert res.meta["adversarial_training"] is True
-    plain = run_malleability(MalleabilityConfig(data=SYN, archs=("relu",), width=32, train=FAST,
+    plain = run_malleability(MalleabilityConfig(data=SYN, archs=("relu",), widths=(32,), train=FAST,
                                                 attack=AttackSpec(steps=2), eps=(0.1,), seeds=(0,), perturb="all",
                                                 retrain=True, target="margin"))
     assert not plain.frames["rows"].adversarial_training.iloc[0]
@@ -243,7 +244,7 @@ def test_normalized_space_needs_normalized_rows():
 
 @pytest.mark.parametrize("kwargs,match", [({"perturb": "some"}, "perturb"), ({"tau": 1.5}, "tau"),
                                           ({"attacks": ("cw",)}, "attack"), ({"eps": (-0.1,)}, "eps"),
-                                          ({"eps": (math.nan,)}, "eps"), ({"width": 0}, "width"),
+                                          ({"eps": (math.nan,)}, "eps"), ({"widths": (0,)}, "widths"),
                                           ({"ridge": 0.0}, "ridge"), ({"space": "pixel"}, "space"),
                                           ({"target": "all"}, "target"), ({"seeds": ()}, "seeds")])
 def test_bad_configs(kwargs, match):
@@ -267,7 +268,7 @@ def test_influence_run_shapes_and_aggregate():
 def _reference_clean(cfg, arch, seed, p):
     """Aggregate influence (n,) and top-τ indices of a net trained here, independently of the run
     (its own Net and train call; numpy float64 features, eNTK and leave-one-out refits)."""
-    net = Net(arch, p.X, cfg.width, n_outputs(p.c), seed, cfg.init_std, cfg.attention, cfg.data.normalize)
+    net = Net(arch, p.X, cfg.widths[0], n_outputs(p.c), seed, cfg.init_std, cfg.attention, cfg.data.normalize)
     train(net, p.X, p.y, p.c, cfg.train, seed)
     X, Xt = p.X.double().numpy(), p.Xt.double().numpy()
     W = net.mlp.W.detach().double().numpy()
@@ -276,7 +277,7 @@ def _reference_clean(cfg, arch, seed, p):
 
 
 def test_seed_null_is_the_sign_disagreement_of_two_independently_trained_nets():
-    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1, 2), attacks=("fgsm",), eps=(0.1,),
+    cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0, 1, 2), attacks=("fgsm",), eps=(0.1,),
                              tau=0.5)
     res = run_malleability(cfg)
     rows = res.frames["rows"]
@@ -298,13 +299,13 @@ def test_seed_null_is_the_sign_disagreement_of_two_independently_trained_nets():
 
 
 def test_one_seed_has_no_seed_null_and_nulls_can_be_switched_off():
-    one = run_malleability(MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",),
+    one = run_malleability(MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0,), attacks=("fgsm",),
                                               eps=(0.1,), tau=0.5))
     rows = one.frames["rows"]
     assert rows.null_seed_flip_rate.isna().all() and rows.null_seed_partner.isna().all()
     assert rows.null_random_flip_rate.notna().all()
     np.testing.assert_array_equal(rows.flip_excess, rows.flip_rate - rows.null_random_flip_rate)
-    off = run_malleability(MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1), attacks=("fgsm",),
+    off = run_malleability(MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0, 1), attacks=("fgsm",),
                                               eps=(0.1,), tau=0.5, nulls=False))
     cols = ["null_seed_flip_rate", "null_random_flip_rate", "flip_excess", "flip_excess_low"]
     assert off.frames["rows"][cols].isna().all().all() and off.frames["summary"].flip_excess_low.isna().all()
@@ -333,7 +334,7 @@ def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_rand
 def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
     from engine.experiments.malleability import _null_seed, random_perturbation
 
-    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",), eps=(0.1, 0.5),
+    cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0,), attacks=("fgsm",), eps=(0.1, 0.5),
                              tau=0.5, attack=AttackSpec(norm="l2"))
     res = run_malleability(cfg)
     rows = res.frames["rows"]
@@ -366,7 +367,7 @@ def replace_cfg(cfg, **kw):
 
 
 def test_flip_excess_is_the_flip_rate_over_the_larger_null_with_an_interval_around_it():
-    cfg = MalleabilityConfig(data=SYN, width=32, train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "pgd"),
+    cfg = MalleabilityConfig(data=SYN, widths=(32,), train=FAST, attack=AttackSpec(steps=2), attacks=("fgsm", "pgd"),
                              eps=(0.3,), seeds=(0, 1, 2))
     res = run_malleability(cfg)
     rows, summary = res.frames["rows"], res.frames["summary"]
@@ -385,7 +386,7 @@ def test_flip_excess_is_the_flip_rate_over_the_larger_null_with_an_interval_arou
 def test_data_seeds_repeat_the_run_on_fresh_draws():
     from dataclasses import replace
 
-    base = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0, 1), attacks=("fgsm",), eps=(0.1,), tau=0.5)
+    base = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0, 1), attacks=("fgsm",), eps=(0.1,), tau=0.5)
     both = run_malleability(replace(base, data_seeds=(0, 5))).frames
     assert sorted(both["rows"].data_seed.unique()) == [0, 5] and int(both["summary"].n_seeds.iloc[0]) == 4
     alone = run_malleability(replace(base, data=replace(TINY, seed=5))).frames["rows"]
@@ -443,7 +444,7 @@ def test_influence_kernel_kinf_is_loo_with_the_infinite_width_kernel_of_the_same
                                                              ("float64", "float32", "float64", "float32"),
                                                              ("float32", "float64", "float32", "float32")])
 def test_rows_record_the_precision_of_the_attack_and_of_the_kernel(precision, storage, attack, kernel):
-    cfg = MalleabilityConfig(data=TINY, train=FAST, width=32, seeds=(0,), attacks=("fgsm",), eps=(0.1,),
+    cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0,), attacks=("fgsm",), eps=(0.1,),
                              precision=precision, storage=storage, influence_kernel="kinf", ridge=1e-2)
     rows = run_malleability(cfg).frames["rows"]
     assert (rows.attack_precision == attack).all() and (rows.kernel_precision == kernel).all()
@@ -452,7 +453,7 @@ def test_rows_record_the_precision_of_the_attack_and_of_the_kernel(precision, st
 
 @pytest.mark.parametrize("kwargs,match", [({"influence_kernel": "ntk"}, "influence_kernel"),
                                           ({"precision": "float16"}, "precision"),
-                                          ({"init": "antisymmetric", "width": 31}, "even"),
+                                          ({"init": "antisymmetric", "widths": (31,)}, "even"),
                                           ({"data_seeds": (-1,)}, "data_seeds")])
 def test_bad_new_settings(kwargs, match):
     with pytest.raises(BadInput, match=match):

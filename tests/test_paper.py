@@ -255,7 +255,7 @@ def test_the_readme_grid_and_its_report_command(capsys):
     spec = load_spec(Path(__file__).resolve().parents[1] / "grids" / "readme.toml")
     cells = [c for c in spec.cells if c.kind == "malleability"]
     assert len(cells) == len(spec.cells) >= 10
-    assert all(c.config.data.dataset == "mnist" and c.config.data.n == 500 and c.config.width == 1024 and
+    assert all(c.config.data.dataset == "mnist" and c.config.data.n == 500 and c.config.widths == (1024,) and
                c.config.nulls and len(c.config.seeds) == 3 for c in cells)
     assert {c.config.influence_kernel for c in cells} == {"entk", "kinf"}
     assert {c.config.attention for c in cells} == {"linear", "centered"}

@@ -210,7 +210,7 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
         cfg = configs.malleability_config(
             sidebar(p), attacks=tuple(a.lower() for a in p["mall.attacks"]),
             eps=tuple(float(e) for e in p["mall.eps"]), steps=int(p["mall.steps"]), epochs=int(p["mall.epochs"]),
-            width=int(p["mall.width"]), tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
+            widths=(int(p["mall.width"]),), tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
             retrain=p["mall.retrain"] == "true", adversarial_training=p["mall.adv"] == "true",
             interventions=p["mall.interventions"] == "true", norm=p["mall.norm"], space=p["mall.space"],
             target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"],
@@ -247,7 +247,7 @@ def test_a_link_opens_the_malleability_page_with_its_settings(env):  # noqa: F81
 
 def test_one_real_flip_cell_gets_a_verdict():
     base = MalleabilityConfig(data=DataSpec(dataset="synthetic", n=40, n_test=10, synthetic_d=8),
-                              train=TrainSpec(epochs=3), width=64, seeds=(0, 1))
+                              train=TrainSpec(epochs=3), widths=(64,), seeds=(0, 1))
     cell = P.flip_variants(base)[7]   # ℓ2 normalized, true target, adamw
     assert (cell.config.attack.norm, cell.config.space, cell.config.train.optimizer) == ("l2", "normalized", "adamw")
     res = run_malleability(cell.config)

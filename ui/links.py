@@ -70,7 +70,7 @@ def _mall_params(cfg: MalleabilityConfig) -> tuple[dict, dict]:
     params.update({"mall.attacks": [a.upper() for a in cfg.attacks], "mall.eps": [str(float(e)) for e in cfg.eps],
                    "mall.norm": cfg.attack.norm, "mall.space": cfg.space, "mall.target": cfg.target,
                    "mall.steps": str(cfg.attack.steps), "mall.epochs": str(cfg.train.epochs),
-                   "mall.seeds": str(len(cfg.seeds)), "mall.width": str(cfg.width), "mall.tau": str(cfg.tau),
+                   "mall.seeds": str(len(cfg.seeds)), "mall.width": str(cfg.widths[0]), "mall.tau": str(cfg.tau),
                    "mall.perturb": cfg.perturb, "mall.optimizer": cfg.train.optimizer,
                    "mall.lr": str(cfg.train.lr), "mall.decay": str(cfg.train.weight_decay),
                    "mall.ridge": str(cfg.ridge), "mall.kernel": cfg.influence_kernel, "mall.init": cfg.init,

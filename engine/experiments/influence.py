@@ -31,23 +31,25 @@ from ..maths.gates import passes_gate
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
 from .configs.influence import InfluenceConfig
+from .recipes import NetRecipe, Reading, net_recipe, reading_of
 
 
-def _fresh_net(cfg, arch, X_ref, c, dev, seed) -> Net:
-    return Net(arch, X_ref, cfg.width, n_outputs(c), seed, cfg.init_std, cfg.attention,
-               cfg.data.normalize, init=cfg.init).to(dev)
+def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev) -> Net:
+    """The recipe's net at initialisation (float32), attending over ``X_ref`` (n, d)."""
+    return Net(recipe.arch, X_ref, recipe.width, n_outputs(c), recipe.seed, recipe.init_std, recipe.attention,
+               recipe.normalize, init=recipe.init).to(dev)
 
 
-def fit_net(cfg, arch, X, y, c, dev, seed, box=None, adversarial: AttackSpec | None = None,
-         progress: Progress | None = None, cancel=None) -> Net:
-    """A net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
-    net = _fresh_net(cfg, arch, X, c, dev, seed)
-    loss = resolve_loss(cfg.train, c)
+def fit_net(recipe: NetRecipe, X, y, c, dev, box=None, adversarial: AttackSpec | None = None,
+            progress: Progress | None = None, cancel=None) -> Net:
+    """The recipe's net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
+    net = fresh_net(recipe, X, c, dev)
+    loss = resolve_loss(recipe.train, c)
 
     def attacked(epoch):  # a fresh attack on the current net every epoch
         return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box, cancel)
 
-    train(net, X, y, c, cfg.train, seed, progress, cancel, None if adversarial is None else attacked)
+    train(net, X, y, c, recipe.train, recipe.seed, progress, cancel, None if adversarial is None else attacked)
     return net
 
 
@@ -58,61 +60,63 @@ def in_space(cfg, p: Prepared) -> tuple[torch.Tensor, torch.Tensor, tuple[float,
     return p.X, p.Xt, p.sample.box
 
 
-def attack_dtype(cfg) -> torch.dtype:
-    return torch.float64 if cfg.precision == "float64" else torch.float32
+def attack_dtype(r: Reading) -> torch.dtype:
+    return torch.float64 if r.precision == "float64" else torch.float32
 
 
-def at_precision(cfg, net: Net) -> Net:
-    """The trained (float32) net in the config's precision, for attacks, kernels and influence."""
-    return copy.deepcopy(net).to(attack_dtype(cfg)) if attack_dtype(cfg) != net.X_ref.dtype else net
+def at_precision(r: Reading, net: Net) -> Net:
+    """The trained (float32) net in the reading's precision, for attacks, kernels and influence."""
+    return copy.deepcopy(net).to(attack_dtype(r)) if attack_dtype(r) != net.X_ref.dtype else net
 
 
-def kernel_precision(cfg) -> str:
+def kernel_precision(r: Reading) -> str:
     """The precision the influence's kernel entries carry: the features' and the storage's lower one."""
-    return "float32" if "float32" in (cfg.precision, cfg.storage) else "float64"
+    return "float32" if "float32" in (r.precision, r.storage) else "float64"
 
 
-def _kernels(cfg, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """K (n, n) and K_test (n_test, n) of ``kind`` (default ``cfg.influence_kernel``): the net's
-    eNTK K_m, or K∞ of the net's features (with MLP-Attn's attention over ``X_ref``)."""
-    if (kind or cfg.influence_kernel) == "entk":
-        return (empirical_ntk(net, X, X_ref=X_ref, storage=cfg.storage),
-                empirical_ntk(net, Xt, X, X_ref=X_ref, storage=cfg.storage))
+def kernels_of(r: Reading, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (n, n) and K_test (n_test, n) of ``kind`` (default ``r.kernel``): the net's eNTK K_m, or
+    K∞ of the net's features (with MLP-Attn's attention over ``X_ref``)."""
+    if (kind or r.kernel) == "entk":
+        return (empirical_ntk(net, X, X_ref=X_ref, storage=r.storage),
+                empirical_ntk(net, Xt, X, X_ref=X_ref, storage=r.storage))
     with torch.no_grad():
         phi, phi_t = net.features(X, X_ref), net.features(Xt, X_ref)
-    return infinite_ntk(phi, storage=cfg.storage), infinite_ntk(phi_t, phi, storage=cfg.storage)
+    return infinite_ntk(phi, storage=r.storage), infinite_ntk(phi_t, phi, storage=r.storage)
 
 
-def influence_of(cfg, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
-    """Influence (n_test, n) on ``cfg.target`` under ``cfg.influence_kernel``."""
-    K, Kt = kernels if kernels is not None else _kernels(cfg, net, X, Xt, X_ref)
-    return influence_matrix(K, Kt, Y, cfg.ridge, target=cfg.target, y_test=yt)
+def influence_of(r: Reading, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
+    """The ridge reading's influence (n_test, n) on ``r.target`` under ``r.kernel``."""
+    K, Kt = kernels if kernels is not None else kernels_of(r, net, X, Xt, X_ref)
+    return influence_matrix(K, Kt, Y, r.ridge, target=r.target, y_test=yt)
 
 
 def _ridge_accuracy(K, Kt, Y, yt, ridge: float) -> float:
     return float((predict_labels(kernel_regression(K, Kt, Y, ridge)) == yt).double().mean())
 
 
-def ntk_accuracy(cfg, arch, X, Xt, Y, yt, c, dev) -> float:
+def ntk_accuracy(recipe: NetRecipe, r: Reading, X, Xt, Y, yt, c, dev) -> float:
     """Test accuracy of kernel ridge regression with K∞ on the same features (the baseline)."""
-    probe = at_precision(cfg, _fresh_net(cfg, arch, X, c, dev, 0))
+    probe = at_precision(r, fresh_net(recipe, X, c, dev))
     with torch.no_grad():
         phi, phi_t = probe.features(X), probe.features(Xt)
-        return _ridge_accuracy(infinite_ntk(phi, storage=cfg.storage), infinite_ntk(phi_t, phi, storage=cfg.storage),
-                               Y, yt, cfg.ridge)
+        return _ridge_accuracy(infinite_ntk(phi, storage=r.storage), infinite_ntk(phi_t, phi, storage=r.storage),
+                               Y, yt, r.ridge)
 
 
-def clean_run(cfg, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float) -> tuple[torch.Tensor, dict]:
-    """The clean net's influence (n_test, n) and its row: accuracies, K_m baseline, training gate."""
-    entk = _kernels(cfg, net, X, Xt, kind="entk")
-    kernels = entk if cfg.influence_kernel == "entk" else _kernels(cfg, net, X, Xt)
-    I0 = influence_of(cfg, net, X, p.Y, Xt, p.yt, kernels=kernels)
+def clean_run(r: Reading, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float
+              ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor]]:
+    """The clean net's ridge influence (n_test, n), its row (accuracies, K_m baseline, training
+    gate) and the kernels (K, K_test) of ``r.kernel`` it was read on."""
+    entk = kernels_of(r, net, X, Xt, kind="entk")
+    kernels = entk if r.kernel == "entk" else kernels_of(r, net, X, Xt)
+    I0 = influence_of(r, net, X, p.Y, Xt, p.yt, kernels=kernels)
     test_acc = accuracy(net32, Xt32, p.yt)
-    acc_kernel = _ridge_accuracy(*entk, p.Y, p.yt, cfg.ridge)
+    acc_kernel = _ridge_accuracy(*entk, p.Y, p.yt, r.ridge)
     row = {"test_acc": test_acc, "train_acc": accuracy(net32, X32, p.y), "test_acc_ntk": ntk_acc,
            "test_acc_kernel": acc_kernel, "trained": bool(passes_gate(test_acc, acc_kernel)),
            "sgd_lr_limit": sgd_lr_limit(entk[0], p.n_out)}
-    return I0, row
+    return I0, row, kernels
 
 
 # ---------------------------------------------------------------- influence
@@ -132,7 +136,8 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample = p.sample
-    X, Xt = p.X.to(attack_dtype(cfg)), p.Xt.to(attack_dtype(cfg))
+    reading = reading_of(cfg)
+    X, Xt = p.X.to(attack_dtype(reading)), p.Xt.to(attack_dtype(reading))
     arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
               "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
     agg_rows, summary, ntk_acc = [], [], {}
@@ -147,7 +152,7 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
                                       "label": sample.y.numpy(), "influence": unit["aggregate"]}))
         summary.append({"arch": arch, "seed": seed, **unit["row"],
                         "influence_scale": float(np.abs(unit["aggregate"]).mean()),
-                        "influence_kernel": cfg.influence_kernel, "kernel_precision": kernel_precision(cfg),
+                        "influence_kernel": cfg.influence_kernel, "kernel_precision": kernel_precision(reading),
                         "init": cfg.init})
     tick(progress, cancel, 1.0, "done")
     meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
@@ -163,12 +168,13 @@ def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, pr
     its aggregate and its summary row. ``ntk_acc`` keeps the K∞ baseline per arch (it depends
     on neither seed nor training)."""
     lo, hi = span
-    net32 = fit_net(cfg, arch, p.X, p.y, p.c, p.device, seed,
+    r = reading_of(cfg)
+    net32 = fit_net(net_recipe(cfg, arch, cfg.width, seed), p.X, p.y, p.c, p.device,
                     progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
                     cancel=cancel)
     tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
     if arch not in ntk_acc:
-        ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, p.yt, p.c, p.device)
-    I, row = clean_run(cfg, net32, at_precision(cfg, net32), p.X, p.Xt, X, Xt, p, ntk_acc[arch])
+        ntk_acc[arch] = ntk_accuracy(net_recipe(cfg, arch, cfg.width, 0), r, X, Xt, p.Y, p.yt, p.c, p.device)
+    I, row, _ = clean_run(r, net32, at_precision(r, net32), p.X, p.Xt, X, Xt, p, ntk_acc[arch])
     return {"I": I.cpu().numpy() if seed == cfg.seeds[0] else None, "aggregate": aggregate(I).cpu().numpy(),
             "row": row}

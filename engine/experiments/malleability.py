@@ -2,7 +2,7 @@
 
 Protocol (Definition 3.4 of the paper, with every choice it leaves open an option):
 
-1. Train the net on clean data (per network seed); compute the NTK influence matrix I
+1. Train the net on clean data (per width and network seed); compute the NTK influence matrix I
    (n_test, n) with its trained empirical kernel, on the chosen influence ``target``
    (``true``: each test point's own-class output, the default; ``margin``: own class minus
    the best other class; ``sum``: the label-free sum over outputs, for comparison), and the
@@ -18,7 +18,7 @@ Protocol (Definition 3.4 of the paper, with every choice it leaves open an optio
 5. Flip rate (``engine.maths.metrics.flip_rate``): share of the top-τ points whose aggregate
    influence changed sign. Also the per-(test, train)-pair flip rate over the top-τ columns,
    and Spearman ρ (``engine.maths.metrics.rank_correlation``) between the aggregate influences
-   before and after over all training points (lower = more malleable).
+   before and after (ridge: over all training points; flow and retrain: over the tracked ones).
 6. Nulls, on the same top-τ points: the flip rate between two nets that differ only in their
    network seed (no attack), and under a random perturbation of the attack's per-row ℓ2 norm.
    ``flip_excess`` is the attack's flip rate minus the larger null, with a bootstrap interval:
@@ -31,6 +31,12 @@ kernels in float64 by default (rows record ``attack_precision`` and ``kernel_pre
 Interventions (Curated: remove the top-τ points; Transformed: replace them by their
 adversarial versions; Adversarial: the attack on every point) retrain on the changed set and
 report test accuracy and how much the influences moved.
+
+Readings (``readings``; ``engine.experiments.readings``): the same attack on the same tracked
+points, with the same perturbed data, read as the kernel's ridge leave-one-out (``ridge``, the
+paper's), as its gradient-flow leave-one-out for the net's own steps (``flow``), and as the
+network's own leave-one-out by retraining (``retrain``): one row per reading, each with its own
+nulls and excess. The tracked points are the top-τ of the ridge influence, whatever the reading.
 """
 
 from __future__ import annotations
@@ -42,19 +48,21 @@ import pandas as pd
 import torch
 
 from ..maths.attacks import attack
-from ..maths.specs import AttackSpec
-from ..runtime.cache import Result
 from ..maths.influence import aggregate, top_indices
-from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 from ..maths.metrics import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
+from ..maths.specs import AttackSpec
 from ..maths.training import accuracy, predict_labels, resolve_loss
-from .influence import (at_precision, attack_dtype, clean_run, fit_net, in_space, influence_of, kernel_precision,
-                        ntk_accuracy)
+from ..runtime.cache import Result
+from ..runtime.errors import BadInput
+from . import flips as F
 from .configs.malleability import MalleabilityConfig
+from .influence import (at_precision, attack_dtype, clean_run, fit_net, fresh_net, in_space, influence_of,
+                        kernel_precision, kernels_of, ntk_accuracy)
+from .readings import ReadOut, Trained, read
+from .recipes import NetRecipe, Reading, net_recipe, reading_of
+from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
 
-ROW_METRICS = ("flip_rate", "pair_flip_rate", "spearman", "null_seed_flip_rate", "null_seed_spearman",
-               "null_random_flip_rate", "null_random_spearman", "flip_excess", "test_acc", "train_acc",
-               "test_acc_ntk", "test_acc_kernel", "trained", "test_acc_after", "rel_perturbation", "sgd_lr_limit")
+ROW_METRICS = F.METRICS
 
 
 def attack_spec(cfg: MalleabilityConfig, method: str, eps: float, seed: int) -> AttackSpec:
@@ -62,10 +70,8 @@ def attack_spec(cfg: MalleabilityConfig, method: str, eps: float, seed: int) -> 
     return replace(cfg.attack, method=method, eps=float(eps), seed=int(seed))
 
 
-# ---------------------------------------------------------------- malleability
-
 def example_key(arch: str, method: str, eps: float, what: str) -> str:
-    """Array name of the before/after example of one (arch, attack, ε) (first seed)."""
+    """Array name of the before/after example of one (arch, attack, ε) (first width and seed)."""
     return f"{arch}|{method}|{float(eps):g}|{what}"
 
 
@@ -83,54 +89,6 @@ def random_perturbation(X: torch.Tensor, X_attacked: torch.Tensor, seed: int) ->
     return torch.where(r > 0, X + u * r, X)
 
 
-def _after(cfg, arch, net, p: Prepared, X, Xt, Xp, seed, cancel):
-    """Influence (n_test, n) and test accuracy after the training inputs moved to Xp."""
-    if cfg.retrain:
-        net_after = fit_net(cfg, arch, Xp.float(), p.y, p.c, p.device, seed, cancel=cancel)
-        I1 = influence_of(cfg, at_precision(cfg, net_after), Xp, p.Y, Xt, p.yt)
-        return I1, accuracy(net_after, Xt.float(), p.yt)
-    I1 = influence_of(cfg, net, Xp, p.Y, Xt, p.yt, X_ref=Xp)
-    with torch.no_grad():  # MLP-Attn's test features now use the perturbed set's C
-        pred = predict_labels(net.head(net.features(Xt, X_ref=Xp)))
-    return I1, float((pred == p.yt).double().mean())
-
-
-def _measure(cfg, arch, net, p: Prepared, X, Xt, box, spec, I0, agg0, top, loss, seed, null_seed, cancel):
-    """Attack, recompute influences, compare with the clean ones (I0, agg0); the same for a
-    random perturbation of the same per-row norm (the random null). Returns the row, the
-    perturbed inputs, the influences after, and the per-point flips (attack, random null) (k,)."""
-    mask = None
-    if cfg.perturb == "top":
-        mask = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
-        mask[top] = True
-    Xp = attack(net, X, p.y, p.c, spec, loss, mask, box, cancel)
-    I1, acc_after = _after(cfg, arch, net, p, X, Xt, Xp, seed, cancel)
-    agg1 = aggregate(I1)
-    delta = Xp - X
-    moved = delta.abs().amax(dim=1) > 0
-    rel = (delta.norm(dim=1) / X.norm(dim=1).clamp_min(1e-12))[moved]
-    flips = sign_flipped(agg0[top], agg1[top])
-    row = {
-        "flip_rate": flip_rate(agg0[top], agg1[top]),
-        "pair_flip_rate": flip_rate(I0[:, top], I1[:, top]),
-        "spearman": rank_correlation(agg0, agg1),
-        "test_acc_after": acc_after,
-        "rel_perturbation": float(rel.mean()) if rel.numel() else 0.0,
-        "max_abs_perturbation": float(delta.abs().max()),
-        "max_l2_perturbation": float(delta.norm(dim=1).max()),
-        "points_moved": int(moved.sum()),
-        "null_random_flip_rate": math.nan, "null_random_spearman": math.nan,
-    }
-    random_flips = None
-    if cfg.nulls:
-        Xr = random_perturbation(X, Xp, null_seed)
-        aggr = aggregate(_after(cfg, arch, net, p, X, Xt, Xr, seed, cancel)[0])
-        random_flips = sign_flipped(agg0[top], aggr[top])
-        row.update(null_random_flip_rate=flip_rate(agg0[top], aggr[top]),
-                   null_random_spearman=rank_correlation(agg0, aggr))
-    return row, Xp, agg1, (flips, random_flips)
-
-
 def _draws(cfg: MalleabilityConfig) -> tuple[int, ...]:
     return cfg.data_seeds or (cfg.data.seed,)
 
@@ -138,133 +96,236 @@ def _draws(cfg: MalleabilityConfig) -> tuple[int, ...]:
 @experiment_run("malleability")
 def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
     """Flip rates of NTK influence under attacks on the training data, with their null baselines,
-    per (data draw, arch, seed, attack, ε).
+    per (data draw, arch, width, seed, attack, ε, reading).
 
-    Frame ``rows``: data_seed, arch, seed, attack, eps, norm, space, target, flip_rate (top-τ
-    points whose aggregate influence changed sign, over n_top points), pair_flip_rate,
-    spearman; the nulls (``cfg.nulls``, on by default), both over the same top-τ points of the
-    same net:
+    Frame ``rows``: one ``engine.experiments.flips.FlipRow`` each (its fields are the columns and
+    say what each is): the flip rate over the top-τ points, the per-pair flip rate, Spearman ρ;
+    the nulls (``cfg.nulls``, on by default), both over the same top-τ points of the same net:
 
-    - null_seed_flip_rate / null_seed_spearman: no attack; the net of the next network seed
-      of the run (cyclically: seeds s₀ → s₁ → … → s₀, within one data draw) against this
-      one, on *this* seed's top-τ points (the points its flip_rate is over). NaN with one seed.
-    - null_random_flip_rate / null_random_spearman: the attack's perturbation replaced by a
-      random direction of the same ℓ2 norm in every moved row (``random_perturbation``), in
-      the same space, re-measured exactly as the attack is.
-    - flip_excess = flip_rate − max(null_seed_flip_rate, null_random_flip_rate) (the random
-      null alone with one seed), with flip_excess_low / _high: a 95 % percentile bootstrap
-      over the tracked points (``engine.maths.metrics.excess_interval``).
+    - null_seed_*: no attack; the net of the next network seed of the run (cyclically: seeds
+      s₀ → s₁ → … → s₀, within one data draw and width) read the same way against this one, on
+      *this* seed's top-τ points. NaN with one seed, and where the reading cannot differ between
+      seeds (``null_seed_kind`` "seed-free": K∞ of fixed features is the same for every seed).
+    - null_random_*: the attack's perturbation replaced by a random direction of the same ℓ2
+      norm in every moved row (``random_perturbation``), re-measured exactly as the attack is.
+    - flip_excess = flip_rate − max(seed null, random null) (the random null alone where there is
+      no seed null), with flip_excess_low / _high: a 95 % percentile bootstrap over the tracked
+      points (``engine.maths.metrics.excess_interval``).
 
-    Then test_acc and train_acc (clean net), test_acc_ntk (K∞ ridge on the same features),
-    test_acc_kernel (ridge with the trained net's K_m), trained (``engine.maths.gates.passes_gate``:
-    test_acc within TRAIN_GATE of test_acc_kernel), test_acc_after, rel_perturbation (mean
-    ‖δ‖₂/‖x‖₂ applied, in the attack's space), sgd_lr_limit, attack_precision and
-    kernel_precision, and the options that produced them. Frame ``summary``: mean and sd over
-    (draw, seed) per (arch, attack, eps), with flip_excess_low / _high from the bootstrap
-    over nets and their points. Frame ``interventions`` (when asked): arch, seed,
-    intervention, test_acc, influence_change, spearman, flip_rate. Arrays (first draw and
-    seed), per (arch, attack, ε) under ``example_key``: ``top_idx``, ``X_clean`` and
-    ``X_pert`` (k, d) float32 in the attack's space, ``infl_before`` and ``infl_after`` (n,).
+    Then the clean net's accuracies, its K∞ and K_m ridge baselines and the training gate, its
+    weight movement, test_acc_after (the predictor the reading describes, after the attack), the
+    perturbation's size, what the reading is exact for and whether this training is that, and
+    the options that produced them. Frame ``summary``: mean and sd over (draw, seed) per (arch,
+    width, attack, ε, reading) with the pooled excess interval (draws, nets, points resampled).
+    Frame ``verdict``: per (width, attack, ε, reading) the gap between MLP-Attn's and 2L-ReLU's
+    excess with its interval, and their ratio only where 2L-ReLU's excess interval excludes zero
+    (``engine.experiments.flips.verdict``). Frame ``interventions`` (when asked): arch, width,
+    seed, intervention, test_acc, influence_change, spearman, flip_rate. Arrays (first draw,
+    width and seed, with the ridge reading), per (arch, attack, ε) under ``example_key``:
+    ``top_idx``, ``X_clean`` and ``X_pert`` (k, d) float32 in the attack's space, ``infl_before``
+    and ``infl_after`` (n,).
     """
-    rows, inter, arrays, flips, metas = [], [], {}, [], []
+    rows, flips, inter, arrays, metas = [], [], [], {}, []
     draws = _draws(cfg)
     for i, ds in enumerate(draws):
         sub = sub_progress(progress, i / len(draws), (i + 1) / len(draws), f"data draw {ds}") \
             if len(draws) > 1 else progress
         metas.append(_malleability_draw(replace(cfg, data=replace(cfg.data, seed=ds)), data_dir, dev, sub,
-                                        cancel, rows, inter, arrays if i == 0 else {}, flips))
+                                        cancel, rows, flips, inter, arrays if i == 0 else {}))
     tick(progress, cancel, 1.0, "done")
-    frame = pd.DataFrame(rows)
-    summary = summarize(frame, ["arch", "attack", "eps"], ROW_METRICS)
-    if len(summary):  # the interval of the mean excess: nets and their points resampled together
-        keys = list(zip(frame["arch"], frame["attack"], frame["eps"]))
-        nan = (math.nan,) * 3
-        bounds = {k: excess_interval([f for f, kk in zip(flips, keys) if kk == k]) if cfg.nulls else nan
-                  for k in dict.fromkeys(keys)}
-        groups = list(zip(summary["arch"], summary["attack"], summary["eps"]))
-        summary["flip_excess_low"] = [bounds[k][1] for k in groups]
-        summary["flip_excess_high"] = [bounds[k][2] for k in groups]
+    frame = F.frame(rows)
     inter_frame = pd.DataFrame(inter)
-    frames = {"rows": frame, "summary": summary, "interventions": inter_frame,
-              "interventions_summary": summarize(inter_frame, ["arch", "intervention"],
+    frames = {"rows": frame, "summary": F.summary(frame, flips, cfg.nulls), "verdict": F.verdict(frame, flips, cfg.nulls),
+              "interventions": inter_frame,
+              "interventions_summary": summarize(inter_frame, ["arch", "width", "intervention"],
                                                  ("test_acc", "influence_change", "spearman", "flip_rate"))}
     meta = {**metas[0], "data_seeds": list(draws)}
     return Result("malleability", {}, frames, arrays, meta)
 
 
-def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, inter, arrays, flips) -> dict:
-    """One data draw of ``run_malleability``: appends its rows, interventions and per-row flips."""
+def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter, arrays) -> dict:
+    """One data draw of ``run_malleability``: appends its rows, per-row flips and interventions."""
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample, loss = p.sample, resolve_loss(cfg.train, p.c)
+    if "flow" in cfg.readings and loss != "mse":
+        raise BadInput(f"reading 'flow' follows MSE training; this task trains with {loss}: add --loss mse or drop "
+                       "flow from --reading")
     X32, Xt32, box = in_space(cfg, p)
-    X, Xt = X32.to(attack_dtype(cfg)), Xt32.to(attack_dtype(cfg))
-    combos = [(a, e) for a in cfg.attacks for e in cfg.eps]
-    runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
-    ntk_acc, clean_agg, first_row = {}, {}, len(rows)
-    for k, (arch, seed) in enumerate(runs):
-        span = k / len(runs), (k + 1) / len(runs)
-        unit = resumable(f"{arch} seed {seed} draw {cfg.data.seed}", lambda: _malleability_net(
-            cfg, p, arch, seed, (X32, Xt32, X, Xt, box), loss, combos, ntk_acc, span, progress, cancel))
+    dtype = attack_dtype(reading_of(cfg))
+    inputs = (X32, Xt32, X32.to(dtype), Xt32.to(dtype), box)
+    cells = [(a, w) for a in cfg.archs for w in cfg.widths]
+    for k, (arch, width) in enumerate(cells):
+        span = k / len(cells), (k + 1) / len(cells)
+        unit = resumable(f"{arch} width {width} draw {cfg.data.seed}",
+                         lambda arch=arch, width=width, span=span: measure_cell(cfg, p, arch, width, inputs, loss,
+                                                                               span, progress, cancel))
         rows += unit["rows"]
         flips += [tuple(f) for f in unit["flips"]]
         inter += unit["inter"]
-        clean_agg[(arch, seed)] = unit["agg0"], unit["top"]
-        arrays.update(unit["examples"])  # the first seed's only
-    _seed_nulls(cfg, rows, flips, first_row, clean_agg)
+        if width == cfg.widths[0]:
+            arrays.update(unit["examples"])
     return {"image_shape": list(sample.image_shape) if sample.image_shape else None,
             "class_names": list(sample.class_names), "n": sample.n, "n_test": int(sample.X_test.shape[0]),
-            "source": sample.source, "shown_seed": cfg.seeds[0], "space": cfg.space,
+            "source": sample.source, "shown_seed": cfg.seeds[0], "shown_width": cfg.widths[0], "space": cfg.space,
             "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
             "storage": cfg.storage, "influence_kernel": cfg.influence_kernel, "precision": cfg.precision,
-            "null_seed_pairs": _partners(cfg.seeds)}
+            "readings": list(cfg.readings), "loss": loss, "null_seed_pairs": _partners(cfg.seeds)}
 
 
-def _malleability_net(cfg, p: Prepared, arch, seed, inputs, loss, combos, ntk_acc: dict, span, progress,
-                      cancel) -> dict:
-    """One (arch, seed) of a draw: the clean net, every (attack, ε) row with its per-point flips,
-    the interventions, and the first seed's example arrays. ``inputs``: X32, Xt32 (the attack's
-    space, float32), X, Xt (at the attack's precision) and the pixel box."""
+def train_net(cfg: MalleabilityConfig, p: Prepared, recipe: NetRecipe, X32: torch.Tensor, box,
+              progress: Progress | None = None, cancel=None, adversarial: AttackSpec | None = None) -> Trained:
+    """The recipe's net trained on X32 (float32, the attack's space), kept with its copy at the
+    config's precision and its initial weights."""
+    net32 = fit_net(recipe, X32, p.y, p.c, p.device, box, adversarial, progress, cancel)
+    W0 = fresh_net(recipe, X32, p.c, p.device).mlp.W.detach()
+    return Trained(recipe, net32, at_precision(reading_of(cfg), net32), W0)
+
+
+def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, inputs, loss: str,
+                 span=(0.0, 1.0), progress: Progress | None = None, cancel=None) -> dict:
+    """One (arch, width) of a draw, every seed: the clean nets and their readings, then every
+    (attack, ε) measured with every reading, its nulls and per-point flips, the interventions and
+    the first seed's example arrays. ``inputs``: X32, Xt32 (the attack's space, float32), X, Xt (at
+    the attack's precision) and the pixel box. Returns JSON-able pieces (``runs.resumable``)."""
     X32, Xt32, X, Xt, box = inputs
     lo, hi = span
-    adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
-    net32 = fit_net(cfg, arch, X32, p.y, p.c, p.device, seed, box, adv,
-                    sub_progress(progress, lo, lo + 0.5 * (hi - lo), f"training {arch} seed {seed}"), cancel)
-    net = at_precision(cfg, net32)
-    if arch not in ntk_acc:  # the K∞ baseline depends on neither seed nor training
-        ntk_acc[arch] = ntk_accuracy(cfg, arch, X, Xt, p.Y, p.yt, p.c, p.device)
-    I0, clean = clean_run(cfg, net32, net, X32, Xt32, X, Xt, p, ntk_acc[arch])
-    agg0 = aggregate(I0)
-    top = top_indices(agg0, cfg.tau)
-    rows, flips, examples, first_Xp = [], [], {}, None
-    for j, (method, eps) in enumerate(combos):
-        tick(progress, cancel, lo + (0.5 + 0.3 * j / len(combos)) * (hi - lo), f"{arch} seed {seed}: {method} ε={eps:g}")
-        spec = attack_spec(cfg, method, eps, seed)
-        row, Xp, agg1, point_flips = _measure(cfg, arch, net, p, X, Xt, box, spec, I0, agg0, top, loss, seed,
-                                              _null_seed(seed, j), cancel)
-        rows.append({"data_seed": cfg.data.seed, "arch": arch, "seed": seed, "attack": method, "eps": float(eps),
-                     **row, **clean, "n_top": int(top.numel()), "norm": cfg.attack.norm, "space": cfg.space,
-                     "target": cfg.target, "perturb": cfg.perturb, "retrain": cfg.retrain,
-                     "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
-                     "ridge": cfg.ridge, "influence_kernel": cfg.influence_kernel, "init": cfg.init,
-                     "attention": cfg.attention if arch == "attn" else None,
-                     "optimizer": cfg.train.optimizer, "storage": cfg.storage,
-                     "attack_precision": cfg.precision, "kernel_precision": kernel_precision(cfg),
-                     "steps": 1 if method == "fgsm" else spec.steps,
-                     "step_size": eps if method == "fgsm" else spec.alpha})
-        flips.append(point_flips)
-        first_Xp = Xp if first_Xp is None else first_Xp
-        if seed == cfg.seeds[0]:
-            examples.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
-                             example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
-                             example_key(arch, method, eps, "X_pert"): Xp[top].float().cpu().numpy(),
-                             example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
-                             example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
-    inter = []
-    if cfg.interventions:
-        tick(progress, cancel, lo + 0.8 * (hi - lo), f"{arch} seed {seed}: interventions")
-        inter = _interventions(cfg, arch, seed, net, p, X, Xt, box, agg0, top, clean["test_acc"], first_Xp, loss,
-                               cancel)
-    return {"rows": rows, "flips": flips, "inter": inter, "agg0": agg0, "top": top, "examples": examples}
+    ridge, readings = reading_of(cfg, "ridge"), [reading_of(cfg, name) for name in cfg.readings]
+    ntk_acc = ntk_accuracy(net_recipe(cfg, arch, width, 0), ridge, X, Xt, p.Y, p.yt, p.c, p.device)
+    nets, clean, tops, kernels, base = {}, {}, {}, {}, {}
+    for i, seed in enumerate(cfg.seeds):
+        a = lo + 0.4 * (hi - lo) * i / len(cfg.seeds)
+        adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
+        t = train_net(cfg, p, net_recipe(cfg, arch, width, seed), X32, box,
+                      sub_progress(progress, a, a + 0.3 * (hi - lo) / len(cfg.seeds),
+                                   f"training {arch} m={width} seed {seed}"), cancel, adv)
+        I0, row, kernels[seed] = clean_run(ridge, t.net32, t.net, X32, Xt32, X, Xt, p, ntk_acc)
+        nets[seed], base[seed] = t, {**row, "weight_movement": t.weight_movement()}
+        clean[seed] = {"ridge": ReadOut(torch.arange(X.shape[0], device=I0.device), I0, aggregate(I0))}
+        tops[seed] = top_indices(clean[seed]["ridge"].agg, cfg.tau)
+    partners = _partners(cfg.seeds) if cfg.nulls else {}
+    for seed in cfg.seeds:  # the other readings, at this seed's points and those it is the seed null of
+        points = torch.unique(torch.cat([tops[seed], *(tops[q] for q, s in partners.items() if s == seed)]))
+        for r in readings:
+            if r.name != "ridge":
+                tick(progress, cancel, lo + 0.45 * (hi - lo), f"{arch} m={width} seed {seed}: {r.name} reading")
+                clean[seed][r.name] = read(r, nets[seed], p, X, Xt, points, kernels=kernels[seed], cancel=cancel)
+    combos = [(m, e) for m in cfg.attacks for e in cfg.eps]
+    rows, flips, inter, examples = [], [], [], {}
+    for i, seed in enumerate(cfg.seeds):
+        t, top, first_Xp = nets[seed], tops[seed], None
+        for j, (method, eps) in enumerate(combos):
+            frac = (i * len(combos) + j) / (len(cfg.seeds) * len(combos))
+            tick(progress, cancel, lo + (0.5 + 0.45 * frac) * (hi - lo),
+                 f"{arch} m={width} seed {seed}: {method} ε={eps:g}")
+            spec = attack_spec(cfg, method, eps, seed)
+            measured = _measure(cfg, p, t, X, Xt, box, spec, top, loss, _null_seed(seed, j), readings, cancel)
+            first_Xp = measured["Xp"] if first_Xp is None else first_Xp
+            for r in readings:
+                partner = partners.get(seed)
+                row, unit = _flip_row(r, clean[seed][r.name], measured["after"][r.name],
+                                      measured["random"].get(r.name), None if partner is None else
+                                      clean[partner][r.name], top, cfg.nulls, partner)
+                rows.append({"data_seed": cfg.data.seed, "arch": arch, "width": width, "seed": seed,
+                             "attack": method, "eps": float(eps), "reading": r.name, **row, **base[seed],
+                             **measured["stats"], "test_acc_after": measured["acc_after"].get(r.name, math.nan),
+                             "n_top": int(top.numel()), "exact_for": r.exact_for(),
+                             "objective_match": r.matches(cfg.train, loss), **_settings(cfg, arch, loss, spec)})
+                flips.append(unit)
+            if seed == cfg.seeds[0] and "ridge" in cfg.readings:
+                agg0, agg1 = clean[seed]["ridge"].agg, measured["after"]["ridge"].agg
+                examples.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
+                                 example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
+                                 example_key(arch, method, eps, "X_pert"): measured["Xp"][top].float().cpu().numpy(),
+                                 example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
+                                 example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
+        if cfg.interventions:
+            tick(progress, cancel, lo + 0.95 * (hi - lo), f"{arch} m={width} seed {seed}: interventions")
+            inter += _interventions(cfg, t, p, X, Xt, box, clean[seed]["ridge"].agg, top, base[seed]["test_acc"],
+                                    first_Xp, loss, cancel)
+    return {"rows": rows, "flips": flips, "inter": inter, "examples": examples}
+
+
+def _measure(cfg, p: Prepared, t: Trained, X, Xt, box, spec: AttackSpec, top, loss, null_seed: int,
+             readings: list[Reading], cancel) -> dict:
+    """Attack the training set, then read every reading at the top points on the attacked set and
+    (``cfg.nulls``) on a random perturbation of the same per-row norms. Kernels are those of the
+    clean net (of one retrained on the changed set with ``cfg.retrain``), shared by the readings."""
+    mask = None
+    if cfg.perturb == "top":
+        mask = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
+        mask[top] = True
+    Xp = attack(t.net, X, p.y, p.c, spec, loss, mask, box, cancel)
+    delta = Xp - X
+    moved = delta.abs().amax(dim=1) > 0
+    rel = (delta.norm(dim=1) / X.norm(dim=1).clamp_min(1e-12))[moved]
+    stats = {"rel_perturbation": float(rel.mean()) if rel.numel() else 0.0,
+             "max_abs_perturbation": float(delta.abs().max()), "max_l2_perturbation": float(delta.norm(dim=1).max()),
+             "points_moved": int(moved.sum())}
+    after, acc = _read_changed(cfg, p, t, Xp, Xt, top, readings, cancel)
+    random = _read_changed(cfg, p, t, random_perturbation(X, Xp, null_seed), Xt, top, readings, cancel)[0] \
+        if cfg.nulls else {}
+    return {"Xp": Xp, "after": after, "random": random, "acc_after": acc, "stats": stats}
+
+
+def _read_changed(cfg, p: Prepared, t: Trained, Xs, Xt, top, readings: list[Reading], cancel) -> tuple[dict, dict]:
+    """Every reading on the changed training set Xs, and the accuracy after of the predictor each describes."""
+    if cfg.retrain:  # the kernels of a net retrained on Xs (attention over its own training set)
+        net32 = fit_net(t.recipe, Xs.float(), p.y, p.c, p.device, cancel=cancel)
+        kernel_net, x_ref = Trained(t.recipe, net32, at_precision(reading_of(cfg), net32), t.W0), None
+        acc = accuracy(net32, Xt.float(), p.yt)
+    else:
+        kernel_net, x_ref = t, Xs
+        with torch.no_grad():  # MLP-Attn's test features now use the perturbed set's C
+            acc = float((predict_labels(t.net.head(t.net.features(Xt, X_ref=Xs))) == p.yt).double().mean())
+    shared = kernels_of(readings[0], kernel_net.net, Xs, Xt, x_ref) \
+        if any(r.name != "retrain" for r in readings) else None
+    out, accs = {}, {}
+    for r in readings:
+        out[r.name] = read(r, kernel_net if r.name != "retrain" else t, p, Xs, Xt, top,
+                           X_ref=x_ref if r.name != "retrain" else Xs, kernels=shared, cancel=cancel)
+        accs[r.name] = out[r.name].test_acc if r.name == "retrain" else acc
+    return out, accs
+
+
+def _flip_row(r: Reading, clean: ReadOut, after: ReadOut, rand: ReadOut | None, partner: ReadOut | None, top,
+              nulls: bool, partner_seed: int | None) -> tuple[dict, tuple]:
+    """A reading's flip rates, nulls and excess for one attack; and its per-point flips
+    (attack, seed null or None, random null or None) over the top points."""
+    b0, b1 = clean.at(top), after.at(top)
+    every = r.name == "ridge"  # the ridge reading has every point: its ρ is over all of them
+    spear = (lambda u, v: rank_correlation(u.agg, v.agg)) if every else (lambda u, v: rank_correlation(u.at(top), v.at(top)))
+    row = {"flip_rate": flip_rate(b0, b1), "pair_flip_rate": flip_rate(clean.columns(top), after.columns(top)),
+           "spearman": spear(clean, after), "spearman_points": int(clean.agg.numel() if every else top.numel()),
+           "null_seed_flip_rate": math.nan, "null_seed_spearman": math.nan, "null_seed_partner": partner_seed,
+           "null_seed_kind": "off" if not nulls else "one seed", "null_random_flip_rate": math.nan,
+           "null_random_spearman": math.nan}
+    attack_flips, seed_flips, random_flips = sign_flipped(b0, b1), None, None
+    if partner is not None:
+        other = partner.at(top)
+        if torch.equal(other.cpu(), b0.cpu()):
+            row["null_seed_kind"] = "seed-free"
+        else:
+            seed_flips = sign_flipped(b0, other)
+            row.update(null_seed_kind="partner seed", null_seed_flip_rate=flip_rate(b0, other),
+                       null_seed_spearman=spear(clean, partner))
+    if rand is not None:
+        random_flips = sign_flipped(b0, rand.at(top))
+        row.update(null_random_flip_rate=flip_rate(b0, rand.at(top)), null_random_spearman=spear(clean, rand))
+    excess = excess_interval([(attack_flips, seed_flips, random_flips)]) if nulls else (math.nan,) * 3
+    row["flip_excess"], row["flip_excess_low"], row["flip_excess_high"] = excess
+    return row, (attack_flips, seed_flips, random_flips)
+
+
+def _settings(cfg: MalleabilityConfig, arch: str, loss: str, spec: AttackSpec) -> dict:
+    """The options every row records beside its numbers."""
+    return {"norm": cfg.attack.norm, "space": cfg.space, "target": cfg.target, "perturb": cfg.perturb,
+            "retrain": cfg.retrain, "adversarial_training": cfg.adversarial_training, "tau": cfg.tau,
+            "ridge": cfg.ridge, "influence_kernel": cfg.influence_kernel, "init": cfg.init,
+            "attention": cfg.attention if arch == "attn" else None, "optimizer": cfg.train.optimizer, "loss": loss,
+            "lr": cfg.train.lr, "epochs": cfg.train.epochs, "storage": cfg.storage,
+            "attack_precision": cfg.precision, "kernel_precision": kernel_precision(reading_of(cfg)),
+            "steps": 1 if spec.method == "fgsm" else spec.steps,
+            "step_size": spec.eps if spec.method == "fgsm" else spec.alpha}
 
 
 def _null_seed(seed: int, combo: int) -> int:
@@ -277,48 +338,28 @@ def _partners(seeds: tuple[int, ...]) -> dict:
     return {} if len(seeds) < 2 else {int(s): int(seeds[(i + 1) % len(seeds)]) for i, s in enumerate(seeds)}
 
 
-def _seed_nulls(cfg, rows, flips, first_row, clean_agg) -> None:
-    """Fill the seed null and the excess into this draw's rows (rows[first_row:]) in place."""
-    partners = _partners(cfg.seeds) if cfg.nulls else {}
-    for i in range(first_row, len(rows)):
-        row, (attack_flips, random_flips) = rows[i], flips[i]
-        agg0, top = clean_agg[(row["arch"], row["seed"])]
-        seed_flips = None
-        row["null_seed_partner"] = partners.get(row["seed"])
-        row["null_seed_flip_rate"] = row["null_seed_spearman"] = math.nan
-        if row["null_seed_partner"] is not None:
-            other = clean_agg[(row["arch"], row["null_seed_partner"])][0]
-            seed_flips = sign_flipped(agg0[top], other[top])
-            row["null_seed_flip_rate"] = flip_rate(agg0[top], other[top])
-            row["null_seed_spearman"] = rank_correlation(agg0, other)
-        flips[i] = (attack_flips, seed_flips, random_flips)
-        if cfg.nulls:
-            row["flip_excess"], row["flip_excess_low"], row["flip_excess_high"] = excess_interval([flips[i]])
-        else:
-            row["flip_excess"] = row["flip_excess_low"] = row["flip_excess_high"] = math.nan
-
-
-def _interventions(cfg, arch, seed, net, p: Prepared, X, Xt, box, agg0, top, acc, X_attacked, loss, cancel):
-    """Curated / Transformed / Adversarial retraining, compared with the clean net.
+def _interventions(cfg, t: Trained, p: Prepared, X, Xt, box, agg0, top, acc, X_attacked, loss, cancel):
+    """Curated / Transformed / Adversarial retraining, compared with the clean net (ridge reading).
 
     ``X_attacked``: the training set after the first attack (its top-τ rows replace the
     clean ones in Transformed)."""
-    y, Y, yt, c = p.y, p.Y, p.yt, p.c
-    out = [{"arch": arch, "seed": seed, "intervention": "none", "test_acc": acc, "influence_change": 0.0,
-            "spearman": 1.0, "flip_rate": 0.0}]
+    y, Y, yt, c, rec, r = p.y, p.Y, p.yt, p.c, t.recipe, reading_of(cfg)
+    key = {"arch": rec.arch, "width": rec.width, "seed": rec.seed}
+    out = [{**key, "intervention": "none", "test_acc": acc, "influence_change": 0.0, "spearman": 1.0,
+            "flip_rate": 0.0}]
     keep = torch.ones(X.shape[0], dtype=torch.bool, device=X.device)
     keep[top] = False
-    X_adv_all = attack(net, X, y, c, attack_spec(cfg, "pgd", cfg.eps[0], seed), loss, None, box, cancel)
+    X_adv_all = attack(t.net, X, y, c, attack_spec(cfg, "pgd", cfg.eps[0], rec.seed), loss, None, box, cancel)
     X_transformed = X.clone()
     X_transformed[top] = X_attacked[top]
     cases = {"curated": (X[keep], y[keep], Y[keep]), "transformed": (X_transformed, y, Y),
              "adversarial": (X_adv_all, y, Y)}
     for name, (Xn, yn, Yn) in cases.items():
-        tick(None, cancel, 0.0, f"{arch}: intervention {name}")
-        new = fit_net(cfg, arch, Xn.float(), yn, c, p.device, seed, cancel=cancel)
-        agg_new = aggregate(influence_of(cfg, at_precision(cfg, new), Xn, Yn, Xt, yt))
+        tick(None, cancel, 0.0, f"{rec.arch}: intervention {name}")
+        new = fit_net(rec, Xn.float(), yn, c, p.device, cancel=cancel)
+        agg_new = aggregate(influence_of(r, at_precision(r, new), Xn, Yn, Xt, yt))
         ref = agg0[keep] if name == "curated" else agg0
-        out.append({"arch": arch, "seed": seed, "intervention": name, "test_acc": accuracy(new, Xt.float(), yt),
+        out.append({**key, "intervention": name, "test_acc": accuracy(new, Xt.float(), yt),
                     "influence_change": float(torch.linalg.norm(agg_new - ref) / torch.linalg.norm(ref)),
                     "spearman": rank_correlation(ref, agg_new),
                     "flip_rate": None if name == "curated" else flip_rate(agg0[top], agg_new[top])})

@@ -125,6 +125,16 @@ def influence_target(default: str = "true"):
                    "agree)", flag="--influence", choices=INFLUENCE_TARGETS)
 
 
+INFLUENCE_KERNELS = ("entk", "kinf")  # the trained net's eNTK K_m (the paper's), or K∞ of the same features
+
+
+def influence_kernel():
+    """The kernel an influence is read on (``INFLUENCE_KERNELS``)."""
+    return setting("entk", "kernel of the influence's ridge regression: entk = the trained net's empirical NTK K_m "
+                   "(the paper's), kinf = K∞ of the same features (MLP-Attn's recomputed from the perturbed set after "
+                   "an attack)", flag="--influence-kernel", choices=INFLUENCE_KERNELS)
+
+
 def storage():
     """The precision kernels are stored in (solves always run in float64)."""
     return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "

@@ -130,7 +130,7 @@ def _records() -> dict[str, Experiment]:
         Experiment("malleability", M.MalleabilityConfig, "malleability:run_malleability", M.estimate_malleability,
                    M.PRESETS["malleability"], "influence flip rates under attacks on the training data",
                    "this malleability run", ("rows", "summary", "interventions", "interventions_summary"),
-                   lambda: M.MalleabilityConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,),
+                   lambda: M.MalleabilityConfig(data=syn, train=TrainSpec(epochs=30), widths=(1024,), seeds=(0,),
                                                 attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
                    "engine.reporting.export:malleability_figure",
                    "influence flip rates per attack at the largest ε (Malleability page)", "pages/malleability.py"),

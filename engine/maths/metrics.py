@@ -1,6 +1,7 @@
 """The metrics every experiment and page reads, each defined once, below the experiments: seed
 averages, sign flips and the flip rate, rank correlation, the flip excess over the larger null
-with its bootstrap interval (one value, ``Excess``), and the log-log slope. The kernel distances
+with its bootstrap interval (one value, ``Excess``), the gap between two architectures'
+excesses (``Gap``), and the log-log slope. The kernel distances
 live beside the kernels (``engine.maths.ridge``).
 
 Arrays in, floats or numpy out: numpy arrays, scalars or (CPU or CUDA) torch tensors, without
@@ -91,39 +92,103 @@ BOOTSTRAP = 2000        # bootstrap replicates of an interval
 LEVEL = 0.95            # two-sided coverage of every interval here
 
 
-def excess_interval(units, n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0) -> Excess:
-    """The flip excess and its percentile bootstrap interval, over seeds and tracked points.
+def _unit_excess(a, s, r):
+    """Excess of one net (or of replicates along the last axis' resamples): attack minus the larger null."""
+    null = r.mean(axis=-1) if s is None else np.maximum(s.mean(axis=-1), r.mean(axis=-1))
+    return a.mean(axis=-1) - null
+
+
+def _as_units(units) -> list[tuple]:
+    return [tuple(None if u is None else np.asarray(u, dtype=float) for u in unit) for unit in units]
+
+
+def _replicates(units: list[tuple], draws, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates (n_boot,) of the mean excess over ``units``.
+
+    One data draw (``draws`` None or a single label): resample the nets, then within each its
+    tracked points. Several draws: resample the draws (clusters) first, then the nets within
+    each drawn draw, then their points, so that what varies between draws (the sample itself)
+    enters the spread, not only the network seeds."""
+    labels = list(dict.fromkeys(draws)) if draws is not None else []
+    reps = np.zeros(n_boot)
+    if len(labels) <= 1:
+        nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
+        for slot in range(nets.shape[1]):  # every drawn net gets its own resample of points
+            for j, (a, s, r) in enumerate(units):
+                rows = np.flatnonzero(nets[:, slot] == j)
+                if rows.size:
+                    idx = rng.integers(0, a.size, size=(rows.size, a.size))
+                    reps[rows] += _unit_excess(a[idx], None if s is None else s[idx], r[idx])
+        return reps / nets.shape[1]
+    members = [[j for j, d in enumerate(draws) if d == label] for label in labels]
+    for b in range(n_boot):
+        total, count = 0.0, 0
+        for c in rng.integers(0, len(labels), size=len(labels)):
+            for j in rng.choice(members[c], size=len(members[c]), replace=True):
+                a, s, r = units[j]
+                idx = rng.integers(0, a.size, size=a.size)
+                total += float(_unit_excess(a[idx], None if s is None else s[idx], r[idx]))
+                count += 1
+        reps[b] = total / count
+    return reps
+
+
+def excess_interval(units, n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0, draws=None) -> Excess:
+    """The flip excess and its percentile bootstrap interval, over nets and tracked points.
 
     units: one tuple ``(attack, seed_null, random_null)`` per net (network seed × data draw),
     each a bool array (k,) of per-point sign flips over that net's top-τ points (the same
-    points in all three; ``seed_null`` may be None when the run had no partner seed). The
-    excess of one net is ``mean(attack) − max(mean(seed_null), mean(random_null))``; the
-    statistic is its mean over nets. Each replicate resamples the nets with replacement and,
-    within each, its tracked points with replacement (the same draw of points for the three
-    arrays, which are paired). With one net only the points are resampled. Returns the
-    ``Excess`` (value, low, high); ``level`` two-sided, ``seed`` fixes the replicates.
+    points in all three; ``seed_null`` may be None when the run had no partner seed, or when
+    the reading cannot differ between seeds). The excess of one net is ``mean(attack) −
+    max(mean(seed_null), mean(random_null))``; the statistic is its mean over nets. Each
+    replicate resamples the nets with replacement and, within each, its tracked points with
+    replacement (the same draw of points for the three arrays, which are paired); with one net
+    only the points are resampled. ``draws``: the data draw of each unit; with several, the
+    draws are resampled first (``_replicates``). Returns the ``Excess`` (value, low, high);
+    ``level`` two-sided, ``seed`` fixes the replicates.
     """
-    units = [tuple(None if u is None else np.asarray(u, dtype=float) for u in unit) for unit in units]
+    units = _as_units(units)
     if not units:
         return Excess(float("nan"), float("nan"), float("nan"))
-
-    def excess(a, s, r):
-        null = r.mean(axis=-1) if s is None else np.maximum(s.mean(axis=-1), r.mean(axis=-1))
-        return a.mean(axis=-1) - null
-
-    point = float(np.mean([excess(*u) for u in units]))
-    rng = np.random.default_rng(seed)
-    reps = np.zeros(n_boot)
-    nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
-    for slot in range(nets.shape[1]):  # every drawn net gets its own resample of points
-        for j, (a, s, r) in enumerate(units):
-            rows = np.flatnonzero(nets[:, slot] == j)
-            if rows.size:
-                idx = rng.integers(0, a.size, size=(rows.size, a.size))
-                reps[rows] += excess(a[idx], None if s is None else s[idx], r[idx])
-    reps /= nets.shape[1]
+    point = float(np.mean([_unit_excess(*u) for u in units]))
+    reps = _replicates(units, draws, n_boot, np.random.default_rng(seed))
     lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
     return Excess(point, float(lo), float(hi))
+
+
+class Gap(NamedTuple):
+    """How much larger one architecture's flip excess is than another's: the difference (a share)
+    with its interval, and the ratio with its interval where the second's excess interval excludes
+    zero (NaN otherwise: a ratio over an excess that may be nil says nothing)."""
+
+    difference: float
+    low: float
+    high: float
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+
+
+def gap_interval(units_a, units_b, draws_a=None, draws_b=None, n_boot: int = BOOTSTRAP, level: float = LEVEL,
+                 seed: int = 0) -> Gap:
+    """Excess of ``units_a`` minus excess of ``units_b`` (each as ``excess_interval`` takes them),
+    with a percentile bootstrap interval from independent resamples of the two (draws first when
+    each side has several); the ratio a / b with its interval from the same replicates, only where
+    b's own interval lies above zero."""
+    ua, ub = _as_units(units_a), _as_units(units_b)
+    nan = float("nan")
+    if not ua or not ub:
+        return Gap(nan, nan, nan, nan, nan, nan)
+    rng = np.random.default_rng(seed)
+    ra, rb = _replicates(ua, draws_a, n_boot, rng), _replicates(ub, draws_b, n_boot, rng)
+    pa, pb = float(np.mean([_unit_excess(*u) for u in ua])), float(np.mean([_unit_excess(*u) for u in ub]))
+    q = [(1 - level) / 2, (1 + level) / 2]
+    lo, hi = np.quantile(ra - rb, q)
+    ratio = ratio_lo = ratio_hi = nan
+    if np.quantile(rb, q[0]) > 0:
+        ratio = pa / pb
+        ratio_lo, ratio_hi = (float(v) for v in np.quantile(ra / rb, q))
+    return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi)
 
 
 def loglog_slope(x, y) -> tuple[float, float]:

@@ -11,11 +11,11 @@ from ...data import DataSpec
 from ...maths.specs import TrainSpec, factor_bytes
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
-from ...runtime.settings import normalised, setting, validate
+from ...runtime.settings import normalised, validate
 from .. import options
 
 
-INFLUENCE_KERNELS = ("entk", "kinf")  # the trained net's eNTK K_m (the paper's), or K∞ of the same features
+INFLUENCE_KERNELS = options.INFLUENCE_KERNELS
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,7 @@ class InfluenceConfig:
     init: str = options.init()
     ridge: float = options.ridge()  # of the influence's kernel regression and of the K∞ baseline
     target: str = options.influence_target()
-    influence_kernel: str = setting("entk", "kernel of the influence's ridge regression: entk = the trained "
-                                    "net's empirical NTK K_m (the paper's), kinf = K∞ of the same features "
-                                    "(MLP-Attn's recomputed from the perturbed set after an attack)",
-                                    flag="--influence-kernel", choices=INFLUENCE_KERNELS)
+    influence_kernel: str = options.influence_kernel()
     storage: str = options.storage()
     precision: str = options.precision()
 

@@ -5,16 +5,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import AttackMethod, AttackSpec, TrainSpec
+from ...maths.specs import Attention, AttackMethod, AttackSpec, TrainSpec, factor_bytes, parse_attention
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
-from ...runtime.settings import setting
+from ...runtime.settings import normalised, setting, validate
 from .. import options
-from .influence import QUICK_TRAINED, TRAINED, InfluenceConfig, influence_bytes, kernel_seconds
+from ..recipes import READINGS
+from .influence import QUICK_TRAINED, TRAINED, kernel_seconds
+from .retrain import LAZY_SGD
 
 
 PERTURB = ("top", "all")
@@ -23,8 +26,26 @@ METHODS = tuple(m.value for m in AttackMethod)
 
 
 @dataclass(frozen=True)
-class MalleabilityConfig(InfluenceConfig):
+class MalleabilityConfig:
     data: DataSpec = DataSpec(n=500, n_test=100)
+    train: TrainSpec = TrainSpec(epochs=100)
+    archs: tuple[str, ...] = options.archs()
+    widths: tuple[int, ...] = options.widths((1024,))  # the paper's influence runs; several make a width sweep
+    attention: str = options.attention()
+    seeds: tuple[int, ...] = options.seeds()
+    init_std: float = options.init_std()
+    init: str = options.init()
+    ridge: float = options.ridge()  # of the ridge reading's kernel regression and of the K∞ baseline
+    target: str = options.influence_target()
+    influence_kernel: str = options.influence_kernel()
+    readings: tuple[str, ...] = setting(("ridge",), "how influence is read, each a row: ridge = exact kernel-ridge "
+                                        "leave-one-out on the influence kernel (the paper's); flow = that kernel's "
+                                        "gradient descent for the net's own SGD steps (needs sgd and MSE); retrain = "
+                                        "the network's own leave-one-out, retraining the head without each tracked "
+                                        "point, on the clean and on the attacked data (parameter-free attention)",
+                                        flag="--reading", choices=READINGS)
+    storage: str = options.storage()
+    precision: str = options.precision()
     attack: AttackSpec = AttackSpec()     # norm, steps, step size, random start, momentum
     attacks: tuple[str, ...] = setting(("pgd",), "attacks on the training data: fgsm, pgd, mim",
                                        flag="--attack", choices=METHODS)
@@ -46,9 +67,26 @@ class MalleabilityConfig(InfluenceConfig):
     data_seeds: tuple[int, ...] = options.data_seeds()
 
     def __post_init__(self):
-        super().__post_init__()
+        normalised(self)
+        validate(self)
+        options.check_init_widths(self.init, self.widths)
         if self.space == "normalized" and not self.data.normalize:
             raise BadInput("space 'normalized' needs normalised rows; drop --no-normalize or use space raw")
+        network = [r for r in self.readings if r != "ridge"]
+        if network and self.adversarial_training:
+            raise BadInput(f"reading {network[0]!r} reads nets trained on clean data; drop --adversarial-training "
+                           "or use --reading ridge")
+        if network and "attn" in self.archs and parse_attention(self.attention).kind is Attention.QKV:
+            raise BadInput(f"reading {network[0]!r} needs fixed features, and attention 'qkv' trains its own; "
+                           "use a parameter-free attention or --reading ridge")
+        if "flow" in self.readings and (self.train.optimizer != "sgd" or self.train.loss == "ce"):
+            raise BadInput(f"reading 'flow' follows plain SGD on MSE, not {self.train.optimizer} with loss "
+                           f"{self.train.loss}: use --optimizer sgd --loss mse, or drop flow from --reading")
+
+    @property
+    def n_tracked(self) -> int:
+        """Training points tracked per net (top-τ by |aggregate influence|; ``top_indices``)."""
+        return max(1, int(round(self.tau * self.data.n)))
 
 
 PRESETS = {
@@ -64,27 +102,54 @@ PRESETS = {
         "trained": MalleabilityConfig(data=DataSpec(n=500, n_test=100), train=TRAINED, attention="centered",
                                       attacks=("pgd",), eps=(0.3,), attack=AttackSpec(norm="l2"),
                                       space="normalized"),
+        # the network's own influence against the kernels' readings of it, across width: retrain-loo's lazy
+        # protocol (plain SGD on MSE, antisymmetric init: f₀ ≡ 0, so retraining is exact and the kernels'
+        # leave-one-out has no f₀ term), centred MLP-Attn (the linear one does not train), ℓ2 PGD on the rows
+        "network": MalleabilityConfig(data=DataSpec(n=200, n_test=100), train=LAZY_SGD, init="antisymmetric",
+                                      attention="centered", widths=(64, 1024, 4096), attacks=("pgd",), eps=(0.3,),
+                                      attack=AttackSpec(steps=10, norm="l2"), space="normalized",
+                                      readings=READINGS, seeds=(0, 1, 2)),
     },
 }
 
 
+def _retrain_s(n: int, d: int, m: int, heads: int, tr: TrainSpec, c_out: int) -> float:
+    """``heads`` heads of width m trained as one batched model, with their head-by-head readout."""
+    steps = tr.epochs * math.ceil(n / tr.batch_size)
+    return B.train_s(n, d, heads * m, tr.epochs, tr.batch_size, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
+
+
 def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
-    n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
-    tr = cfg.train
-    kernel = kernel_seconds(cfg, n, nt, d, m)
-    grad_step = (3 * B.gemm_s(n, m, d, cfg.precision == "float64") + B.attention_s(cfg.attention, n, d)
-                 + B.STEP_OVERHEAD_S)
+    n, nt, d, tr = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.train
+    c_out, k = B.n_outputs(cfg.data), cfg.n_tracked
+    combos = len(cfg.attacks) * len(cfg.eps)
+    measured = combos * (2 if cfg.nulls else 1)  # the random null: once more
     steps = sum(1 if a == "fgsm" else cfg.attack.steps for a in cfg.attacks) * len(cfg.eps)
-    fit = B.train_s(n, d, m, tr.epochs, tr.batch_size)
-    if cfg.adversarial_training:
-        fit += tr.epochs * cfg.attack.steps * grad_step
-    measured = len(cfg.attacks) * len(cfg.eps) * (2 if cfg.nulls else 1)  # the random null: once more
-    per = fit + kernel * (2 + measured) + steps * grad_step + B.chol_s(n)  # + the K_m ridge baseline
-    if cfg.retrain:
-        per += measured * B.train_s(n, d, m, tr.epochs, tr.batch_size)
-    if cfg.interventions:
-        per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
+    tracked = min(n, 2 * k if len(cfg.seeds) > 1 else k)  # clean readings: own and the seed null's points
+    seconds = 0.0
+    for m in cfg.widths:
+        kernel = kernel_seconds(cfg, n, nt, d, m)
+        grad_step = (3 * B.gemm_s(n, m, d, cfg.precision == "float64") + B.attention_s(cfg.attention, n, d)
+                     + B.STEP_OVERHEAD_S)
+        fit = B.train_s(n, d, m, tr.epochs, tr.batch_size)
+        if cfg.adversarial_training:
+            fit += tr.epochs * cfg.attack.steps * grad_step
+        per = fit + kernel * (2 + measured) + steps * grad_step + B.chol_s(n)  # + the K_m ridge baseline
+        if cfg.retrain:
+            per += measured * B.train_s(n, d, m, tr.epochs, tr.batch_size)
+        if cfg.interventions:
+            per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
+        if "flow" in cfg.readings:  # an eigendecomposition of K without each point
+            per += (tracked + measured * k) * (B.eig_s(n) + B.gemm_s(nt, n, n, True))
+        if "retrain" in cfg.readings:
+            per += _retrain_s(n, d, m, 1 + tracked, tr, c_out) + measured * _retrain_s(n, d, m, 1 + k, tr, c_out)
+        seconds += per
     slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
     draws = max(1, len(cfg.data_seeds))
-    return Estimate(B.FIXED_S + draws * slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(influence_bytes(cfg) + 8 * n * n + 16 * m * d + 8 * n * m))
+    m = max(cfg.widths)
+    size = 4 if cfg.storage == "float32" else 8
+    kernels = (2 if cfg.influence_kernel == "kinf" else 1) * size * (n * n + nt * n)
+    heads = 1 + tracked if "retrain" in cfg.readings else 1
+    memory = (kernels + factor_bytes(n, nt, c_out) + B.head_bytes(m, n + nt, c_out) + 8 * n * n + 16 * m * d
+              + 8 * n * m + len(cfg.seeds) * 12 * m * d + 4 * 3 * heads * m * (d + max(tr.batch_size, nt)))
+    return Estimate(B.FIXED_S + draws * slow * len(cfg.archs) * len(cfg.seeds) * seconds, int(memory))

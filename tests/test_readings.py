@@ -1,0 +1,181 @@
+"""engine.experiments.readings and the readings of the malleability run: the network's own
+leave-one-out against an independent retraining loop, the gradient-flow leave-one-out against
+the closed form in scipy, the nulls of every reading, and the verdict rule on hand-made rows."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+from conftest import RTOL32, RTOL64
+from engine.data import DataSpec
+from engine.experiments import flips as F
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.retrain import LAZY_SGD
+from engine.experiments.influence import in_space, kernels_of
+from engine.experiments.malleability import random_perturbation, run_malleability, train_net
+from engine.experiments.readings import read
+from engine.experiments.recipes import net_recipe, reading_of
+from engine.experiments.runs import prepare
+from engine.maths.metrics import flip_rate
+from engine.maths.specs import AttackSpec
+from engine.maths.training import BATCH_SEED_OFFSET, targets
+from engine.runtime.errors import BadInput
+
+SYN = DataSpec("synthetic", n=24, n_test=8, synthetic_d=8, synthetic_kappa=20.0, synthetic_classes=3)
+LAZY = replace(LAZY_SGD, epochs=4, batch_size=10, lr=2.0)
+NET = MalleabilityConfig(data=SYN, widths=(32,), train=LAZY, init="antisymmetric", attention="centered",
+                         attack=AttackSpec(steps=3, norm="l2"), space="normalized", eps=(0.3,), seeds=(0, 1),
+                         tau=0.25, readings=("ridge", "flow", "retrain"))
+
+
+def _trained(cfg, arch, seed=0):
+    p = prepare(cfg.data, None, "cpu", None, None)
+    X32, Xt32, box = in_space(cfg, p)
+    t = train_net(cfg, p, net_recipe(cfg, arch, cfg.widths[0], seed), X32, box)
+    return p, t, X32.double(), Xt32.double()
+
+
+def _retrain_by_hand(t, phi, phi_t, y, c, keep, spec, seed):
+    """Plain SGD on the masked MSE objective (each batch normalised by its full size), W only,
+    with the engine's batch order for ``seed``: written here without the engine's trainer."""
+    W = t.W0.clone().double()
+    a = t.net32.mlp.a.double()
+    half = W.shape[0] // 2
+    Y = targets(y, c).double()
+    g = torch.Generator().manual_seed(seed + BATCH_SEED_OFFSET)
+    n, m = phi.shape[0], W.shape[0]
+
+    def f(P, W):
+        return (torch.relu(P @ W[:half].T) - torch.relu(P @ W[half:].T)) @ a[:half] / math.sqrt(m)
+
+    for _ in range(spec.epochs):
+        order = torch.randperm(n, generator=g)
+        for start in range(0, n, spec.batch_size):
+            idx = order[start:start + spec.batch_size]
+            Wv = W.clone().requires_grad_(True)
+            out = f(phi[idx].double(), Wv)
+            loss = (keep[idx, None].double() * (out - Y[idx]) ** 2).sum() / (idx.numel() * Y.shape[1])
+            (grad,) = torch.autograd.grad(loss, Wv)
+            W = W - spec.lr * grad
+    return f(phi_t.double(), W)
+
+
+@pytest.mark.parametrize("arch", ["relu", "attn"])
+def test_retrain_reading_equals_retraining_without_each_point_one_at_a_time(arch):
+    p, t, X, Xt = _trained(NET, arch)
+    points = torch.tensor([3, 11, 17])
+    out = read(reading_of(NET, "retrain"), t, p, X, Xt, points)
+    with torch.no_grad():
+        phi, phi_t = t.net32.features(X.float()), t.net32.features(Xt.float())
+    full = _retrain_by_hand(t, phi, phi_t, p.y, p.c, torch.ones(p.y.numel(), dtype=torch.bool), NET.train, 0)
+    for j, i in enumerate(points.tolist()):
+        keep = torch.ones(p.y.numel(), dtype=torch.bool)
+        keep[i] = False
+        D = full - _retrain_by_hand(t, phi, phi_t, p.y, p.c, keep, NET.train, 0)  # (n_test, c)
+        own = D[torch.arange(D.shape[0]), p.yt]  # target "true": each test point's own class
+        np.testing.assert_allclose(out.I[:, j].numpy(), own.numpy(), rtol=RTOL32, atol=1e-6)
+    np.testing.assert_allclose(out.agg.numpy(), out.I.mean(dim=0).numpy(), rtol=RTOL64)
+
+
+def test_flow_reading_equals_the_closed_form_of_kernel_gradient_descent():
+    p, t, X, Xt = _trained(NET, "relu")
+    r = reading_of(NET, "flow")
+    points = torch.tensor([0, 5, 9])
+    out = read(r, t, p, X, Xt, points)
+    K, Kt = (k.double().numpy() for k in kernels_of(r, t.net, X, Xt))
+    n, c = p.Y.shape
+    tau = NET.train.epochs * math.ceil(n / NET.train.batch_size)
+    eta = 2 * NET.train.lr / (n * c)  # antisymmetric init: f₀ ≡ 0, no weight decay
+
+    def f_test(keep):
+        Kk, Ktk, Yk = K[np.ix_(keep, keep)], Kt[:, keep], p.Y.numpy()[keep]
+        grown = Yk - scipy.linalg.expm(-eta * tau * Kk) @ Yk  # (I − e^{−η'τK}) Y
+        return Ktk @ np.linalg.solve(Kk, grown)
+
+    full = f_test(np.ones(n, bool))
+    for j, i in enumerate(points.tolist()):
+        keep = np.ones(n, bool)
+        keep[i] = False
+        D = full - f_test(keep)
+        np.testing.assert_allclose(out.I[:, j].numpy(), D[np.arange(D.shape[0]), p.yt.numpy()], rtol=1e-6,
+                                   atol=1e-9)
+
+
+def test_every_reading_measures_the_same_attack_with_its_own_nulls():
+    res = run_malleability(NET)
+    rows = res.frames["rows"]
+    assert set(rows.reading) == {"ridge", "flow", "retrain"} and set(rows.width) == {32}
+    for _, g in rows.groupby(["arch", "seed"]):  # one attack, three readings: the same perturbation
+        assert g.rel_perturbation.nunique() == 1 and g.points_moved.nunique() == 1
+    assert (rows.null_seed_kind == "partner seed").all()
+    # the retrain reading's seed null, recomputed here: seed 1's retrained net at seed 0's points
+    p, t0, X, Xt = _trained(NET, "attn", 0)
+    _, t1, _, _ = _trained(NET, "attn", 1)
+    ridge, retrain = reading_of(NET, "ridge"), reading_of(NET, "retrain")
+    top = torch.topk(read(ridge, t0, p, X, Xt, None).agg.abs(), NET.n_tracked).indices
+    own, other = read(retrain, t0, p, X, Xt, top).at(top), read(retrain, t1, p, X, Xt, top).at(top)
+    row = rows[(rows.arch == "attn") & (rows.seed == 0) & (rows.reading == "retrain")].iloc[0]
+    assert row.null_seed_flip_rate == pytest.approx(flip_rate(own, other), abs=0)
+    assert row.flip_excess == pytest.approx(row.flip_rate - max(row.null_seed_flip_rate,
+                                                                row.null_random_flip_rate), abs=1e-12)
+    assert row.exact_for.startswith("the net's own training") and bool(row.objective_match)
+    verdict = res.frames["verdict"]
+    assert set(verdict.reading) == {"ridge", "flow", "retrain"}
+
+
+def test_kinf_of_fixed_features_has_no_seed_null_and_its_excess_is_over_the_random_null():
+    cfg = replace(NET, influence_kernel="kinf", readings=("ridge",), train=replace(LAZY, epochs=2))
+    rows = run_malleability(cfg).frames["rows"]
+    assert (rows.null_seed_kind == "seed-free").all() and rows.null_seed_flip_rate.isna().all()
+    np.testing.assert_allclose(rows.flip_excess, rows.flip_rate - rows.null_random_flip_rate, atol=1e-12)
+
+
+def test_random_null_of_the_retrain_reading_retrains_on_the_randomly_moved_rows():
+    p, t, X, Xt = _trained(NET, "relu")
+    Xp = X.clone()
+    Xp[:4] += 0.05
+    Xr = random_perturbation(X, Xp, 3)
+    top = torch.arange(4)
+    r = reading_of(NET, "retrain")
+    a = read(r, t, p, Xr, Xt, top, X_ref=Xr)
+    b = read(r, t, p, Xr.clone(), Xt, top, X_ref=Xr.clone())
+    assert torch.equal(a.I, b.I)  # deterministic: the null is reproducible from its seed
+    assert not torch.equal(a.I, read(r, t, p, X, Xt, top).I)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"readings": ("flow",), "train": replace(LAZY, optimizer="adam")}, "flow"),
+    ({"readings": ("retrain",), "attention": "qkv"}, "qkv"),
+    ({"readings": ("retrain",), "adversarial_training": True}, "adversarial"),
+    ({"readings": ("bogus",)}, "readings"),
+])
+def test_readings_refuse_what_they_cannot_read(kwargs, match):
+    with pytest.raises(BadInput, match=match):
+        replace(NET, **kwargs)
+
+
+def _rows(arch, reading, flip, n=3, draw=0):
+    return [{"data_seed": draw, "arch": arch, "width": 64, "seed": s, "attack": "pgd", "eps": 0.3, "reading": reading,
+             "flip_excess": flip, "trained": True, "objective_match": reading != "ridge"} for s in range(n)]
+
+
+def test_verdict_states_the_gap_with_its_interval_and_a_ratio_only_over_a_nonzero_excess():
+    import pandas as pd
+
+    k = 40
+    hi, lo, none = np.ones(k, bool), np.r_[np.ones(k // 4, bool), np.zeros(3 * k // 4, bool)], np.zeros(k, bool)
+    rows = pd.DataFrame(_rows("attn", "retrain", 1.0) + _rows("relu", "retrain", 0.25)
+                        + _rows("attn", "ridge", 1.0) + _rows("relu", "ridge", 0.0))
+    flips = [(hi, none, none)] * 3 + [(lo, none, none)] * 3 + [(hi, none, none)] * 3 + [(none, none, none)] * 3
+    v = F.verdict(rows, flips, nulls=True).set_index("reading")
+    assert v.loc["retrain", "gap"] == pytest.approx(0.75) and v.loc["retrain", "gap_low"] > 0.5
+    assert v.loc["retrain", "ratio"] == pytest.approx(4.0) and v.loc["retrain", "ratio_low"] > 2
+    assert bool(v.loc["retrain", "holds"]) and bool(v.loc["ridge", "holds"])
+    assert math.isnan(v.loc["ridge", "ratio"])  # 2L-ReLU's excess interval is [0, 0]: no ratio
+    assert not bool(v.loc["ridge", "objective_match"])
+    rows.loc[rows.arch == "relu", "trained"] = False
+    assert not F.verdict(rows, flips, nulls=True)["holds"].any()  # a net that did not train: no verdict
