@@ -27,6 +27,7 @@ EPS_CHOICES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 WIDTHS = (64, 256, 1024, 4096)
 RIDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 QUICK = configs.QUICK["malleability"]
+READINGS = configs.choices_of(MalleabilityConfig, "readings")
 
 
 def controls_ui() -> dict:
@@ -52,7 +53,8 @@ def controls_ui() -> dict:
                               help="Flip rates are shown as mean ± sd over these seeds.")
     c1, c2, c3, c4, c5 = st.columns([1, 1, 0.9, 1.7, 1])  # room for the checkbox labels
     optimizer = configs.optimizer_ui(c5, key="mall.optimizer", lr_key="mall.lr")
-    width = c1.selectbox("Width m", WIDTHS, index=WIDTHS.index(QUICK.widths[0]), key="mall.width", **BOUND)
+    widths = c1.multiselect("Widths m", WIDTHS, default=list(QUICK.widths), key="mall.widths", **BOUND,
+                            help=configs.help_of(MalleabilityConfig, "widths") + "; several draw the excess against width")
     tau = c2.select_slider("τ (share of top points)", [0.02, 0.05, 0.1, 0.2, 0.5], value=QUICK.tau,
                            key="mall.tau", **BOUND, help=configs.help_of(MalleabilityConfig, "tau"))
     perturb = c3.radio("Perturb", configs.choices_of(MalleabilityConfig, "perturb"), horizontal=True,
@@ -75,8 +77,12 @@ def controls_ui() -> dict:
     lr = configs.float_input(c4, "Learning rate", TrainSpec, "lr", key="mall.lr", value=QUICK.train.lr)
     decay = configs.float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
                          value=QUICK.train.weight_decay)
+    readings = st.multiselect("Influence readings", READINGS, default=list(QUICK.readings), key="mall.readings",
+                              **BOUND, format_func=lambda r: plots.READING_LABELS[r],
+                              help=configs.help_of(MalleabilityConfig, "readings"))
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
-                steps=int(steps), epochs=int(epochs), widths=(int(width),), tau=float(tau), perturb=perturb,
+                steps=int(steps), epochs=int(epochs), widths=tuple(sorted(int(w) for w in widths)), tau=float(tau),
+                perturb=perturb, readings=tuple(r for r in READINGS if r in readings),
                 retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
                 norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer,
                 ridge=float(ridge), influence_kernel=kernel, init=init, lr=float(lr), weight_decay=float(decay))
@@ -94,6 +100,7 @@ st.markdown(
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
+require(bool(opts["widths"]) and bool(opts["readings"]), "Pick at least one width and one influence reading.")
 lr, decay = opts.pop("lr"), opts.pop("weight_decay")
 cfg = configs.malleability_config(s, **opts)
 cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay))
@@ -110,16 +117,23 @@ st.caption(f"Influence on **{cfg.target}** outputs; attack in **{cfg.attack.norm
            f"{res.frames['rows']['attack_precision'].iloc[0]} / {res.frames['rows']['kernel_precision'].iloc[0]}.")
 PCT = {k: st.column_config.NumberColumn(v, format="%.1f") for k, v in tables.FLIP_TABLE.items() if k != "trained"}
 eps_label = plots.eps_label(cfg.attack.norm, cfg.space)
-summary = tables.percent(res.frames["summary"], ["flip_rate", "pair_flip_rate"])
+c1, c2, _ = st.columns([1, 1, 2])
+reading = c1.selectbox("Reading shown", list(cfg.readings), format_func=lambda r: plots.READING_LABELS[r],
+                       key="mall.shown_reading", **BOUND, help=configs.help_of(MalleabilityConfig, "readings"))
+width = c2.selectbox("Width shown", list(cfg.widths), index=len(cfg.widths) - 1, key="mall.shown_width", **BOUND)
+full = res.frames["summary"]
+one = full[(full["reading"] == reading) & (full["width"] == width)].reset_index(drop=True)
+summary = tables.percent(one, ["flip_rate", "pair_flip_rate"])
 eps_list = sorted(summary["eps"].astype(float).unique())
 shown = st.columns([1, 3])[0].selectbox("ε shown in the bars", eps_list, index=len(eps_list) - 1,
                                         key="mall.shown_eps", **BOUND, format_func=lambda e: f"{e:g}")
-nets = res.frames["rows"].drop_duplicates([c for c in ("data_seed", "arch", "seed") if c in res.frames["rows"]])
+rows = res.frames["rows"]
+nets = rows[rows["width"] == width].drop_duplicates(["data_seed", "arch", "seed"])
 bad = render.training_gate(nets, len(res.meta["class_names"]), by=("arch",), what="flip rates")
-verdict = protocols.flip_verdict(res.frames["summary"], eps=shown)
+verdict = protocols.flip_verdict(one, eps=shown)
 st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
             f"Rule: {protocols.RULES['flip']}")
-st.dataframe(render.greyed(tables.flip_table(res.frames["summary"]), bad, by=("arch",)), hide_index=True, column_config={
+st.dataframe(render.greyed(tables.flip_table(one), bad, by=("arch",)), hide_index=True, column_config={
     **PCT, "arch": st.column_config.TextColumn("net"), "attack": "attack", "eps": "ε",
     "trained": st.column_config.TextColumn(tables.FLIP_TABLE["trained"], help=(
         "Seeds whose test accuracy is within 10 points of ridge regression with their own trained kernel K_m "
@@ -138,15 +152,36 @@ st.dataframe(render.greyed(tables.flip_table(res.frames["summary"]), bad, by=("a
     "test_acc_ntk": st.column_config.NumberColumn(tables.FLIP_TABLE["test_acc_ntk"], format="%.1f", help=(
         "Kernel ridge regression with K∞ on the same features: what the architecture can reach at infinite "
         "width."))})
+if len(cfg.readings) > 1 or len(cfg.widths) > 1:
+    st.subheader("Every reading, every width")
+    gaps = res.frames["verdict"]
+    if len(gaps):
+        st.dataframe(tables.gap_table(gaps), hide_index=True, column_config={
+            k: st.column_config.NumberColumn(v, format="%.1f") for k, v in tables.GAP_TABLE.items()
+            if k.startswith(("excess", "gap", "ratio"))})
+        st.caption("MLP-Attn's flip excess minus 2L-ReLU's, each over its larger null, with a 95 % bootstrap interval "
+                   "(draws, nets and tracked points resampled); the ratio only where 2L-ReLU's own excess interval "
+                   "excludes zero. **holds**: the gap's interval lies above zero and every net passed the training "
+                   "gate. Each reading says what it is exact for; a training that is not that (e.g. cross-entropy "
+                   "read by ridge) is flagged in *objective match*.")
+    if len(cfg.widths) > 1:
+        attack = str(verdict.get("attack") or cfg.attacks[0]).lower()
+        data = plots.excess_width_data(full, attack, shown)
+        chart(plots.excess_width_fig(data, cfg.attention), data, "flip excess against width",
+              f"{attack.upper()} at {eps_label} = {shown:g}: the flip excess over the larger null per architecture "
+              "(colour) and reading (dash), with its 95 % interval; the shaded band is the larger null's flip rate. "
+              "If malleability is the signature of leaving the kernel regime, it should fall with width for a net "
+              "that enters it and not for one that does not.")
+
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]
 with c1:
-    chart(nulls_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip rates and nulls",
+    chart(nulls_fig(one, shown, eps_label, cfg.attention), data, "flip rates and nulls",
                  "Per net and attack: the attack's flip rate (solid) beside the seed null (another network seed, no "
                  "attack) and the random null (a random perturbation of the same size), means over seeds; a flip "
                  "rate no higher than its nulls says nothing about the attack.")
 with c2:
-    chart(excess_fig(res.frames["summary"], shown, eps_label, cfg.attention), data, "flip excess",
+    chart(excess_fig(one, shown, eps_label, cfg.attention), data, "flip excess",
                  "The flip rate minus the larger null, with its 95 % bootstrap interval over seeds and tracked "
                  "points; the claim needs MLP-Attn's bar at least twice 2L-ReLU's and its interval above zero.")
 c1, c2 = st.columns(2)

@@ -151,23 +151,34 @@ def test_ntk_trends():
     assert paper.verdict_relu_converges(one, "mnist").status == "not measured"
 
 
+def gap_columns(relu, attn) -> dict:
+    """Hand-made gap columns (as ``engine.experiments.flips.with_gaps`` adds them): the difference of
+    the excesses with the interval from the two intervals' ends, the ratio where 2L-ReLU's low end > 0."""
+    (r, rlo, rhi), (a, alo, ahi) = relu, attn
+    ratio = (a / r, alo / rhi, ahi / rlo) if rlo > 0 else (math.nan,) * 3
+    return dict(zip(("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high"),
+                    (a - r, alo - rhi, ahi - rlo, *ratio), strict=True))
+
+
 def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, nulls=(0.0, 0.0)):
     """A malleability summary row per arch: (excess, low, high) of relu and attn, the share of
     seeds through the gate and the seed nulls (NaN: one seed)."""
     return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_excess_mean": e, "flip_excess_low": lo,
                           "flip_excess_high": hi, "flip_rate_mean": e + 0.05, "flip_rate_sd": 0.01,
                           "null_seed_flip_rate_mean": ns, "null_random_flip_rate_mean": 0.05,
-                          "trained_mean": tr, "test_acc_mean": 0.8, "test_acc_kernel_mean": 0.82, "n_seeds": seeds}
+                          "trained_mean": tr, "test_acc_mean": 0.8, "test_acc_kernel_mean": 0.82, "n_seeds": seeds,
+                          **gap_columns(relu, attn)}
                          for a, (e, lo, hi), tr, ns in (("relu", relu, trained[0], nulls[0]),
                                                         ("attn", attn, trained[1], nulls[1]))])
 
 
 @pytest.mark.parametrize("relu,attn,kw,want,why", [
-    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {}, "holds", "6.2× 2L-ReLU's"),
-    ((-0.02, -0.05, 0.0), (0.10, 0.02, 0.18), {}, "holds", "2L-ReLU's is not above zero"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {}, "holds", "gap 21 [4, 38] points, no ratio"),
+    ((-0.02, -0.05, 0.0), (0.10, 0.02, 0.18), {}, "holds", "gap 12 [2, 23] points"),
+    ((0.04, 0.02, 0.08), (0.25, 0.12, 0.38), {}, "holds", "6.2× [1.5, 19]"),            # a ratio over a non-zero excess
     ((0.04, 0.0, 0.08), (0.25, 0.0, 0.38), {}, "fails", "not above zero"),           # interval reaches 0
     ((0.04, 0.0, 0.08), (0.25, -0.1, 0.38), {}, "fails", "not above zero"),
-    ((0.15, 0.1, 0.2), (0.25, 0.12, 0.38), {}, "fails", "1.7× 2L-ReLU's, under 2×"),  # above zero, under 2×
+    ((0.15, 0.1, 0.2), (0.25, 0.12, 0.38), {}, "fails", "the gap's interval reaches zero"),  # above zero, gap not
     ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (1.0, 2 / 3)}, "did not train", "MLP-Attn: 1 of 3"),
     ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (0.0, 1.0)}, "did not train", "2L-ReLU: 3 of 3"),
     ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"seeds": 1, "nulls": (math.nan, math.nan)}, "uninformative",

@@ -24,12 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
 
 
+def gap_columns(relu, attn) -> dict:
+    """Hand-made gap columns (as ``engine.experiments.flips.with_gaps`` adds them): the difference of
+    the excesses with the interval from the two intervals' ends, the ratio where 2L-ReLU's low end > 0."""
+    (r, rlo, rhi), (a, alo, ahi) = relu, attn
+    ratio = (a / r, alo / rhi, ahi / rlo) if rlo > 0 else (math.nan,) * 3
+    return dict(zip(("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high"),
+                    (a - r, alo - rhi, ahi - rlo, *ratio), strict=True))
+
+
 def _flips(relu, attn, trained=(1.0, 1.0), attack="pgd", eps=0.3, seeds=3) -> pd.DataFrame:
     """A malleability summary: (excess, low, high) of relu and attn and their share of seeds trained."""
     return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_excess_mean": e, "flip_excess_low": lo,
                           "flip_excess_high": hi, "flip_rate_mean": e, "flip_rate_sd": 0.01,
                           "null_seed_flip_rate_mean": 0.0, "null_random_flip_rate_mean": 0.0, "trained_mean": tr,
-                          "n_seeds": seeds} for a, (e, lo, hi), tr in (("relu", relu, trained[0]),
+                          "n_seeds": seeds, **gap_columns(relu, attn)} for a, (e, lo, hi), tr in (("relu", relu, trained[0]),
                                                                         ("attn", attn, trained[1]))])
 
 
@@ -182,7 +191,7 @@ def test_query_parameters_name_real_widgets_with_their_shown_values():
     widths = {str(w) for w in _literal(ROOT / "pages" / "malleability.py", "WIDTHS")}
     ridges = {str(r) for r in _literal(ROOT / "pages" / "malleability.py", "RIDGES")}
     for c in (c for c in cells if c.claim == "flip"):
-        assert set(L.of(c).params["mall.eps"]) <= eps_choices and L.of(c).params["mall.width"] in widths
+        assert set(L.of(c).params["mall.eps"]) <= eps_choices and set(L.of(c).params["mall.widths"]) <= widths
         assert L.of(c).params["mall.attacks"] == ["PGD"] and L.of(c).params["mall.ridge"] in ridges
     imported = {(n.module, a.name) for n in ast.walk(ast.parse((ROOT / "pages" / "ntk-sweep.py").read_text()))
                 if isinstance(n, ast.ImportFrom) for a in n.names}
@@ -210,7 +219,8 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
         cfg = configs.malleability_config(
             sidebar(p), attacks=tuple(a.lower() for a in p["mall.attacks"]),
             eps=tuple(float(e) for e in p["mall.eps"]), steps=int(p["mall.steps"]), epochs=int(p["mall.epochs"]),
-            widths=(int(p["mall.width"]),), tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
+            widths=tuple(int(w) for w in p["mall.widths"]), readings=tuple(p["mall.readings"]),
+            tau=float(p["mall.tau"]), perturb=p["mall.perturb"],
             retrain=p["mall.retrain"] == "true", adversarial_training=p["mall.adv"] == "true",
             interventions=p["mall.interventions"] == "true", norm=p["mall.norm"], space=p["mall.space"],
             target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"],

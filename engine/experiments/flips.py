@@ -19,6 +19,7 @@ import pandas as pd
 from ..maths.metrics import excess_interval, gap_interval, summarize
 
 GROUP = ["arch", "width", "attack", "eps", "reading"]  # one summary row per group, over (draw, seed)
+VERDICT = ("width", "attack", "eps", "reading")         # one verdict row per group, both architectures
 NULL_KINDS = ("partner seed", "seed-free", "one seed", "off")
 
 
@@ -91,6 +92,22 @@ METRICS = ("flip_rate", "pair_flip_rate", "spearman", "null_seed_flip_rate", "nu
            "weight_movement", "objective_match")
 
 
+GAPS = ("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high")
+
+
+def with_gaps(summary: pd.DataFrame, verdict: pd.DataFrame) -> pd.DataFrame:
+    """The summary with the gap between the architectures' excesses (``verdict``'s ``GAPS``) on
+    both architectures' rows of each (width, attack, ε, reading); NaN where there is none."""
+    out = summary.copy()
+    if not len(out):
+        return out
+    by = verdict.set_index(list(VERDICT)) if len(verdict) else None
+    for c in GAPS:
+        out[c] = [float(by.at[k, c]) if by is not None and k in by.index else math.nan
+                  for k in zip(*(out[v] for v in VERDICT), strict=True)]
+    return out
+
+
 def frame(rows: list[dict]) -> pd.DataFrame:
     """The ``rows`` frame: one row per ``FlipRow`` (stored as dicts), columns in field order."""
     return pd.DataFrame([asdict(FlipRow(**r)) for r in rows], columns=list(COLUMNS))
@@ -116,8 +133,6 @@ def summary(rows: pd.DataFrame, flips: list, nulls: bool) -> pd.DataFrame:
     out["n_draws"] = [int(draws[g]) for g in groups]
     return out
 
-
-VERDICT = ("width", "attack", "eps", "reading")
 
 
 def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> pd.DataFrame:

@@ -135,7 +135,8 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     tick(progress, cancel, 1.0, "done")
     frame = F.frame(rows)
     inter_frame = pd.DataFrame(inter)
-    frames = {"rows": frame, "summary": F.summary(frame, flips, cfg.nulls), "verdict": F.verdict(frame, flips, cfg.nulls),
+    verdict = F.verdict(frame, flips, cfg.nulls)
+    frames = {"rows": frame, "summary": F.with_gaps(F.summary(frame, flips, cfg.nulls), verdict), "verdict": verdict,
               "interventions": inter_frame,
               "interventions_summary": summarize(inter_frame, ["arch", "width", "intervention"],
                                                  ("test_acc", "influence_change", "spearman", "flip_rate"))}

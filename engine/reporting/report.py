@@ -45,10 +45,15 @@ def readme_tables(results) -> str:
         if summary is None or len(summary) == 0:
             lines.append(f"| {label} | | not computed yet: run `python -m engine grid` on the spec | | | | | | |")
             continue
-        for key, g in summary.groupby(["attack", "eps"], sort=False):
+        several = {c: c in summary and summary[c].nunique() > 1 for c in ("width", "reading")}
+        for key, g in summary.groupby(["attack", "eps", *[c for c in ("width", "reading") if c in summary]],
+                                      sort=False):
             v = flip_rule(g, key[0], key[1])
+            where = "".join(f", {c} {k}" if c == "reading" else f", m = {k}"
+                            for c, k in zip(("width", "reading"), key[2:], strict=False) if several[c])
+            setting = f"{label}{where}"
             if "relu_excess" not in v:
-                lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
+                lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
                 continue
             n = v["n_seeds"]
 
@@ -63,7 +68,7 @@ def readme_tables(results) -> str:
                    f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
             trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
                                  f" of {n}" for a in ("relu", "attn"))
-            lines.append(f"| {label} | {key[0].upper()} ε = {key[1]:g} | {flips('relu')} | {flips('attn')} | "
+            lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {flips('relu')} | {flips('attn')} | "
                          f"{excess('relu')} | {excess('attn')} | {acc} | {trained} | **{v['outcome']}**: "
                          f"{v['why']} |")
     rule = RULE_WORDS.replace("**", "")

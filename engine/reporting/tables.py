@@ -75,3 +75,24 @@ def flip_table(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+
+
+GAP_TABLE = {  # column of ``gap_table`` -> what it shows
+    "width": "m", "attack": "attack", "eps": "ε", "reading": "reading", "excess_attn": "MLP-Attn excess (%)",
+    "excess_relu": "2L-ReLU excess (%)", "gap": "gap (% points)", "gap_low": "gap low", "gap_high": "gap high",
+    "ratio": "ratio", "ratio_low": "ratio low", "ratio_high": "ratio high", "trained": "both trained",
+    "objective_match": "objective match", "n_draws": "draws", "holds": "holds",
+}
+
+
+def gap_table(verdict: pd.DataFrame) -> pd.DataFrame:
+    """A malleability ``verdict`` frame as the table pages show: excesses and the gap in percent
+    points, the ratio as a factor (empty where it is not defined), in ``GAP_TABLE``'s order."""
+    out = verdict[["width", "attack", "eps", "reading"]].copy()
+    for c in ("excess_attn", "excess_relu", "gap", "gap_low", "gap_high"):
+        out[c] = 100.0 * pd.to_numeric(verdict[c], errors="coerce")
+    for c in ("ratio", "ratio_low", "ratio_high"):
+        out[c] = pd.to_numeric(verdict[c], errors="coerce")
+    out["trained"] = verdict["trained_attn"].astype(bool) & verdict["trained_relu"].astype(bool)
+    out["objective_match"], out["n_draws"], out["holds"] = verdict["objective_match"], verdict["n_draws"], verdict["holds"]
+    return out[list(GAP_TABLE)]

@@ -6,7 +6,8 @@ units and hover values. Heatmaps never ship more than ``MAX_SIDE`` x ``MAX_SIDE`
 larger matrices are block-averaged (``block_average``) and sent as float32 arrays, which
 plotly encodes as binary, not as lists.
 
-One module per family of charts (``kernels``, ``influence``, ``scaling``, ``regime``, ``retrain``) over
+One module per family of charts (``kernels``, ``influence``, ``nulls``, ``readings``, ``scaling``, ``regime``,
+``retrain``) over
 the shared labels and layout of ``style``; every public name is re-exported here, so callers
 write ``plots.spectrum_fig``.
 """
@@ -25,6 +26,7 @@ from .scaling import model_label, scaling_data, scaling_fig
 from .regime import (PARAM_COLORS, REGIME_LABELS, coord_data, coord_fig, regime_epoch_data, regime_epoch_fig,
                      regime_width_data, regime_width_fig)
 from .retrain import KERNEL_LABELS, LOO_LABELS, RETRAIN_LABELS, retrain_width_data, retrain_width_fig
+from .readings import READING_LABELS, excess_width_data, excess_width_fig
 
 __all__ = [
     "ARCH_COLORS", "arch_label", "ARCH_LABELS", "ATTACK_DASH", "before_after_fig", "block_average", "class_boundaries",
@@ -37,7 +39,8 @@ __all__ = [
     "matrix_data", "MAX_SIDE", "METRICS", "model_label", "paper_trend_data", "paper_trend_fig",
     "PARAM_COLORS", "PRACTICAL_LOG10", "pretty_formula", "regime_epoch_data", "regime_epoch_fig",
     "REGIME_LABELS", "regime_width_data", "regime_width_fig", "KERNEL_LABELS", "LOO_LABELS", "RETRAIN_LABELS",
-    "retrain_width_data", "retrain_width_fig", "scaling_data", "scaling_fig",
+    "retrain_width_data", "retrain_width_fig", "READING_LABELS", "excess_width_data", "excess_width_fig",
+    "scaling_data", "scaling_fig",
     "spectrum_data", "spectrum_fig", "spread", "SUPERSCRIPTS", "trajectory_data", "trajectory_fig",
     "width_needed_data", "width_needed_fig",
 ]

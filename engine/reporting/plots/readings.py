@@ -1,0 +1,62 @@
+"""The malleability run read three ways, against width: does malleability fall as a net enters its
+kernel regime, and does each reading say so?
+
+``excess_width_data`` returns the table the chart shows (one row per architecture, reading and
+width at one attack and ε: the flip excess over the larger null with its 95 % interval, the flip
+rate and both nulls, in percent); ``excess_width_fig`` draws it: one colour per architecture, one
+dash per reading, the interval as error bars and the larger null's level as a band per
+architecture (flips below it need no attack). Nothing is averaged here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from .style import ARCH_COLORS, arch_label, styled, width_ticks
+
+READING_LABELS = {"ridge": "ridge LOO (kernel)", "flow": "gradient flow (kernel)", "retrain": "retraining (network)"}
+READING_DASH = {"ridge": "dot", "flow": "dash", "retrain": "solid"}
+COLUMNS = ("flip_rate", "null_seed_flip_rate", "null_random_flip_rate", "flip_excess")
+
+
+def excess_width_data(summary: pd.DataFrame, attack: str, eps: float) -> pd.DataFrame:
+    """Rows of ``summary`` (a malleability summary) at one attack and ε, in percent, sorted by width."""
+    d = summary[(summary["attack"] == attack) & np.isclose(summary["eps"].astype(float), eps)]
+    out = d[["arch", "reading", "width"]].copy()
+    for c in COLUMNS:
+        out[c] = 100.0 * pd.to_numeric(d[f"{c}_mean"], errors="coerce")
+    out["flip_excess_low"] = 100.0 * pd.to_numeric(d["flip_excess_low"], errors="coerce")
+    out["flip_excess_high"] = 100.0 * pd.to_numeric(d["flip_excess_high"], errors="coerce")
+    out["larger_null"] = out[["null_seed_flip_rate", "null_random_flip_rate"]].max(axis=1)
+    return out.sort_values(["arch", "reading", "width"]).reset_index(drop=True)
+
+
+def excess_width_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
+    """Flip excess (% points) against width (log), a line per (architecture, reading)."""
+    fig = go.Figure()
+    for (arch, reading), g in data.groupby(["arch", "reading"], sort=False):
+        label = f"{arch_label(arch, attention)}, {READING_LABELS.get(reading, reading)}"
+        mid, lo, hi = g["flip_excess"], g["flip_excess_low"], g["flip_excess_high"]
+        fig.add_trace(go.Scatter(
+            x=g["width"], y=mid, name=label, mode="lines+markers",
+            line=dict(color=ARCH_COLORS.get(arch, "black"), dash=READING_DASH.get(reading, "solid")),
+            error_y=dict(type="data", array=(hi - mid).clip(lower=0), arrayminus=(mid - lo).clip(lower=0),
+                         visible=True),
+            customdata=np.stack([lo, hi, g["flip_rate"], g["null_seed_flip_rate"], g["null_random_flip_rate"]],
+                                axis=1),
+            hovertemplate=(f"{label}<br>m = %{{x}}<br>excess %{{y:.1f}} [%{{customdata[0]:.1f}}, "
+                           "%{customdata[1]:.1f}]<br>flip rate %{customdata[2]:.1f} %, seed null "
+                           "%{customdata[3]:.1f} %, random null %{customdata[4]:.1f} %<extra></extra>")))
+    for arch, g in data.groupby("arch", sort=False):  # the nulls' level: what no attack already flips
+        level = g.groupby("width")["larger_null"].max()
+        fig.add_trace(go.Scatter(x=list(level.index) + list(level.index[::-1]),
+                                 y=list(level.values) + [0.0] * len(level), fill="toself", mode="none",
+                                 fillcolor=ARCH_COLORS.get(arch, "grey"), opacity=0.12, hoverinfo="skip",
+                                 name=f"{arch_label(arch, attention)}: larger null (flip rate)"))
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    widths = sorted(data["width"].unique())
+    out = styled(fig, "width m", "flip excess over the larger null (% points)", logx=True)
+    width_ticks(out, widths)
+    return out
