@@ -12,8 +12,10 @@ costs more than the work there.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -139,11 +141,18 @@ def _blas_controller():
     return ThreadpoolController()
 
 
+_BLAS_LOCK = threading.Lock()  # threadpoolctl's limit is process-wide: two overlapping limits would
+                               # restore each other's values, leaving BLAS on the inner one's count
+
+
+@contextlib.contextmanager
 def _blas_threads(threads: int):
     """A context in which scipy's BLAS runs on ``threads`` threads (threadpoolctl), as torch's
     own ops do: its default is every core, which beside torch's threads would oversubscribe a
-    worker given a share of the machine."""
-    return _blas_controller().limit(limits=threads, user_api="blas")
+    worker given a share of the machine. One such context at a time in the process, so that
+    each restores exactly the counts it found."""
+    with _BLAS_LOCK, _blas_controller().limit(limits=threads, user_api="blas"):
+        yield
 
 
 def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.Tensor:
@@ -166,6 +175,10 @@ def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.
     workers = max(1, min(torch.get_num_threads(), len(pairs) // 4))
 
     def finish(share):  # the square blocks of the lower triangle, each while it is in the cache
+        with one_thread():  # this thread's own count: a pool thread starts with the process's
+            _finish(share)
+
+    def _finish(share):
         C_buf = torch.empty(b * b + b, dtype=torch.float64)
         for i, i2, j, j2 in share:
             G = K[i:i2, j:j2]  # a diagonal block's upper part is unused (dsyrk leaves it)
@@ -180,7 +193,7 @@ def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.
     # work), in as many Python threads as torch has, over interleaved shares of the blocks
     # (torch releases the GIL in each op): every block is computed alike whichever thread
     # takes it, so K is bit for bit the same on any thread count.
-    with one_thread(), ThreadPoolExecutor(max_workers=max(1, workers - 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, workers - 1)) as pool:
         others = [pool.submit(finish, pairs[w::workers]) for w in range(1, workers)]
         finish(pairs[0::workers])
         for f in others:
