@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from engine.maths import gates
+from engine.reporting import rule as FR
 from engine.reporting import paper, report
 
 NOTES = Path(__file__).resolve().parents[2] / "shared" / "paper" / "NOTES.md"
@@ -23,13 +24,13 @@ def _summary(kappa=1.5e3, kappa_att=None, v2=28.0, n=200):
 
 def _sweep(relu, attn, widths=(16, 1024, 4096)):
     return pd.DataFrame([{"arch": a, "width": w, "seed": 0, "function_dist": v}
-                         for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals)])
+                         for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals, strict=True)])
 
 
 def _flips(relu, attn, eps=0.3, adversarial=False):
     return pd.DataFrame([{"arch": a, "attack": k, "eps": eps, "flip_rate": v, "adversarial_training": adversarial}
                          for a, vals in (("relu", relu), ("attn", attn))
-                         for k, v in zip(("fgsm", "pgd", "mim"), vals)])
+                         for k, v in zip(("fgsm", "pgd", "mim"), vals, strict=True)])
 
 
 def _notes() -> str:
@@ -59,7 +60,8 @@ def test_ntk_distance_table_is_the_notes_table():
     widths = (16, 1024, 4096)
     expected = [{"dataset": ds, "arch": arch, "width": w, "value": v}
                 for arch, label in (("relu", "2L-ReLU"), ("attn", "MLP-Attn"))
-                for ds, cell in zip(("mnist", "cifar10"), _row(table, label)) for w, v in zip(widths, cell)]
+                for ds, cell in zip(("mnist", "cifar10"), _row(table, label), strict=True)
+                for w, v in zip(widths, cell, strict=True)]
     assert len(expected) == 12
     order = ["dataset", "arch", "width"]
     got = paper.ntk_distance_table().sort_values(order).reset_index(drop=True)
@@ -73,12 +75,12 @@ def test_flip_rate_tables_are_the_notes_numbers():
     notes = _notes()
     ten = _between(notes, "Flip rate, 10 classes", "Binary (FGSM")
     expected = {(ds, arch): cell for arch, label in (("relu", "2L-ReLU"), ("attn", "MLP-Attn"))
-                for ds, cell in zip(("mnist", "cifar10"), _row(ten, label))}
+                for ds, cell in zip(("mnist", "cifar10"), _row(ten, label), strict=True)}
     binary = _between(notes, "Binary (FGSM", "Adversarial training")
     assert binary.index("MNIST 3 vs 8") < binary.index("CIFAR-10 cars vs planes")
     pairs = re.findall(r"ReLU ([\d.]+) / ([\d.]+) / ([\d.]+) %, Attn ([\d.]+) / ([\d.]+) / ([\d.]+) %", binary)
     assert len(pairs) == 2
-    for ds, values in zip(("mnist:3-8", "cifar10:automobile-airplane"), pairs):
+    for ds, values in zip(("mnist:3-8", "cifar10:automobile-airplane"), pairs, strict=True):
         values = [float(v) for v in values]
         expected[(ds, "relu")], expected[(ds, "attn")] = values[:3], values[3:]
     table = paper.flip_rate_table()
@@ -185,7 +187,7 @@ def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, null
      "one network seed"),
 ])
 def test_flip_rule_on_hand_made_summaries(relu, attn, kw, want, why):
-    v = paper.flip_rule(_excess(relu, attn, **kw))
+    v = FR.flip_rule(_excess(relu, attn, **kw))
     assert v["outcome"] == want and why in v["why"], v["why"]
     assert v["attn_excess"] == attn[0] and v["relu_low"] == relu[1] and v["attack"] == "pgd" and v["eps"] == 0.3
     assert "MLP-Attn" in v["numbers"] and "%" in v["numbers"]
@@ -195,13 +197,13 @@ def test_flip_rule_picks_its_attack_and_eps_and_needs_both_nets_and_the_nulls():
     s = pd.concat([_excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), attack="fgsm"),
                    _excess((0.2, 0.1, 0.3), (0.2, 0.1, 0.3)),
                    _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), eps=0.05)], ignore_index=True)
-    assert paper.flip_rule(s)["outcome"] == "fails"                      # pgd, first ε (0.3)
-    assert paper.flip_rule(s, "fgsm")["outcome"] == "holds"
-    assert paper.flip_rule(s, eps=0.05)["outcome"] == "holds"
-    assert paper.flip_rule(s.iloc[:1])["outcome"] == "uninformative"     # one architecture
-    assert paper.flip_rule(None)["outcome"] == "uninformative"
+    assert FR.flip_rule(s)["outcome"] == "fails"                      # pgd, first ε (0.3)
+    assert FR.flip_rule(s, "fgsm")["outcome"] == "holds"
+    assert FR.flip_rule(s, eps=0.05)["outcome"] == "holds"
+    assert FR.flip_rule(s.iloc[:1])["outcome"] == "uninformative"     # one architecture
+    assert FR.flip_rule(None)["outcome"] == "uninformative"
     no_nulls = _excess((0.04, 0.0, 0.08), (0.25, 0.12, 0.38)).drop(columns=["flip_excess_low"])
-    assert "nulls" in paper.flip_rule(no_nulls)["why"]
+    assert "nulls" in FR.flip_rule(no_nulls)["why"]
 
 
 def test_training_gate_is_per_net_and_relative_to_the_kernel_baseline():
@@ -255,13 +257,13 @@ def test_readme_tables_read_every_cell_with_the_flip_rule():
     assert "9 (0 / 5)" in lines[2]                 # 2L-ReLU's flip rate with its seed and random nulls
     assert "**did not train**" in lines[3] and "3 of 3 / 0 of 3" in lines[3]
     assert "not computed yet" in lines[4]
-    assert paper.RULE_WORDS.replace("**", "") in text
+    assert FR.RULE_WORDS.replace("**", "") in text
 
 
 def test_the_readme_grid_and_its_report_command(capsys):
     from engine import cli
-    from engine.reporting import report
     from engine.grid.driver import load_spec
+    from engine.reporting import report
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "grids" / "readme.toml")
     cells = [c for c in spec.cells if c.kind == "malleability"]

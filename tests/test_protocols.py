@@ -51,16 +51,16 @@ def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_traine
 # ---------------------------------------------------------------- verdict rules
 
 def test_flip_verdict_is_the_papers_rule():
-    from engine.reporting import paper
+    from engine.reporting import rule as FR
 
     cases = [((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 1)), ((0.2, 0.1, 0.3), (0.3, 0.1, 0.5), (1, 1)),
              ((0.04, 0.0, 0.08), (0.30, 0.1, 0.5), (1, 0.5)), ((0.04, 0.0, 0.08), (0.30, -0.1, 0.5), (1, 1))]
     for relu, attn, trained in cases:
         s = _flips(relu, attn, trained)
-        v, rule = P.flip_verdict(s), paper.flip_rule(s)
+        v, rule = P.flip_verdict(s), FR.flip_rule(s)
         assert v["verdict"] == rule["outcome"] and v["why"] == rule["why"] and v["numbers"] == rule["numbers"]
     assert [P.flip_verdict(_flips(*c))["verdict"] for c in cases] == ["holds", "fails", "did not train", "fails"]
-    assert P.RULES["flip"] == paper.RULE_WORDS and P.VERDICTS == paper.FLIP_OUTCOMES
+    assert P.RULES["flip"] == FR.RULE_WORDS and P.VERDICTS == FR.FLIP_OUTCOMES
 
 
 @pytest.mark.parametrize("metric", list(P.KERNEL_METRICS))

@@ -10,6 +10,6 @@ tables from a grid).
 from .._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
-    "paper": ["flip_rule"],
+    "rule": ["flip_rule"],
     "report": ["readme_tables"],
 })

@@ -5,7 +5,7 @@ replaced (``flip_variants``, ``kernel_variants``); each cell gets one verdict fr
 function of its result's summary frame. Nothing is tuned toward the paper's numbers: grid and
 rules are fixed in advance and every cell reports what came out. The rules (also ``RULES``):
 
-Flip rates (``flip_verdict``): ``engine.reporting.paper.flip_rule``, the rule the Reproduction page's
+Flip rates (``flip_verdict``): ``engine.reporting.rule.flip_rule``, the rule the Reproduction page's
 verdicts and the README use too. On one (attack, ε): **holds** when MLP-Attn's flip excess
 over the larger null (seed null, random null) is at least 2× 2L-ReLU's and the lower end of
 its bootstrap interval is above zero; **did not train** when any seed of either net fails
@@ -39,7 +39,7 @@ import pandas as pd
 from ..experiments.configs.sweep import SweepConfig
 from ..experiments.configs.malleability import MalleabilityConfig
 from ..experiments.configs.influence import INFLUENCE_KERNELS
-from .paper import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
+from .rule import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
 from .plots import ARCH_LABELS
 from .tables import pm
 from ..maths.specs import OPTIMIZERS
@@ -135,7 +135,7 @@ def _ratio(a: float, r: float) -> float:
 
 
 def flip_verdict(summary: pd.DataFrame, attack: str | None = None, eps: float | None = None) -> dict:
-    """The flip claim's verdict on a ``run_malleability`` summary: ``engine.reporting.paper.flip_rule``
+    """The flip claim's verdict on a ``run_malleability`` summary: ``engine.reporting.rule.flip_rule``
     (module docstring) at one ``attack`` (default pgd if present, else the first) and ``eps``
     (default the first). Returns verdict (in VERDICTS) and everything ``flip_rule`` returns."""
     rule = flip_rule(summary, attack, eps)

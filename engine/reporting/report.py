@@ -35,7 +35,7 @@ def readme_tables(results) -> str:
     excess with its 95 % interval, test and K_m-ridge accuracy, the share of seeds through the
     training gate, and the verdict with its reason. Percent throughout.
     """
-    from .paper import RULE_WORDS, flip_rule
+    from .rule import RULE_WORDS, flip_rule
 
     head = ("| setting | attack | 2L-ReLU flip (seed / random null) | MLP-Attn flip (seed / random null) | "
             "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | seeds trained | "
