@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as `python benchmarks/grid.py` from anywhere
 
 from engine.grid.loopback import free_port, session_pids  # noqa: E402
+
 SPEC = """
 name = "bench"
 kind = "ntk-sweep"

@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.data import DataSpec  # noqa: E402
-from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.malleability import run_malleability
-from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.sweep import run_ntk_sweep
 from engine.maths.specs import TrainSpec
 
 

@@ -31,8 +31,8 @@ def main() -> None:
         sys.modules.setdefault("neural_tangents.experimental", types.ModuleType("neural_tangents.experimental"))
         import jax
         import jaxlib
-        import numpy as np
         import neural_tangents as nt
+        import numpy as np
     except Exception as exc:  # noqa: BLE001 -- any import failure is a reason to skip
         _say({"skip": f"cannot import neural-tangents and jax: {type(exc).__name__}: {exc}"[:300]})
         return

@@ -53,7 +53,8 @@ def _server(folder: Path):
                 return proc, url
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(f"streamlit did not start: {(folder / 'streamlit.log').read_text()[-1000:]}")
+                log = (folder / 'streamlit.log').read_text()[-1000:]
+                raise SystemExit(f"streamlit did not start: {log}") from None
             time.sleep(0.5)
     raise SystemExit("streamlit did not answer its health check in 5 minutes")
 

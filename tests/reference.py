@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 
-
 # ---------------------------------------------------------------- features and the loss
 
 def unit(V):

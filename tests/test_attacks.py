@@ -8,12 +8,11 @@ import torch
 
 from conftest import ATOL64, RTOL64
 from engine.maths.attacks import _project, _random_start, attack, training_loss
-from engine.maths.specs import AttackNorm, AttackSpec, TrainSpec
-from engine.runtime.errors import BadInput
 from engine.maths.models import Net
+from engine.maths.specs import AttackNorm, AttackSpec, TrainSpec
 from engine.maths.training import train
-from reference import attack as np_attack
-from reference import loss_grad, project, step_direction
+from engine.runtime.errors import BadInput
+from reference import attack as np_attack, loss_grad, project, step_direction
 
 NORMS = ("linf", "l2")
 

@@ -13,9 +13,9 @@ from conftest import ATOL64, RTOL32, RTOL64
 from engine import bench
 from engine.bench import machine_info, peer_neural_tangents, run, run_scale, timing
 from engine.bench.cases import bench_entk, bench_page, bench_torch_func, bench_training, torch_func_ntk
-from engine.runtime.errors import BadInput
 from engine.maths.models import TwoLayerReLU, normalize_rows
 from engine.maths.ntk import empirical_ntk_features
+from engine.runtime.errors import BadInput
 
 CPU = torch.device("cpu")
 STEPS = ("spectrum", "kinf", "loo", "entk")

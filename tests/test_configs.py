@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from conftest import REL_MEMORY_REREAD
+from engine.experiments.registry import EXPERIMENTS, estimate
 from engine.runtime import budget, speed
 from engine.runtime.errors import BadInput
-from engine.experiments.registry import EXPERIMENTS, estimate
 from ui import configs
 from ui.common import Shared
 

@@ -1,22 +1,32 @@
 """CUDA code paths; every test here skips on a machine without a GPU (CI has none)."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
-from conftest import (ATOL32_ONE_PASS, ATOL64, RTOL32, RTOL32_ONE_PASS, RTOL64, RTOL_DEVICES_INIT,
-                      RTOL_DEVICES_TRAINED, requires_cuda)
-from engine.maths.attacks import attack
-from engine.maths.specs import AttackSpec, TrainSpec
+from conftest import (
+    ATOL32_ONE_PASS,
+    ATOL64,
+    RTOL32,
+    RTOL32_ONE_PASS,
+    RTOL64,
+    RTOL_DEVICES_INIT,
+    RTOL_DEVICES_TRAINED,
+    requires_cuda,
+)
 from engine.data import DataSpec
-from engine.runtime.device import resolve_device
-from engine.experiments.sweep import run_ntk_sweep
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.malleability import example_key, run_malleability
-from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.sweep import run_ntk_sweep
+from engine.maths.attacks import attack
+from engine.maths.counts import exact_counts
 from engine.maths.models import Net, TwoLayerReLU, normalize_rows
 from engine.maths.ntk import empirical_ntk, empirical_ntk_features
-from engine.maths.counts import exact_counts
+from engine.maths.specs import AttackSpec, TrainSpec
+from engine.runtime.device import resolve_device
 
 pytestmark = [requires_cuda, pytest.mark.cuda]
 CUDA = torch.device("cuda")
@@ -92,7 +102,7 @@ def _malleability_against(device: str, reference: str = "cpu"):
     rows, ref_rows = got.frames["rows"], ref.frames["rows"]
     assert len(rows) == 6 and list(rows.test_acc) == list(ref_rows.test_acc)
     for r in rows.itertuples():
-        key = lambda what: example_key(r.arch, r.attack, r.eps, what)  # noqa: E731
+        key = functools.partial(example_key, r.arch, r.attack, r.eps)   # bound to this row, no closure over r
         before, after, top = (got.arrays[key(w)] for w in ("infl_before", "infl_after", "top_idx"))
         scale = np.abs(ref.arrays[key("infl_before")]).max()
         np.testing.assert_allclose(before, ref.arrays[key("infl_before")], rtol=RTOL_DEVICES_INIT,
@@ -110,8 +120,8 @@ def test_torch_device_passes_through():
 
 
 def test_kernel_steps_on_cuda_refuse_by_the_gpus_free_memory():
-    from engine.runtime.errors import BadInput
     from engine.maths.kinf import infinite_ntk
+    from engine.runtime.errors import BadInput
 
     X = torch.ones(1, 3, device=CUDA).expand(400_000, 3)
     with pytest.raises(BadInput, match=r"needs [\d.]+ GiB on cuda but [\d.]+ GiB is free; it fits up to n = \d+"):

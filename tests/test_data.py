@@ -18,11 +18,24 @@ import numpy as np
 import numpy.lib.format as npy
 import pytest
 import torch
-from conftest import ATOL32, ATOL64, RTOL64
 
-from engine.data import (DATASETS, DECAYS, MAX_ABS_VALUE, MAX_NPZ_BYTES, DataSpec,
-                         available_datasets, data_fingerprint, engine_data_dir, fetch_dataset,
-                         load_sample, parse_dataset, resolve_data_dir, store_npz, writable)
+from conftest import ATOL32, ATOL64, RTOL64
+from engine.data import (
+    DATASETS,
+    DECAYS,
+    MAX_ABS_VALUE,
+    MAX_NPZ_BYTES,
+    DataSpec,
+    available_datasets,
+    data_fingerprint,
+    engine_data_dir,
+    fetch_dataset,
+    load_sample,
+    parse_dataset,
+    resolve_data_dir,
+    store_npz,
+    writable,
+)
 from engine.runtime.errors import BadInput, DataCorrupt, DataMissing
 from engine.runtime.settings import meta, settings
 
@@ -180,10 +193,10 @@ def test_mnist_pair_matches_torchvision():
     for X, y, train in ((s.X, s.y, True), (s.X_test, s.y_test, False)):
         images, labels = _tv_mnist(train)
         by_bytes = {}
-        for img, lab in zip(images, labels):
+        for img, lab in zip(images, labels, strict=True):
             by_bytes.setdefault(img.tobytes(), set()).add(int(lab))
         raw = np.rint(X.numpy() * 255).astype(np.uint8)
-        for row, lab in zip(raw, y.tolist()):
+        for row, lab in zip(raw, y.tolist(), strict=True):
             assert by_bytes[row.tobytes()] == {(3, 8)[lab]}
     train_rows = {r.tobytes() for r in s.X.numpy()}
     assert not any(r.tobytes() in train_rows for r in s.X_test.numpy())
@@ -328,7 +341,7 @@ def test_cifar_fake(fake_cifar):
     # rows keep CIFAR's own C,H,W order and their labels
     known = {}
     for name, b in batches.items():
-        for row, lab in zip(b["data"], b["labels"]):
+        for row, lab in zip(b["data"], b["labels"], strict=True):
             known[(name == "test_batch", row.tobytes())] = lab
     for X, y, test in ((s.X, s.y, False), (s.X_test, s.y_test, True)):
         raw = np.rint(X.numpy() * 255).astype(np.uint8)
@@ -339,7 +352,7 @@ def test_cifar_pair_by_name(fake_cifar):
     root, _, batches, _ = fake_cifar
     s = load_sample(DataSpec("cifar10:automobile-airplane", n=10, n_test=2), root)
     assert s.class_names == ("automobile", "airplane")
-    labels = {r.tobytes(): lab for b in batches.values() for r, lab in zip(b["data"], b["labels"])}
+    labels = {r.tobytes(): lab for b in batches.values() for r, lab in zip(b["data"], b["labels"], strict=True)}
     raw = np.rint(s.X.numpy() * 255).astype(np.uint8)
     assert [labels[r.tobytes()] for r in raw] == [(1, 0)[v] for v in s.y.tolist()]
     with pytest.raises(BadInput, match="maximum is 20"):  # 2 per class per batch
@@ -430,7 +443,7 @@ def test_npz_round_trip_holdout(tmp_path):
     s = load_sample(DataSpec(str(tmp_path / "u.npz"), n=40, n_test=20))
     assert s.X.shape == (40, 25) and s.image_shape == (1, 5, 5) and s.box == (0.0, 1.0)
     assert s.class_names == ("10", "11", "12")
-    rows = {r.tobytes(): lab for r, lab in zip(X.reshape(60, -1), y)}
+    rows = {r.tobytes(): lab for r, lab in zip(X.reshape(60, -1), y, strict=True)}
     for Z, lab in ((s.X, s.y), (s.X_test, s.y_test)):
         raw = np.rint(Z.numpy() * 255).astype(np.uint8)
         assert [rows[r.tobytes()] - 10 for r in raw] == lab.tolist()

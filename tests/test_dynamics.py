@@ -13,20 +13,30 @@ import scipy.linalg
 import torch
 
 from engine import cli
-from engine.experiments.registry import EXPERIMENTS
-from reference import arccos_ntk
-from engine.experiments.calibration import estimate
 from engine.data import DataSpec, load_sample
-from engine.experiments.dynamics import run_dynamics, width_slopes
+from engine.experiments.calibration import estimate
+from engine.experiments.configs.coord_check import CoordCheckConfig
 from engine.experiments.configs.dynamics import PRESETS, DynamicsConfig
 from engine.experiments.coord_check import run_coord_check
-from engine.experiments.configs.coord_check import CoordCheckConfig
+from engine.experiments.dynamics import run_dynamics, width_slopes
+from engine.experiments.registry import EXPERIMENTS
 from engine.maths.flow import KernelFlow, linearised_head, train_pair
-from engine.runtime.errors import BadInput
 from engine.maths.models import Net, TwoLayerReLU
-from engine.maths.training import train
 from engine.maths.specs import TrainSpec
-from tests.conftest import ATOL_ONE_OF_40, ATOL64, ATOL64_EXPM, RTOL32, RTOL64, RTOL64_EXPM, RTOL64_SAME, RTOL64_STEP, ATOL64_STEP
+from engine.maths.training import train
+from engine.runtime.errors import BadInput
+from reference import arccos_ntk
+from tests.conftest import (
+    ATOL64,
+    ATOL64_EXPM,
+    ATOL64_STEP,
+    ATOL_ONE_OF_40,
+    RTOL32,
+    RTOL64,
+    RTOL64_EXPM,
+    RTOL64_SAME,
+    RTOL64_STEP,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = DataSpec("synthetic", n=48, n_test=32, synthetic_d=12, synthetic_classes=2)   # MSE, one output
@@ -65,7 +75,7 @@ def test_linearised_head_is_the_first_order_taylor_model_of_torch_func():
         phi = Xt / Xt.norm(dim=1, keepdim=True)
         W0 = head.W.detach().clone()
         W = W0 + 0.3 * torch.randn(W0.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-        f = lambda w: torch.func.functional_call(head, {"W": w}, (phi,))  # noqa: E731
+        f = lambda w, head=head, phi=phi: torch.func.functional_call(head, {"W": w}, (phi,))  # noqa: E731
         f0, jvp = torch.func.jvp(f, (W0,), (W - W0,))
         torch.testing.assert_close(linearised_head(phi, W, phi @ W0.T > 0, head.readout()), f0 + jvp,
                                    rtol=RTOL64, atol=ATOL64)
@@ -94,7 +104,7 @@ def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_tr
         order = torch.randperm(X.shape[0], generator=g)
         for start in range(0, X.shape[0], spec.batch_size):
             idx = order[start:start + spec.batch_size]
-            f0, jvp = torch.func.jvp(lambda w: f(w, phi[idx]), (W0,), (Wr - W0,))
+            f0, jvp = torch.func.jvp(lambda w, rows=phi[idx]: f(w, rows), (W0,), (Wr - W0,))
             opt.zero_grad()
             (scale * ((f0 + jvp - Y[idx]) ** 2).mean()).backward()
             opt.step()

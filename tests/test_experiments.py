@@ -3,18 +3,17 @@ import math
 import numpy as np
 import pytest
 
-from conftest import (ATOL64, RTOL32_INPUT, RTOL32_ONE_PASS, RTOL64_EIG, RTOL64_EIG_ATTENTION,
-                      RTOL64_SAME)
+from conftest import ATOL64, RTOL32_INPUT, RTOL32_ONE_PASS, RTOL64_EIG, RTOL64_EIG_ATTENTION, RTOL64_SAME
 from engine.data import DataSpec, load_sample
-from engine.runtime.errors import BadInput, Cancelled
-from engine.experiments.kernels import run_kernels
 from engine.experiments.configs.kernels import KernelConfig
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.spectrum import run_spectrum
 from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.kernels import run_kernels
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.sweep import run_ntk_sweep
 from engine.maths.models import Net
 from engine.maths.specs import TrainSpec
+from engine.runtime.errors import BadInput, Cancelled
 from reference import arccos_ntk
 
 SYN = DataSpec("synthetic", n=60, n_test=20, synthetic_d=12, synthetic_kappa=30.0, synthetic_classes=3)

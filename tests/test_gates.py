@@ -21,7 +21,7 @@ def test_the_worst_seed_decides_not_the_mean():
     rows = _rows({("relu", 64): [0.99, 0.98, 0.97], ("attn", 64): [0.60, 0.55, 0.15],
                   ("attn", 256): [0.25, 0.30, 0.35]})
     out = gates.untrained(rows, 10)
-    assert list(zip(out["arch"], out["width"])) == [("attn", 64)]   # mean 0.43 would pass; one seed at 15 %
+    assert list(zip(out["arch"], out["width"], strict=True)) == [("attn", 64)]   # mean 0.43 would pass; one seed at 15 %
     assert out.loc[0, "worst"] == 0.15 and out.loc[0, "nets"] == 3 and out.loc[0, "chance"] == 0.1
     assert out.loc[0, "mean"] == pytest.approx((0.60 + 0.55 + 0.15) / 3)
 

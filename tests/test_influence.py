@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from conftest import ATOL64, ATOL64_REFIT, RTOL64, RTOL64_REFIT, RTOL64_SOLVE, RTOL_CHANGED
-from engine.runtime.errors import BadInput
 from engine.maths.influence import aggregate, influence_matrix, loo_influence, net_influence, top_indices
-from engine.maths.specs import DEFAULT_TARGET, INFLUENCE_TARGETS
+from engine.maths.kinf import infinite_ntk
 from engine.maths.models import Net
 from engine.maths.ntk import empirical_ntk
-from engine.maths.kinf import infinite_ntk
+from engine.maths.specs import DEFAULT_TARGET, INFLUENCE_TARGETS
+from engine.runtime.errors import BadInput
 from reference import loo_changes, ridge_predict
 
 

@@ -181,8 +181,8 @@ def test_before_any_rate_the_eta_is_the_scaled_estimate():
 
 def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     """A registered config's run records measured / estimated seconds; a cache read does not."""
-    from engine.runtime import speed
     from engine.experiments.registry import EXPERIMENTS
+    from engine.runtime import speed
 
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)
     monkeypatch.setattr(speed, "_speed", {})

@@ -160,4 +160,4 @@ def test_every_public_name_of_every_package_resolves_to_its_own_module():
     assert engine.__version__ == engine.ENGINE_VERSION
     assert engine.maths.ntk.empirical_ntk is engine.empirical_ntk  # a submodule is an attribute too
     with pytest.raises(AttributeError, match="engine.maths.*no_such_name"):
-        engine.maths.no_such_name
+        _ = engine.maths.no_such_name

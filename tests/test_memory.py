@@ -24,14 +24,14 @@ import pytest
 import torch
 
 from conftest import REL_MEMORY_REREAD_RAW, RTOL64_SAME
-from engine.runtime import budget as B
-from engine.runtime.errors import BadInput
 from engine.maths.influence import influence_matrix, loo_influence
+from engine.maths.kinf import infinite_ntk
 from engine.maths.models import Net, TwoLayerReLU
 from engine.maths.ntk import NTKMethod, empirical_ntk, empirical_ntk_features
-from engine.maths.kinf import infinite_ntk
 from engine.maths.ridge import kernel_regression, relative_distance, whitened_distance
 from engine.maths.spectral import gram_spectrum
+from engine.runtime import budget as B
+from engine.runtime.errors import BadInput
 
 U32 = 2.0**-24  # unit roundoff of float32
 HUGE = 400_000  # points: a float64 kernel of 1.2 TiB, more than any machine this runs on
@@ -206,8 +206,8 @@ def test_float32_storage_costs_at_most_kappa_times_one_rounding_on_mnist(mnist_d
     differs from float64 by at most κ(K + λI)·2⁻²⁴ (κ from numpy), and MLP-Attn, whose
     kernel is far worse conditioned (κ³), pays far more than 2L-ReLU."""
     from engine.data import DataSpec, load_sample
-    from engine.maths.training import n_outputs, train
     from engine.maths.specs import TrainSpec
+    from engine.maths.training import n_outputs, train
 
     sample = load_sample(DataSpec(n=400, n_test=50), mnist_dir)
     X, y, Xt, yt = sample.X.float(), sample.y, sample.X_test.float(), sample.y_test
@@ -233,13 +233,13 @@ def test_runs_take_storage_from_their_config(cache, tmp_path):
     """float32 storage is part of the config (and so of the cache key), halves the kernels'
     memory in the estimate, stores the kernel views in float32, and the influence run agrees
     with its float64 twin to the documented cost."""
-    from engine.runtime.cache import config_key
     from engine.data import DataSpec
-    from engine.experiments.kernels import run_kernels
+    from engine.experiments.configs.influence import InfluenceConfig, estimate_influence
     from engine.experiments.configs.kernels import KernelConfig, estimate_kernels
     from engine.experiments.influence import run_influence
-    from engine.experiments.configs.influence import InfluenceConfig, estimate_influence
+    from engine.experiments.kernels import run_kernels
     from engine.maths.specs import TrainSpec
+    from engine.runtime.cache import config_key
 
     data = DataSpec("synthetic", n=60, n_test=20, synthetic_d=8)
     kc = KernelConfig(data=data, train=TrainSpec(epochs=2), width=32)

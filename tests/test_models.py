@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from conftest import ATOL64, ATOL64_CHAIN, ATOL64_POWER, RTOL64, RTOL64_CHAIN, RTOL64_POWER
-from engine.runtime.errors import BadInput
 from engine.maths.models import Net, TwoLayerReLU, attention_features, features
 from engine.maths.specs import parse_attention
+from engine.runtime.errors import BadInput
 
 
 def _rand(n, d, seed=0):

@@ -5,13 +5,21 @@ import pytest
 import scipy.linalg
 import torch
 
-from conftest import (ATOL32_ONE_PASS, ATOL64, ATOL64_SAME, ATOL_MC_NTK, RTOL32_ONE_PASS, RTOL64, RTOL64_SAME,
-                      RTOL64_SOLVE)
-from engine.maths.models import Net, TwoLayerReLU
-from engine.runtime.errors import BadInput
-from engine.maths.ntk import NTKMethod, empirical_ntk, empirical_ntk_features
+from conftest import (
+    ATOL32_ONE_PASS,
+    ATOL64,
+    ATOL64_SAME,
+    ATOL_MC_NTK,
+    RTOL32_ONE_PASS,
+    RTOL64,
+    RTOL64_SAME,
+    RTOL64_SOLVE,
+)
 from engine.maths.kinf import infinite_ntk
+from engine.maths.models import Net, TwoLayerReLU
+from engine.maths.ntk import NTKMethod, empirical_ntk, empirical_ntk_features
 from engine.maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
+from engine.runtime.errors import BadInput
 
 
 def _rand(n, d, seed=0):
@@ -158,7 +166,7 @@ def test_kernel_distance_falls_like_inverse_sqrt_width():
 
 @pytest.mark.parametrize("m", [1, 3, 4096, 70_000])
 def test_low_precision_counts_are_exact(m):
-    from engine.maths.counts import exact_counts, cpu_count_dtype
+    from engine.maths.counts import cpu_count_dtype, exact_counts
 
     g = torch.Generator().manual_seed(m)
     S1, S2 = torch.rand(37, m, generator=g) > 0.5, torch.rand(23, m, generator=g) > 0.3
@@ -193,7 +201,7 @@ def test_closed_form_is_bit_for_bit_the_same_on_every_count_path(monkeypatch, ch
         kernels[path] = [empirical_ntk_features(head, phi, chunk=chunk),
                          empirical_ntk_features(head, phi_t, phi, chunk=chunk),
                          empirical_ntk_features(head, phi, chunk=chunk, storage="float32")]
-    for a, b in zip(*kernels.values()):
+    for a, b in zip(*kernels.values(), strict=True):
         assert torch.equal(a, b)
     K, K_t, K32 = kernels["int8"]
     assert torch.equal(K, K.T) and torch.equal(K32, K.float())

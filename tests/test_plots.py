@@ -10,9 +10,8 @@ import plotly.graph_objects as go
 import pytest
 
 from conftest import ATOL32, ATOL32_ONE_PASS, RTOL32, RTOL32_ONE_PASS
-from engine.reporting import plots
 from engine.maths import metrics
-from engine.reporting import tables
+from engine.reporting import plots, tables
 
 
 def _block_means_loop(K: np.ndarray, b: int) -> np.ndarray:
@@ -273,7 +272,7 @@ def test_flip_rate_labels_sit_above_their_error_bars():
     bars = [t for t in fig.data if t.type == "bar"]
     labels = [t for t in fig.data if t.type == "scatter"]
     assert len(bars) == len(labels) == 2 and fig.layout.scattermode == "group"
-    for bar, label in zip(bars, labels):
+    for bar, label in zip(bars, labels, strict=True):
         assert bar.text is None and label.offsetgroup == bar.offsetgroup  # the label shares its bar's slot
         np.testing.assert_allclose(label.y, np.asarray(bar.y) + np.asarray(bar.error_y.array))  # on the cap
     assert fig.layout.yaxis.range[1] > 40.0  # room above the tallest cap for its label

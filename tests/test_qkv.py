@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from conftest import ATOL64, RTOL32, RTOL64
-from engine.maths.specs import AttackSpec, TrainSpec
 from engine.data import DataSpec, load_sample
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.spectrum import run_spectrum
-from engine.experiments.configs.spectrum import SpectrumConfig
-from engine.experiments.malleability import example_key, run_malleability
 from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.malleability import example_key, run_malleability
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.sweep import run_ntk_sweep
 from engine.maths.models import Net, QKVAttention
 from engine.maths.ntk import empirical_ntk
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.maths.training import train
 
 SYN = DataSpec("synthetic", n=24, n_test=8, synthetic_d=6, synthetic_kappa=5.0, synthetic_classes=3)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 import engine.cli as cli
-from engine.maths.specs import AttackSpec, TrainSpec
 from engine.data import DataSpec
-from engine.runtime.errors import BadInput
-from engine.experiments.registry import EXPERIMENTS, NESTED
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.scaling import ScalingConfig
 from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.registry import EXPERIMENTS, NESTED
+from engine.maths.specs import AttackSpec
+from engine.runtime.errors import BadInput
 from engine.runtime.settings import meta, settings, validate
 
 ROOT = Path(__file__).resolve().parents[1]

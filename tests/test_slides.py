@@ -17,9 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engine.reporting import export, fit
-from engine.reporting import plots
 from engine.experiments.registry import EXPERIMENTS
+from engine.reporting import export, fit, plots
 
 needs_browser = pytest.mark.skipif(export.browser_path() is None,
                                    reason="no Chromium or Chrome here (apt-get install chromium)")

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from conftest import ATOL32_ONE_PASS, ATOL64, ATOL64_STEP, RTOL32, RTOL64, RTOL64_STEP, RTOL_POWER_ITERATION
-from engine.runtime.errors import BadInput, Cancelled
 from engine.maths.models import Net
-from engine.maths.training import accuracy, targets, train
 from engine.maths.specs import TrainSpec
+from engine.maths.training import accuracy, targets, train
+from engine.runtime.errors import BadInput, Cancelled
 
 
 def _blobs(n=60, d=5, c=3, seed=0):
@@ -114,7 +114,7 @@ def test_batched_widths_follow_the_separate_trajectories(arch, c, optimizer, dty
     single = [train(net, X, y, c, spec, seed=9) for net in alone]
     batched = [Net(arch, X, w, 1 if c == 2 else c, seed=2, dtype=dtype) for w in widths]
     together = train_many(batched, X, y, c, spec, seed=9)
-    for a, b, ra, rb in zip(alone, batched, single, together):
+    for a, b, ra, rb in zip(alone, batched, single, together, strict=True):
         torch.testing.assert_close(b.mlp.W, a.mlp.W, rtol=rtol, atol=atol)
         np.testing.assert_allclose(rb.losses, ra.losses, rtol=rtol)
         torch.testing.assert_close(rb.snapshots[4], ra.snapshots[4], rtol=rtol, atol=atol)
@@ -190,7 +190,7 @@ def test_fixed_epoch_inputs_equal_training_on_those_inputs(arch, attention):
     direct = Net(arch, Xp, 16, 3, seed=2, attention=attention, dtype=torch.float64)
     a = train(hooked, X, y, 3, spec, seed=3, epoch_inputs=lambda e: Xp)
     b = train(direct, Xp, y, 3, spec, seed=3)
-    for p, q in zip(hooked.parameters(), direct.parameters()):
+    for p, q in zip(hooked.parameters(), direct.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=RTOL64, atol=ATOL64)
     np.testing.assert_allclose(a.losses[1:], b.losses[1:], rtol=RTOL64, atol=ATOL64)
     assert not torch.equal(hooked.mlp.W.detach(), Net(arch, X, 16, 3, seed=2, dtype=torch.float64).mlp.W)
@@ -198,8 +198,8 @@ def test_fixed_epoch_inputs_equal_training_on_those_inputs(arch, attention):
 
 def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_reaches_it():
     from engine.maths.ntk import empirical_ntk
-    from engine.maths.training import sgd_lr_limit, top_eigenvalue
     from engine.maths.specs import MAX_LR
+    from engine.maths.training import sgd_lr_limit, top_eigenvalue
 
     X, _ = _blobs(c=3)
     K = empirical_ntk(Net("relu", X, 64, 3, seed=1), X)

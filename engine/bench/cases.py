@@ -15,8 +15,8 @@ import torch
 
 from ..maths.models import Net, TwoLayerReLU, normalize_rows
 from ..maths.ntk import empirical_ntk_features
-from ..maths.training import train, train_many
 from ..maths.specs import TrainSpec
+from ..maths.training import train, train_many
 from .timing import ROOT, gemm_case, interleave, paired_rates
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.errors import BadInput
 from ..maths.ntk import empirical_ntk_features
-from .timing import ROOT, time_once
+from ..runtime.errors import BadInput
 from .cases import entk_case, last_line
-
+from .timing import ROOT, time_once
 
 NT_PYTHON_ENV = "ENGINE_NT_PYTHON"  # the Python of an environment with neural-tangents and jax
 NT_IMPLEMENTATIONS = ("STRUCTURED_DERIVATIVES", "JACOBIAN_CONTRACTION", "NTK_VECTOR_PRODUCTS")

@@ -13,17 +13,15 @@ import math
 import torch
 
 from ..data import DataSpec, load_sample
-from ..runtime.errors import BadInput, DataCorrupt, DataMissing
-from ..maths.influence import influence_matrix, loo_influence
-from ..maths.influence import aggregate, top_indices
+from ..maths.counts import count_dtype, exact_counts
+from ..maths.influence import aggregate, influence_matrix, loo_influence, top_indices
+from ..maths.kinf import infinite_ntk
 from ..maths.models import TwoLayerReLU, features, normalize_rows
 from ..maths.ntk import empirical_ntk_features
 from ..maths.specs import STORAGE
-from ..maths.counts import count_dtype, exact_counts
-from ..maths.kinf import infinite_ntk
 from ..maths.spectral import gram_spectrum
+from ..runtime.errors import BadInput, DataCorrupt, DataMissing
 from .timing import TIMEOUT, RowLog, check_limits, floor_row, interleave, json_finite, machine_info, timed_part
-
 
 SCALE_N = 8000       # training points of the scale benchmark (MNIST train split)
 SCALE_N_TEST = 500   # test points scored by the LOO influence

@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.errors import BadInput
 from ..maths.counts import count_path_report
-from .timing import TIMEOUT, RowLog, check_limits, json_finite, machine_info, timed_part
-from .scale import SCALE_N, run_scale
-from .peer import peer_neural_tangents
+from ..runtime.errors import BadInput
 from .cases import bench_entk, bench_page, bench_torch_func, bench_training
+from .peer import peer_neural_tangents
+from .scale import SCALE_N, run_scale
+from .timing import TIMEOUT, RowLog, check_limits, json_finite, machine_info, timed_part
 
 PEERS = ("neural-tangents",)  # values of run(peer=...)
 

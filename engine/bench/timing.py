@@ -20,7 +20,6 @@ import torch
 
 from ..runtime.errors import BadInput
 
-
 ROOT = Path(__file__).resolve().parents[2]  # engine/bench/timing.py -> the checkout
 TIMEOUT = {True: 300.0, False: 1200.0}  # seconds per part, quick and full
 _SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
@@ -67,14 +66,16 @@ def interleave(fns: dict, repeat: int, sync, deadline: float = math.inf, calls: 
     for fn in fns.values():
         time_once(fn, sync)
     rounds = {name: [] for name in fns}
-    for k in range(max(1, repeat)):
+    done = 0
+    for _ in range(max(1, repeat)):
         for name, fn in fns.items():
             rounds[name].append(time_once(fn, sync, calls.get(name, 1)))
+        done += 1
         if time.perf_counter() > deadline:
             break
     out = {name: {"seconds": statistics.median(w for w, _ in r), "cpu_seconds": statistics.median(c for _, c in r)}
            for name, r in rounds.items()}
-    out["repeats"] = k + 1
+    out["repeats"] = done
     return out
 
 

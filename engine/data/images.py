@@ -23,7 +23,7 @@ import torch
 
 from ..runtime.errors import BadInput, DataCorrupt, DataMissing
 from .folders import engine_data_dir, resolve_data_dir, undone_on_failure, writable
-from .spec import CLASSES, DataSpec, DatasetInfo, Sample, draw, resolve_class
+from .spec import CLASSES, DatasetInfo, DataSpec, Sample, draw, resolve_class
 
 DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation; an offline machine fails at once anyway
 SYSTEM_COPIES = {"fashion-mnist": Path("/usr/share/datasets/fashion-mnist")}  # Debian package

@@ -28,14 +28,13 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..runtime.budget import GIB, duration, seconds_limit
-from ..runtime.cache import Cache, Result, canonical, provenance_of, code_fingerprint, config_key
+from ..data.folders import expand_path
 from ..experiments.calibration import estimate
 from ..experiments.registry import EXPERIMENTS
-from ..data.folders import expand_path
+from ..runtime.budget import GIB, duration, seconds_limit
+from ..runtime.cache import Cache, Result, canonical, code_fingerprint, config_key, provenance_of
 from ..runtime.errors import BadInput, DataMissing, EngineError
-from .backends import BACKENDS, CONNECT_TIMEOUT_S, Backend, _Job
-from .backends import connect_timeout as check_timeout
+from .backends import BACKENDS, CONNECT_TIMEOUT_S, Backend, _Job, connect_timeout as check_timeout
 from .spec import Cell, Grid, load_spec
 
 VOLATILE = ("seconds",)                   # frame columns holding wall times: differ between any two runs

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime.cache import ENGINE_DIR, canonical
 from ..data.folders import read_regular
 from ..experiments.registry import EXPERIMENTS
+from ..runtime.cache import ENGINE_DIR, canonical
 from ..runtime.errors import BadInput
 from ..runtime.settings import meta
 
@@ -238,7 +238,7 @@ def _block_cells(block: dict, w: str) -> list[tuple[str, tuple, Any]]:
         excludes.append(one)
     cells = []
     for combo in itertools.product(*axes.values()):
-        choices = tuple(zip(axes, combo))
+        choices = tuple(zip(axes, combo, strict=True))
         if any(all(dict(choices)[k] in vs for k, vs in rule.items()) for rule in excludes):
             continue
         try:

@@ -20,7 +20,6 @@ import torch
 from ..runtime.errors import BadInput
 from .tiles import one_thread
 
-
 _INT8_MIN_INNER = 8  # torch._int_mm on CPU returns garbage for an inner dimension of 1 (seen: torch 2.14)
 
 

@@ -41,9 +41,8 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
-from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, loss_weights, per_model_loss, resolve_loss
 from .specs import TrainSpec
-
+from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, loss_weights, per_model_loss, resolve_loss
 
 # ---------------------------------------------------------------- the linearised head and the loop
 

@@ -38,8 +38,8 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
-from .specs import STORAGE
 from .counts import count_dtype, gemm_counts
+from .specs import STORAGE
 from .tiles import SERIAL_WORK, row_blocks, serial, tile_ranges
 
 _EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this

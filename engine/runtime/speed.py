@@ -16,7 +16,6 @@ import sys
 
 from .errors import BadInput
 
-
 SPEED_GEMM_N = 768        # the calibration GEMM: 768³ float32, ~0.9 GFLOP, a few ms to a few tenths of a second
 # That GEMM's rate on a machine where the estimates hold (measured / estimated = 1). Set from
 # `bench --estimates` on a 2-core AMD EPYC (AVX2, torch's 2 threads, 2026-12-02): its probes ran

@@ -11,7 +11,6 @@ from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, eps_at, styled
 
-
 # ---------------------------------------------------------------- images and influence
 
 def _grid_shape(image_shape, d: int) -> tuple[int, int, int]:
@@ -238,7 +237,7 @@ def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape,
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, title_text="pixel column")
     fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, autorange="reversed")
     fig.update_yaxes(title_text="pixel row", row=1, col=1)  # the others would run into the image to their left
-    for i, axis in enumerate(("", "2", "3")):
+    for axis in ("", "2", "3"):
         fig.update_layout(**{f"yaxis{axis}": dict(scaleanchor=f"x{axis}", autorange="reversed")})
     fig.update_layout(template="plotly_white", height=320, title=title or None,
                       margin=dict(l=40, r=20, t=60, b=30))

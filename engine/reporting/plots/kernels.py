@@ -9,9 +9,21 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .style import (ARCH_COLORS, LARGEST_PARAMS_LOG10, MAX_SIDE, METRICS, PRACTICAL_LOG10, arch_label, attention_of,
-                    by_arch, for_log_axis, log_ticks, pretty_formula, styled, width_ticks)
-
+from .style import (
+    ARCH_COLORS,
+    LARGEST_PARAMS_LOG10,
+    MAX_SIDE,
+    METRICS,
+    PRACTICAL_LOG10,
+    arch_label,
+    attention_of,
+    by_arch,
+    for_log_axis,
+    log_ticks,
+    pretty_formula,
+    styled,
+    width_ticks,
+)
 
 # ---------------------------------------------------------------- matrices
 
@@ -317,7 +329,7 @@ def paper_trend_data(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFram
             d = d.sort_values("width")
             base = float(d[col].iloc[0])
             variant = None if arch != "attn" else ("linear" if source == "paper" else attention_of(d))
-            for w, v in zip(d["width"], d[col]):
+            for w, v in zip(d["width"], d[col], strict=True):
                 rows.append({"source": source, "arch": arch, "attention": variant, "width": int(w),
                              "value": float(v), "relative": float(v) / base if base else np.nan})
     return pd.DataFrame(rows, columns=["source", "arch", "attention", "width", "value", "relative"])

@@ -10,7 +10,6 @@ import plotly.graph_objects as go
 
 from .style import arch_label, styled
 
-
 # ---------------------------------------------------------------- scaling law
 
 def model_label(arch: str, attention) -> str:
