@@ -1,0 +1,77 @@
+"""The ``alignment`` experiment's config, presets and estimate; its run is
+``engine.experiments.alignment``, which imports these (torch-free, so that the command line's flags,
+``--estimate`` and the registry need no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...data import DataSpec
+from ...maths.specs import TrainSpec
+from ...runtime import budget as B
+from ...runtime.budget import Estimate
+from ...runtime.errors import BadInput
+from ...runtime.settings import normalised, setting, validate
+from .. import options
+
+
+@dataclass(frozen=True)
+class AlignmentConfig:
+    data: DataSpec = DataSpec(n=1000, n_test=200)  # n: the pool the kernels, C(k) and learning curves read
+    train: TrainSpec = TrainSpec(epochs=200, lr=1e-3, weight_decay=0.0, snapshot_epochs=(0, 25, 50, 100, 200))
+    widths: tuple[int, ...] = options.widths((256, 1024, 4096))
+    archs: tuple[str, ...] = options.archs()
+    attention: str = options.parameter_free_attention(
+        "its kernel after training is not the head's eNTK alone", "parameter-free variants only (centered included)")
+    seeds: tuple[int, ...] = options.seeds((0, 1, 2))
+    data_seeds: tuple[int, ...] = options.data_seeds((0, 1))
+    init_std: float = options.init_std()
+    init: str = options.init()
+    ridge: float = options.ridge()  # of every kernel ridge regression and of the learning-curve theory
+    curve_ns: tuple[int, ...] = setting((25, 50, 100, 200, 400, 1000), "training-set sizes p of the learning "
+                                        "curves (each ≤ n; drawn with replacement from the n pool points, tested "
+                                        "on all of them; the theory assumes p well below n)", unit="points",
+                                        flag="--curve-ns", lo=1, hi=60_000, max_len=20)
+    curve_trials: int = setting(5, "kernel-ridge samples per size p of the measured learning curve (mean ± sd)",
+                                flag="--curve-trials", lo=2, hi=200)
+
+    def __post_init__(self):
+        normalised(self)
+        validate(self)
+        options.check_init_widths(self.init, self.widths)
+        big = [p for p in self.curve_ns if p > self.data.n]
+        if big:
+            raise BadInput(f"curve sizes {big} exceed the pool n = {self.data.n}; allowed: each ≤ n")
+
+
+PRESETS = {"alignment": {  # named instances of the config: the dashboard's quick run and the paper's
+    # the page opens on its chart: two draws of 300 MNIST points, two seeds, two widths, 40 epochs
+    "quick": AlignmentConfig(data=DataSpec(n=300, n_test=100),
+                             train=TrainSpec(epochs=40, lr=1e-3, weight_decay=0.0, snapshot_epochs=(0, 10, 20, 40)),
+                             widths=(256, 1024), seeds=(0, 1), curve_ns=(10, 20, 40, 80, 160, 300), curve_trials=3),
+    # the paper's protocol (Adam 1e-3, coupled L2 1e-3, 500 epochs) on a 2000-point pool
+    "paper": AlignmentConfig(data=DataSpec(n=2000, n_test=500),
+                             train=TrainSpec(epochs=500, snapshot_epochs=(0, 50, 100, 200, 500)),
+                             widths=(256, 1024, 4096), curve_ns=(25, 50, 100, 200, 500, 1000, 2000)),
+}}
+
+
+def estimate_alignment(cfg: AlignmentConfig) -> Estimate:
+    n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
+    tr, draws = cfg.train, max(1, len(cfg.data_seeds))
+    c_out = B.n_outputs(cfg.data)
+    curve = sum(cfg.curve_trials * (B.chol_s(p) + B.gemm_s(n, p, c_out, True)) + B.gemm_s(p, p, 1, True) * p / 8
+                for p in cfg.curve_ns)
+    curve += len(cfg.curve_ns) * 1e-3  # the theory's bisections
+    kinf = B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True) + 3 * B.eig_s(n) + B.chol_s(n) + curve
+    per_group = B.train_s(n, d, sum(cfg.widths), tr.epochs, tr.batch_size, c_out)
+    for w in cfg.widths:
+        per_group += (2 + len(tr.snapshot_epochs)) * B.ntk_s(n, n, d, w) + 2 * B.ntk_s(nt, n, d, w)
+        per_group += 2 * (3 * B.eig_s(n) + B.chol_s(n)) + len(tr.snapshot_epochs) * B.gemm_s(n, n, c_out, True)
+    per_group += curve  # the trained K_m's learning curve at the largest width
+    units = draws * len(cfg.archs)
+    seconds = B.FIXED_S + draws * 0.05 + units * (kinf + len(cfg.seeds) * per_group)
+    memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
+              + B.head_bytes(sum(cfg.widths), n + nt, c_out))
+    return Estimate(seconds, int(memory))

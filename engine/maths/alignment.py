@@ -1,0 +1,256 @@
+"""How well a kernel aligns with the task: centred kernel–target alignment, the cumulative power
+of the targets along the kernel's eigenvectors, and the learning curve of kernel ridge regression
+with its spectral prediction (Bordelon et al. 2020, Canatar et al. 2021).
+
+Arrays in, numpy out (float64). Kernels are (n, n) symmetric positive semi-definite; targets Y
+are (n,) or (n, c) (one-hot or ±1 columns), samples along axis 0. One eigendecomposition of a
+kernel (``eigh_desc``) serves ``cumulative_power``, ``population`` and ``theory_curve``.
+``verdict`` reads a summary of alignments per architecture with the same discipline as the
+flip rates: a difference counts only beyond the spread over seeds and draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..runtime.errors import BadInput
+from .kinf import _blas_threads  # numpy's BLAS on one thread: beside torch's threads it would oversubscribe
+
+
+def _np(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _targets(Y, n: int) -> np.ndarray:
+    Y = _np(Y).reshape(n, -1)
+    if not np.isfinite(Y).all():
+        raise BadInput("targets hold NaN or inf; allowed: finite numbers")
+    return Y
+
+
+def _square(K) -> np.ndarray:
+    K = _np(K)
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise BadInput(f"a kernel is a square (n, n) matrix, got shape {K.shape}")
+    if not np.isfinite(K).all():
+        raise BadInput("the kernel holds NaN or inf; allowed: finite entries")
+    return K
+
+
+# ---------------------------------------------------------------- kernel–target alignment
+
+def centered_alignment(K, Y) -> float:
+    """Centred kernel–target alignment A(K, YYᵀ) = ⟨K_c, (YYᵀ)_c⟩_F / (‖K_c‖_F ‖(YYᵀ)_c‖_F).
+
+    K (n, n); Y (n,) or (n, c). M_c = H M H with H = I − 11ᵀ/n (Cortes et al. 2012). In [−1, 1];
+    invariant to the order of the points, to the scale of K and to adding a constant to K.
+    NaN when either centred matrix is zero (a constant kernel, a single class)."""
+    K = _square(K)
+    n = K.shape[0]
+    Yc = _targets(Y, n)
+    Yc = Yc - Yc.mean(axis=0)
+    Kc = K - K.mean(axis=0) - K.mean(axis=1)[:, None] + K.mean()
+    num = float(np.sum(Yc * (Kc @ Yc)))            # tr(Ycᵀ K_c Yc) = ⟨K_c, Yc Ycᵀ⟩_F
+    den = float(np.linalg.norm(Kc) * np.linalg.norm(Yc.T @ Yc))  # ‖Yc Ycᵀ‖_F = ‖Ycᵀ Yc‖_F
+    return num / den if den > 0 else math.nan
+
+
+# ---------------------------------------------------------------- spectral alignment
+
+def eigh_desc(K) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (n,) in decreasing order and eigenvectors (n, n) as columns, of symmetric K."""
+    K = _square(K)
+    with _blas_threads(1):
+        s, V = np.linalg.eigh((K + K.T) / 2)
+    return s[::-1].copy(), V[:, ::-1].copy()
+
+
+def _tie_groups(s: np.ndarray, rtol: float) -> list[slice]:
+    """Runs of eigenvalues equal within ``rtol`` of the largest (s decreasing)."""
+    tol = rtol * max(float(np.abs(s).max(initial=0.0)), np.finfo(float).tiny)
+    groups, start = [], 0
+    for i in range(1, len(s) + 1):
+        if i == len(s) or s[start] - s[i] > tol:
+            groups.append(slice(start, i))
+            start = i
+    return groups
+
+
+def mode_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
+    """Share of ‖Y‖_F² on each eigenvector, (n,), summing to 1, in the order of ``s`` (decreasing).
+
+    Within a run of tied eigenvalues (equal within ``rtol`` of λ_max) the eigenvectors are not
+    unique, so the run's total power is spread evenly over its members: the result depends on
+    the kernel alone, not on which basis of a degenerate eigenspace the solver returned."""
+    s, V = _np(s), _np(V)
+    Y = _targets(Y, V.shape[0])
+    total = float(np.sum(Y ** 2))
+    if total == 0:
+        raise BadInput("the targets are all zero; the power along eigenvectors is undefined")
+    p = np.sum((V.T @ Y) ** 2, axis=1) / total
+    for g in _tie_groups(s, rtol):
+        p[g] = p[g].mean()
+    return p
+
+
+def cumulative_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
+    """C(k) = Σ_{i≤k} ‖v_iᵀ Y‖² / ‖Y‖_F², k = 1 … n, (n,), eigenvectors in decreasing eigenvalue
+    order (``eigh_desc``); ties as in ``mode_power``. C(n) = 1 for a complete basis."""
+    return np.cumsum(mode_power(s, V, Y, rtol))
+
+
+def power_summary(C, level: float = 0.9) -> dict:
+    """One-number summaries of a cumulative power curve C (n,): ``k_at`` the smallest k with
+    C(k) ≥ level, and ``auc_log`` the area under C against log k over [1, n], divided by log n
+    (1: all power on the top eigenvector; about 1/ln n ⋯ for power spread evenly)."""
+    C = _np(C)
+    n = len(C)
+    if not 0 < level <= 1:
+        raise BadInput(f"level must lie in (0, 1], got {level}")
+    hit = np.nonzero(C >= level - 1e-12)[0]
+    k_at = int(hit[0]) + 1 if len(hit) else n
+    if n == 1:
+        return {"k_at": k_at, "auc_log": float(C[0])}
+    logk = np.log(np.arange(1, n + 1))
+    return {"k_at": k_at, "auc_log": float(np.trapezoid(C, logk) / logk[-1])}
+
+
+def log_grid(n: int, points: int = 60) -> np.ndarray:
+    """About ``points`` distinct k in [1, n], log-spaced (the k at which a curve is stored)."""
+    return np.unique(np.round(np.geomspace(1, n, points)).astype(int))
+
+
+# ---------------------------------------------------------------- learning curves
+
+def population(s, V, Y, N: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Population eigenvalues λ_k = s_k / N (the kernel's operator on the empirical measure of
+    its N points) and target weights w_k = ‖v_kᵀ Y‖² / N (the target's squared coefficient on
+    the normalised eigenfunction √N v_k, summed over outputs): Σ w_k = mean_i ‖Y_i‖²."""
+    s, V = _np(s), _np(V)
+    N = V.shape[0] if N is None else N
+    Y = _targets(Y, V.shape[0])
+    return np.clip(s, 0, None) / N, np.sum((V.T @ Y) ** 2, axis=1) / N
+
+
+def solve_kappa(lam, p: float, ridge_abs: float, iters: int = 200) -> float:
+    """κ solving κ = λ + Σ_k λ_k κ / (p λ_k + κ), by bisection (the right side minus κ falls
+    in κ), for eigenvalues lam ≥ 0, p samples and absolute ridge λ ≥ 0 (κ > 0 needs λ > 0 or
+    p below the number of positive eigenvalues)."""
+    lam = _np(lam)
+    if p <= 0 or ridge_abs < 0:
+        raise BadInput(f"the learning-curve theory needs p > 0 and ridge ≥ 0, got p = {p}, ridge = {ridge_abs}")
+
+    def g(k):  # positive below the root
+        return ridge_abs + float(np.sum(lam * k / (p * lam + k))) - k
+
+    lo, hi = 0.0, ridge_abs + float(lam.sum()) + 1e-300  # g(hi) ≤ 0 since each term is < λ_k
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if g(mid) > 0 else (lo, mid)
+        if hi - lo <= 1e-15 * hi:
+            break
+    return 0.5 * (lo + hi)
+
+
+def theory_error(lam, w, p: float, ridge_abs: float) -> float:
+    """Predicted test error E_g(p) = 1/(1−γ) Σ_k κ² w_k / (p λ_k + κ)², γ = Σ_k p λ_k² / (p λ_k + κ)²
+    (Canatar et al. 2021, eq. 4 without label noise; w_k = η_k w̄_k² in their notation), in the
+    units of ``w`` (mean squared error summed over outputs)."""
+    lam, w = _np(lam), _np(w)
+    k = solve_kappa(lam, p, ridge_abs)
+    gamma = float(np.sum(p * lam ** 2 / (p * lam + k) ** 2))
+    return float(np.sum(k ** 2 * w / (p * lam + k) ** 2) / (1.0 - gamma))
+
+
+def theory_curve(lam, w, ns, ridge_abs: float) -> np.ndarray:
+    """``theory_error`` at each training-set size in ``ns``, (len(ns),)."""
+    return np.array([theory_error(lam, w, float(p), ridge_abs) for p in ns])
+
+
+def measured_curve(K, Y, ns, ridge_abs: float, trials: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel ridge on ``trials`` samples of each size p in ``ns``, drawn with replacement from the
+    N points of K (the population the theory's λ_k, w_k describe), tested on all N points:
+    mean and sd over trials of mean_i ‖f(x_i) − Y_i‖², each (len(ns),). ``ridge_abs`` is added
+    to the sampled kernel's diagonal, as in the theory."""
+    K = _square(K)
+    N = K.shape[0]
+    Y = _targets(Y, N)
+    if trials < 1:
+        raise BadInput(f"trials must be >= 1, got {trials}")
+    rng = np.random.default_rng(seed)
+    with _blas_threads(1):
+        return _measure(K, Y, ns, ridge_abs, trials, rng)
+
+
+def _measure(K, Y, ns, ridge_abs, trials, rng):
+    N, mean, sd = K.shape[0], [], []
+    for p in ns:
+        errs = []
+        for _ in range(trials):
+            S = rng.integers(0, N, int(p))
+            A = K[np.ix_(S, S)] + ridge_abs * np.eye(len(S))
+            alpha = np.linalg.solve(A, Y[S])
+            errs.append(float(np.mean(np.sum((K[:, S] @ alpha - Y) ** 2, axis=1))))
+        mean.append(np.mean(errs))
+        sd.append(np.std(errs, ddof=1) if trials > 1 else math.nan)
+    return np.array(mean), np.array(sd)
+
+
+# ---------------------------------------------------------------- verdict
+
+VERDICT_WORDS = ("**holds** where MLP-Attn's centred alignment of its trained K_m with the labels exceeds "
+                 "2L-ReLU's by more than the sum of their sds over seeds and data draws, and its K_m ridge "
+                 "test accuracy is not lower than 2L-ReLU's by more than the sum of those sds; "
+                 "**fails** otherwise; **uninformative** with fewer than two (seed, draw) pairs per net.")
+
+
+def verdict(summary: pd.DataFrame, metric: str = "align_trained", acc: str = "test_acc_kernel_trained") -> pd.DataFrame:
+    """"MLP-Attn's kernel is better aligned", per width, from an alignment run's ``summary``
+    (columns arch, width, ``{metric}_mean/_sd``, ``{acc}_mean/_sd``, n_seeds: units over seeds
+    and draws). One row per width: both nets' means and sds, the gap, the spread, the accuracy
+    gap, and ``outcome`` in holds / fails / uninformative with ``why``."""
+    out = []
+    for width, g in summary.groupby("width", sort=True):
+        r, a = g[g["arch"] == "relu"], g[g["arch"] == "attn"]
+        if r.empty or a.empty:
+            continue
+        r, a = r.iloc[0], a.iloc[0]
+        gap = a[f"{metric}_mean"] - r[f"{metric}_mean"]
+        spread = a[f"{metric}_sd"] + r[f"{metric}_sd"]
+        acc_gap = a[f"{acc}_mean"] - r[f"{acc}_mean"]
+        acc_spread = a[f"{acc}_sd"] + r[f"{acc}_sd"]
+        row = {"width": int(width), "relu_mean": r[f"{metric}_mean"], "relu_sd": r[f"{metric}_sd"],
+               "attn_mean": a[f"{metric}_mean"], "attn_sd": a[f"{metric}_sd"], "gap": gap, "spread": spread,
+               "relu_acc": r[f"{acc}_mean"], "attn_acc": a[f"{acc}_mean"], "acc_gap": acc_gap,
+               "units": int(min(r["n_seeds"], a["n_seeds"]))}
+        if row["units"] < 2 or not math.isfinite(spread):
+            row["outcome"], row["why"] = "uninformative", "fewer than two (seed, draw) pairs per net"
+        elif gap <= spread:
+            row["outcome"] = "fails"
+            row["why"] = f"alignment gap {gap:+.3f} within the spread {spread:.3f}"
+        elif acc_gap < -acc_spread:
+            row["outcome"] = "fails"
+            row["why"] = f"better aligned by {gap:+.3f}, but K_m ridge accuracy lower by {-100 * acc_gap:.1f} points"
+        else:
+            row["outcome"] = "holds"
+            row["why"] = (f"alignment gap {gap:+.3f} beyond the spread {spread:.3f}; K_m ridge accuracy "
+                          f"{100 * acc_gap:+.1f} points")
+        out.append(row)
+    return pd.DataFrame(out, columns=["width", "relu_mean", "relu_sd", "attn_mean", "attn_sd", "gap", "spread",
+                                      "relu_acc", "attn_acc", "acc_gap", "units", "outcome", "why"])
+
+
+def parted(curves: pd.DataFrame, rtol: float = 0.2) -> pd.DataFrame:
+    """Rows of a learning-curve frame (columns measured, measured_sd, theory) where theory and the
+    measured mean part: they differ by more than ``rtol`` of the theory and by more than two sds
+    of the measurement."""
+    if curves.empty:
+        return curves
+    gap = (curves["measured"] - curves["theory"]).abs()
+    bad = (gap > rtol * curves["theory"].abs()) & (gap > 2 * curves["measured_sd"].fillna(0))
+    return curves[bad & np.isfinite(curves["theory"])]
