@@ -77,15 +77,19 @@ def controls_ui() -> dict:
     lr = configs.float_input(c4, "Learning rate", TrainSpec, "lr", key="mall.lr", value=QUICK.train.lr)
     decay = configs.float_input(c5, "Weight decay", TrainSpec, "weight_decay", key="mall.decay",
                          value=QUICK.train.weight_decay)
-    readings = st.multiselect("Influence readings", READINGS, default=list(QUICK.readings), key="mall.readings",
-                              **BOUND, format_func=lambda r: plots.READING_LABELS[r],
-                              help=configs.help_of(MalleabilityConfig, "readings"))
+    c1, c2 = st.columns([3, 1])
+    readings = c1.multiselect("Influence readings", READINGS, default=list(QUICK.readings), key="mall.readings",
+                              **BOUND, help=configs.help_of(MalleabilityConfig, "readings"))
+    losses = configs.choices_of(TrainSpec, "loss")
+    loss = c2.radio("Training loss", losses, index=losses.index(QUICK.train.loss), horizontal=True,
+                    key="mall.loss", **BOUND, help=configs.help_of(TrainSpec, "loss") + "; the flow reading needs mse")
     return dict(attacks=tuple(a for a in ATTACKS if a in attacks), eps=tuple(sorted(float(e) for e in eps)),
                 steps=int(steps), epochs=int(epochs), widths=tuple(sorted(int(w) for w in widths)), tau=float(tau),
                 perturb=perturb, readings=tuple(r for r in READINGS if r in readings),
                 retrain=bool(retrain), adversarial_training=bool(adv), interventions=bool(interventions),
                 norm=norm, space=space, target=target, n_seeds=int(n_seeds), optimizer=optimizer,
-                ridge=float(ridge), influence_kernel=kernel, init=init, lr=float(lr), weight_decay=float(decay))
+                ridge=float(ridge), influence_kernel=kernel, init=init, lr=float(lr), weight_decay=float(decay),
+                loss=loss)
 
 
 s = shared()
@@ -101,9 +105,9 @@ require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 require(bool(opts["widths"]) and bool(opts["readings"]), "Pick at least one width and one influence reading.")
-lr, decay = opts.pop("lr"), opts.pop("weight_decay")
+lr, decay, loss = opts.pop("lr"), opts.pop("weight_decay"), opts.pop("loss")
 cfg = configs.malleability_config(s, **opts)
-cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay))
+cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay, loss=loss))
 res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()

@@ -13,7 +13,7 @@ from engine.experiments.sweep import run_ntk_sweep
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.malleability import run_malleability
 from ui import configs, render, sensitivity
-from ui.common import require, shared
+from ui.common import plain, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -36,7 +36,7 @@ st.markdown(
     "Verdicts compare shapes (trends, orderings, orders of magnitude), not absolute values: the paper's "
     "sample sizes are unknown and ‖f_m − f_NTK‖ grows with the number of test points.")
 if key is None:
-    st.info(f"The paper reports nothing for {s.dataset}; its MNIST numbers are shown for reference. "
+    st.info(f"The paper reports nothing for {plain(s.dataset)}; its MNIST numbers are shown for reference. "
             "Pick mnist (or mnist with classes 3-8) in the sidebar for a like-for-like comparison.")
 require("relu" in s.archs and "attn" in s.archs, "Select both architectures in the sidebar.")
 epochs, m_epochs, steps = controls_ui()
@@ -105,6 +105,20 @@ if mall is not None:
     bad = render.training_gate(nets, len(mall.meta["class_names"]), by=("arch",), what="flip rates")
     st.dataframe(render.greyed(tables.flip_table(mall.frames["summary"]).rename(columns=tables.FLIP_TABLE), bad,
                                by=("arch",)), hide_index=True, width="stretch")
+st.subheader("The network's own influence: the same attack read three ways")
+ncfg = configs.network_config(s)
+net = obtain_planned(run_malleability, ncfg, "Flip rates read by ridge, gradient flow and retraining", wait=True,
+                     button="Read the attack three ways",
+                     why="Retraining the network without each tracked point, on clean and attacked data, takes minutes.")
+if net is not None:
+    st.dataframe(tables.gap_table(net.frames["verdict"]).rename(columns=tables.GAP_TABLE), hide_index=True,
+                 width="stretch")
+    data = plots.excess_width_data(net.frames["summary"], ncfg.attacks[0], ncfg.eps[0])
+    render.chart(plots.excess_width_fig(data, ncfg.attention), data, "flip excess against width by reading",
+                 "The flip excess over the larger null per architecture (colour) and reading (dash: ridge leave-one-out "
+                 "on the trained eNTK, its gradient flow for the net's own steps, and retraining the network itself), "
+                 f"with 95 % intervals; lazy SGD on MSE, antisymmetric init, {ncfg.attention} attention, "
+                 f"{ncfg.attack.norm} {ncfg.attacks[0].upper()} at ε = {ncfg.eps[0]:g} on the normalised rows.")
 st.subheader("Adversarial training")
 acfg = configs.malleability_config(s, attacks=("pgd",), eps=(paper.FLIP_EPS,), epochs=m_epochs, steps=steps,
                                    adversarial_training=True)
@@ -116,7 +130,8 @@ if adv is not None:
 
 st.header("Verdicts")
 table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS,
-                                            mall.frames["summary"] if mall is not None else None))
+                                            mall.frames["summary"] if mall is not None else None,
+                                            net.frames["summary"] if net is not None else None))
 render.verdicts(table)
 st.download_button("Verdicts (CSV)", table.to_csv(index=False).encode(), "verdicts.csv", "text/csv",
                    key="csv.verdicts", on_click="ignore", icon=":material/download:")
@@ -144,5 +159,5 @@ sensitivity.sensitivity_ui(
 st.header("Settings used")
 used = {"spectrum": spec.config if spec is not None else None,
         "ntk-sweep": sweep.config if sweep is not None else None}
-used.update({"malleability": mall_cfg, "adversarial": adv_cfg})
+used.update({"malleability": mall_cfg, "adversarial": adv_cfg, "network": net.config if net is not None else None})
 st.json(used, expanded=1)

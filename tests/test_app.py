@@ -296,3 +296,21 @@ def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
     assert at.selectbox(key="regime.optimizer").value == preset.train.optimizer
     assert at.select_slider(key="regime.lr").value == preset.train.lr
     assert at.selectbox(key="regime.param").value == preset.train.param
+
+
+def test_malleability_reads_one_attack_three_ways_across_widths(env):
+    """Every reading and two widths from a link: the gap table and the excess-against-width chart render,
+    and the table and the bars show the reading and width picked."""
+    view = {**SMALL, "classes": "0-1", "mall.readings": ["ridge", "flow", "retrain"], "mall.widths": ["64", "256"],
+            "mall.optimizer": "sgd", "mall.lr": "1.0", "mall.decay": "0.0", "mall.loss": "mse",
+            "mall.init": "antisymmetric", "mall.eps": ["0.3"], "mall.attacks": ["PGD"], "mall.steps": "3",
+            "mall.epochs": "5", "mall.norm": "l2", "mall.space": "normalized"}
+    at = open_page(app(view), "pages/malleability.py")
+    if any(b.label == "Run the attacks" for b in at.button):
+        next(b for b in at.button if b.label == "Run the attacks").click()
+        settle(at, timeout=400.0)
+    check_page(at, "malleability read three ways")
+    assert any(h.value == "Every reading, every width" for h in at.subheader)
+    assert at.selectbox(key="mall.shown_reading").options == ["ridge LOO (kernel)", "gradient flow (kernel)",
+                                                              "retraining (network)"]
+    assert len(at.dataframe) >= 2

@@ -243,7 +243,7 @@ def test_adversarial_training():
 def test_verdict_table_has_one_row_per_claim():
     table = paper.verdict_table(paper.verdicts("mnist"))
     assert list(table.columns) == ["claim", "paper", "measured", "status", "words"]
-    assert len(table) == 7 and set(table["status"]) == {"not measured"}
+    assert len(table) == 8 and set(table["status"]) == {"not measured"}
     assert set(table["status"]) <= set(paper.STATUSES)
 
 
@@ -267,14 +267,19 @@ def test_the_readme_grid_and_its_report_command(capsys):
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "grids" / "readme.toml")
     cells = [c for c in spec.cells if c.kind == "malleability"]
-    assert len(cells) == len(spec.cells) >= 10
-    assert all(c.config.data.dataset == "mnist" and c.config.data.n == 500 and c.config.widths == (1024,) and
-               c.config.nulls and len(c.config.seeds) == 3 for c in cells)
+    network = [c for c in cells if c.config.readings != ("ridge",)]
+    flips = [c for c in cells if c not in network]
+    assert len(flips) >= 10 and all(c.config.data.dataset == "mnist" and c.config.data.n == 500 and
+                                    c.config.widths == (1024,) and c.config.nulls and len(c.config.seeds) == 3
+                                    for c in flips)
+    assert [c.config.readings for c in network] == [("ridge", "flow", "retrain")]  # the network's own influence
+    assert len(network[0].config.widths) >= 3 and len(network[0].config.data_seeds) >= 2
+    cells = [c for c in cells if c in flips]
     assert {c.config.influence_kernel for c in cells} == {"entk", "kinf"}
     assert {c.config.attention for c in cells} == {"linear", "centered"}
     assert {c.config.precision for c in cells} == {"float64", "float32"}
     text = report.markdown(spec, None)
-    assert text.count("not computed yet") == len(cells) and "readme.toml" in text
+    assert text.count("not computed yet") == len(cells) + len(network) and "readme.toml" in text
     with pytest.raises(SystemExit) as exc:
         cli.main(["report", "--help"])
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out

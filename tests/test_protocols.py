@@ -225,7 +225,8 @@ def test_query_parameters_rebuild_the_configs_as_the_pages_do():
             interventions=p["mall.interventions"] == "true", norm=p["mall.norm"], space=p["mall.space"],
             target=p["mall.target"], n_seeds=int(p["mall.seeds"]), optimizer=p["mall.optimizer"],
             ridge=float(p["mall.ridge"]), influence_kernel=p["mall.kernel"], init=p["mall.init"])
-        cfg = replace(cfg, train=replace(cfg.train, lr=float(p["mall.lr"]), weight_decay=float(p["mall.decay"])))
+        cfg = replace(cfg, train=replace(cfg.train, lr=float(p["mall.lr"]), weight_decay=float(p["mall.decay"]),
+                                         loss=p["mall.loss"]))
         assert cfg == c.config and not L.of(c).unlinked
     for c in P.kernel_variants(sbase):
         p = L.of(c).params

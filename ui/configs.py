@@ -200,6 +200,12 @@ def malleability_config(s: Shared, epochs: int | None = None, steps: int | None 
                    attack=attack, **options)
 
 
+def network_config(s: Shared) -> MalleabilityConfig:
+    """The ``network`` preset (every influence reading, three widths, the lazy protocol) on the
+    sidebar's data and architectures; its attention stays the preset's centred one, which trains."""
+    return replace(EXPERIMENTS["malleability"].presets["network"], data=s.data(), archs=tuple(s.archs))
+
+
 def scaling_config(**options):
     """The quick scaling preset with any ScalingConfig field replaced (train fields: epochs, lr)."""
     q = QUICK["scaling"]

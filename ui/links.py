@@ -5,20 +5,30 @@ key → the value as the widget shows it) that reproduce it there.
 business, so they are written here, once, beside the labels the NTK page's metric selectbox
 shows. ``of(variant)`` gives the cell's ``Link``: its parameters, its relative URL, and
 ``unlinked``, the settings the page cannot take from its URL.
+
+A link's page settings (``mall.eps``, ``ntk.lr``, ...) are checked like the sidebar's: a value
+the page's widget drops, or the setting's declared limits refuse, gets the same one line
+("This link's … = … is not allowed …, so the page uses … instead", ``page_problems``), and the
+page then starts no run by itself (``link_refused``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode
+
+import streamlit as st
 
 from engine.data import DataSpec
 from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.registry import preset
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting.protocols import KERNEL_METRICS, Variant
-from ui.common import ARCH_LABELS
+from engine.runtime.settings import meta
+from ui.common import ARCH_LABELS, plain
 
 # What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
 # Its `ntk.metric` selectbox shows (and puts in the URL) these labels, the default first: what
@@ -71,7 +81,7 @@ def _mall_params(cfg: MalleabilityConfig) -> tuple[dict, dict]:
                    "mall.norm": cfg.attack.norm, "mall.space": cfg.space, "mall.target": cfg.target,
                    "mall.steps": str(cfg.attack.steps), "mall.epochs": str(cfg.train.epochs),
                    "mall.seeds": str(len(cfg.seeds)), "mall.widths": [str(w) for w in cfg.widths],
-                   "mall.readings": list(cfg.readings), "mall.tau": str(cfg.tau),
+                   "mall.readings": list(cfg.readings), "mall.loss": cfg.train.loss, "mall.tau": str(cfg.tau),
                    "mall.perturb": cfg.perturb, "mall.optimizer": cfg.train.optimizer,
                    "mall.lr": str(cfg.train.lr), "mall.decay": str(cfg.train.weight_decay),
                    "mall.ridge": str(cfg.ridge), "mall.kernel": cfg.influence_kernel, "mall.init": cfg.init,
@@ -91,3 +101,77 @@ def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
         unlinked["train"] = f"weight decay {cfg.train.weight_decay:g}"
     return params, unlinked
 
+
+
+# ---------------------------------------------------------------- a link's page settings
+
+ASKED = "link.asked"        # session key: the URL's page parameters as this run found them (app.py)
+REFUSED = "link.refused"    # session key: {widget key: (line, value shown then)} kept until changed
+_TRAIN = {k: (TrainSpec, f) for k, f in (("epochs", "epochs"), ("lr", "lr"), ("optimizer", "optimizer"),
+                                           ("decay", "weight_decay"), ("loss", "loss"))}
+SETTING_OF = {  # widget key -> the setting it sets (its declared limits name what is allowed)
+    **{f"{page}.{k}": v for page in ("mall", "ntk") for k, v in _TRAIN.items()},
+    "mall.steps": (AttackSpec, "steps"), "mall.norm": (AttackSpec, "norm"), "ntk.ridge": (SweepConfig, "ridge"),
+    **{f"mall.{k}": (MalleabilityConfig, f) for k, f in (
+        ("eps", "eps"), ("tau", "tau"), ("space", "space"), ("target", "target"), ("perturb", "perturb"),
+        ("init", "init"), ("readings", "readings"), ("attacks", "attacks"), ("widths", "widths"),
+        ("ridge", "ridge"), ("kernel", "influence_kernel"))},
+}
+
+
+def remember_asked() -> None:
+    """Before any widget is drawn (app.py): the page parameters (keys with a dot) of the URL."""
+    st.session_state[ASKED] = {k: st.query_params.get_all(k) for k in st.query_params if "." in k}
+
+
+def declared_refusal(key: str, text: str) -> str | None:
+    """What the setting behind widget ``key`` allows, when ``text`` is outside it; else None."""
+    if key not in SETTING_OF:
+        return None
+    m = meta(*SETTING_OF[key])
+    if m.choices is not None:
+        return None if text.lower() in {str(c).lower() for c in m.choices} else m.allowed()
+    if m.lo is None and m.hi is None:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return m.allowed()
+    ok = (math.isfinite(v) and (m.lo is None or v > m.lo or (v == m.lo and not m.lo_open))
+          and (m.hi is None or v <= m.hi))
+    return None if ok else m.allowed()
+
+
+def _value(key: str) -> str:
+    now = st.query_params.get_all(key)
+    return ", ".join(now) if now else str(st.session_state.get(key, "the default"))
+
+
+def page_problems() -> list[str]:
+    """One line per page parameter of the link that the page did not take as asked.
+
+    Call after the page's widgets are drawn: a bound widget drops a value outside its bounds
+    or options from the URL (``mall.eps=0.07``, ``ntk.lr=nan``), so what the URL asked (kept by
+    ``remember_asked``) and what it now holds differ. The line names the value, what is
+    allowed (the setting's declared limits where it refuses the value, else this page's
+    choices) and what the page uses; it stays for the session until that widget changes."""
+    refused = st.session_state.setdefault(REFUSED, {})
+    for key, asked in st.session_state.get(ASKED, {}).items():
+        now = st.query_params.get_all(key)
+        bad = [v for v in asked if v not in now]
+        if not bad and len(asked) == len(now):
+            continue
+        allowed = next((a for a in map(lambda v: declared_refusal(key, v), bad) if a), None)
+        why = f"is not allowed ({allowed})" if allowed else "is not among this page's choices"
+        refused[key] = (f"This link's {key} = {plain(', '.join(bad or asked))} {why}, so the page uses "
+                        f"{plain(_value(key))} instead.", _value(key))
+    for key, (_, shown) in list(refused.items()):
+        if _value(key) != shown:  # changed on the page since: the link's value is no longer the question
+            refused.pop(key)
+    return [line for line, _ in refused.values()]
+
+
+def link_refused() -> bool:
+    """Whether this session's link asked for a value the page or the sidebar did not take: the
+    page then shows its settings and waits for a click instead of starting a run by itself."""
+    return bool(page_problems() or st.session_state.get("link.problems") or st.session_state.get("data.link_note"))

@@ -292,18 +292,46 @@ def verdict_adversarial(standard: pd.DataFrame | None, adversarial: pd.DataFrame
     return Verdict(claim, paper, measured, "disagrees", "Adversarial training does not raise the flip rate here.")
 
 
+READING_STATUS = {"holds": "agrees", "fails": "disagrees", "did not train": "did not train",
+                  "uninformative": "not measured"}
+
+
+def verdict_readings(summary: pd.DataFrame | None, dataset: str) -> Verdict:
+    """The flip claim read as the network itself retrains (``reading`` retrain of a malleability
+    summary with several readings), at its largest width and first attack; the kernels' readings
+    (ridge, flow) beside it. The status is the retraining reading's ``flip_rule`` outcome."""
+    claim = "MLP-Attn's influence is more malleable, read by retraining the network"
+    paper = "not measured: the paper reads influence by the eNTK's ridge leave-one-out only"
+    if summary is None or summary.empty or "reading" not in summary or "retrain" not in set(summary["reading"]):
+        return _missing(claim, paper, "Run malleability with --reading ridge,flow,retrain (preset network).")
+    width = int(summary["width"].max())
+    d = summary[summary["width"] == width]
+    attack = "pgd" if "pgd" in set(d["attack"]) else str(d["attack"].iloc[0])
+    rules = {r: flip_rule(d[d["reading"] == r], attack) for r in ("retrain", "flow", "ridge") if r in set(d["reading"])}
+    measured = "; ".join(f"{r}: {v['outcome']}" + (f", {gap_words(v)}" if math.isfinite(v.get("gap", math.nan))
+                                                   else f" ({v['why']})") for r, v in rules.items())
+    own = rules["retrain"]
+    status = READING_STATUS[own["outcome"]]
+    kernels = ", ".join(f"{r} {v['outcome']}" for r, v in rules.items() if r != "retrain")
+    return Verdict(claim, paper, f"m = {width}, {attack.upper()} at ε = {own['eps']:g}: {measured}", status,
+                   f"Retraining the network without each tracked point: {own['outcome']} ({own['why']}); "
+                   f"the kernels' readings of the same attack: {kernels or 'not run'}.")
+
+
 def verdicts(dataset: str, spectrum: dict | None = None, sweep: pd.DataFrame | None = None,
              malleability: pd.DataFrame | None = None, adversarial: pd.DataFrame | None = None,
-             eps: float | None = None, malleability_summary: pd.DataFrame | None = None) -> list[Verdict]:
+             eps: float | None = None, malleability_summary: pd.DataFrame | None = None,
+             network_summary: pd.DataFrame | None = None) -> list[Verdict]:
     """All verdicts for what was measured; missing inputs give "not measured" rows.
 
     ``malleability`` and ``adversarial``: ``rows`` frames of ``run_malleability`` (standard and
     adversarial training); ``malleability_summary``: the standard run's ``summary`` frame,
-    which the flip claim's rule reads (nulls and intervals)."""
+    which the flip claim's rule reads (nulls and intervals); ``network_summary``: the summary of
+    a run with the retraining reading (``verdict_readings``)."""
     return [verdict_kappa_cubed(spectrum), verdict_kappa_size(spectrum, dataset),
             verdict_width(spectrum, dataset), verdict_relu_converges(sweep, dataset),
             verdict_attn_diverges(sweep, dataset), verdict_flip_gap(malleability_summary, dataset, eps),
-            verdict_adversarial(malleability, adversarial, dataset)]
+            verdict_readings(network_summary, dataset), verdict_adversarial(malleability, adversarial, dataset)]
 
 
 def verdict_table(items: list[Verdict]) -> pd.DataFrame:
