@@ -21,6 +21,7 @@ Influence readings (``READINGS``), each a column of every malleability row:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..maths.specs import TrainSpec
 
@@ -70,12 +71,12 @@ class Reading:
         return loss == "mse"
 
 
-def net_recipe(cfg, arch: str, width: int, seed: int) -> NetRecipe:
+def net_recipe(cfg: Any, arch: str, width: int, seed: int) -> NetRecipe:
     """The recipe of one (arch, width, seed) of a config with the usual fields."""
     return NetRecipe(arch, cfg.attention, int(width), cfg.init, cfg.init_std, cfg.data.normalize, cfg.train,
                      int(seed))
 
 
-def reading_of(cfg, name: str = "ridge") -> Reading:
+def reading_of(cfg: Any, name: str = "ridge") -> Reading:
     """The reading ``name`` with a config's kernel, target, ridge, storage and precision."""
     return Reading(name, cfg.influence_kernel, cfg.target, cfg.ridge, cfg.storage, cfg.precision)

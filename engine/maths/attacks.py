@@ -10,14 +10,19 @@ or all); the other rows are returned exactly as they came in.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..runtime.errors import Cancelled
 from .specs import AttackMethod, AttackNorm, AttackSpec
-from .training import loss_fn
+from .training import CancelFlag, loss_fn
+
+if TYPE_CHECKING:
+    from .models import Net
 
 
-def training_loss(net, Xp: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
+def training_loss(net: Net, Xp: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
     """The net's mean training loss with features recomputed from the perturbed set Xp."""
     return loss_fn(net.head(net.features(Xp, X_ref=Xp)), y, loss, n_classes)
 
@@ -33,7 +38,8 @@ def _direction(g: torch.Tensor, norm: AttackNorm) -> torch.Tensor:
     return g / _row_norm(g).clamp_min(torch.finfo(g.dtype).tiny)  # a zero gradient row stays zero
 
 
-def _project(Xp, X, eps, box, norm: AttackNorm = AttackNorm.LINF):
+def _project(Xp: torch.Tensor, X: torch.Tensor, eps: float, box: tuple[float, float] | None,
+             norm: AttackNorm = AttackNorm.LINF) -> torch.Tensor:
     """Nearest point of the per-row ε-ball around X, then clipped to the box.
 
     Clipping after the ball keeps the point in the ball when X lies in the box: each
@@ -49,7 +55,7 @@ def _project(Xp, X, eps, box, norm: AttackNorm = AttackNorm.LINF):
     return Xp if box is None else Xp.clamp(*box)
 
 
-def _random_start(X, eps, norm: AttackNorm, seed: int) -> torch.Tensor:
+def _random_start(X: torch.Tensor, eps: float, norm: AttackNorm, seed: int) -> torch.Tensor:
     """A uniform random point of the ε-ball around each row, (n, d), drawn on the CPU."""
     gen = torch.Generator().manual_seed(int(seed))
     if norm is AttackNorm.LINF:
@@ -70,9 +76,9 @@ def _grad(net, Xp, y, loss, n_classes):
     return g, float(value.detach())
 
 
-def attack(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: AttackSpec, loss: str,
+def attack(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: AttackSpec, loss: str,
            mask: torch.Tensor | None = None, box: tuple[float, float] | None = (0.0, 1.0),
-           cancel=None) -> torch.Tensor:
+           cancel: CancelFlag | None = None) -> torch.Tensor:
     """Adversarial training inputs (n, d), same dtype and device as X.
 
     ``cancel`` (anything with ``is_set()``) is checked before every step; ``Cancelled`` stops it.
@@ -112,6 +118,7 @@ def attack(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: AttackSp
             velocity = spec.momentum * velocity + g / g.abs().sum(dim=1, keepdim=True).clamp_min(1e-12)
             g = velocity
         Xp = fixed(_project(Xp + spec.alpha * _direction(g, norm) * move, X, eps, box, norm)).detach()
+    assert best_loss is not None  # AttackSpec.steps >= 1: the loop ran
     with torch.no_grad():
         if float(training_loss(net, Xp, y, loss, n_classes)) > best_loss:
             best = Xp

@@ -14,6 +14,7 @@ import math
 import os
 import threading
 import time
+from typing import Callable
 
 import torch
 
@@ -60,14 +61,14 @@ _probe_lock = threading.Lock()
 _probed: dict[str, dict] = {}
 
 
-def _device_key(device) -> str:
+def _device_key(device: torch.device | str) -> str:
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return str(dev)
 
 
-def _forced_count_path(device) -> str | None:
+def _forced_count_path(device: torch.device | str) -> str | None:
     """The path ``ENGINE_COUNT_DTYPE`` forces on ``device``, None for ``auto`` or unset."""
     value = os.environ.get(COUNT_ENV, "").strip().lower() or "auto"
     if value not in COUNT_DTYPES:
@@ -78,7 +79,8 @@ def _forced_count_path(device) -> str | None:
     return None if value == "auto" else value
 
 
-def _probe_path(name: str, S1: torch.Tensor, S2: torch.Tensor, ref: torch.Tensor, sync, clock) -> dict:
+def _probe_path(name: str, S1: torch.Tensor, S2: torch.Tensor, ref: torch.Tensor, sync: Callable[[], None],
+                clock: Callable[[], float]) -> dict:
     """{"rate_gops"} or {"unavailable": why} for one count path on the probe block, timed by
     ``clock`` (best of up to five calls within _PROBE_SECONDS, after a warm-up)."""
     a, b = S1.to(_COUNT_TORCH[name]), S2.to(_COUNT_TORCH[name])
@@ -101,7 +103,7 @@ def _probe_path(name: str, S1: torch.Tensor, S2: torch.Tensor, ref: torch.Tensor
     return {"rate_gops": 2 * S1.shape[0] * S1.shape[1] * S2.shape[0] / best / 1e9}
 
 
-def _probe(device) -> dict:
+def _probe(device: torch.device | str) -> dict:
     """Time every exact count path on ``device`` once per process (cached by device)."""
     key = _device_key(device)
     with _probe_lock:
@@ -125,14 +127,14 @@ def _probe(device) -> dict:
             with one_thread():
                 paths = {name: _probe_path(name, S1, S2, ref, sync, time.thread_time) for name in names}
         rates = {k: v["rate_gops"] for k, v in paths.items() if "rate_gops" in v}
-        _probed[key] = {"device": key, "fastest": max(rates, key=rates.get), "rates_gops": rates,
+        _probed[key] = {"device": key, "fastest": max(rates, key=lambda k: rates[k]), "rates_gops": rates,
                         "unavailable": {k: v["unavailable"] for k, v in paths.items() if "unavailable" in v},
                         "probe": f"{rows} x {m} @ {m} x {cols} 0/1",
                         "threads": 1 if dev.type == "cpu" else torch.get_num_threads()}
         return _probed[key]
 
 
-def count_dtype(device="cpu") -> torch.dtype:
+def count_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """The dtype of the 0/1 sign matrices whose GEMM gives exact counts fastest on ``device``.
 
     ``ENGINE_COUNT_DTYPE`` (int8, float32, bfloat16) forces a path; unset or ``auto``, every
@@ -157,7 +159,7 @@ def cpu_count_dtype() -> torch.dtype:
     return count_dtype("cpu")
 
 
-def count_path_report(device="cpu") -> dict:
+def count_path_report(device: torch.device | str = "cpu") -> dict:
     """Which count path kernels use on ``device`` and why (JSON-able; for bench and provenance).
 
     Keys: ``count_dtype`` (the path in use), ``source`` ("measured" or "ENGINE_COUNT_DTYPE"),

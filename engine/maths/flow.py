@@ -35,14 +35,17 @@ for MSE and SGD only (other losses and optimisers follow no such closed form).
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
 from .specs import TrainSpec
-from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, loss_weights, per_model_loss, resolve_loss
+from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, CancelFlag, loss_weights, per_model_loss, resolve_loss
+
+if TYPE_CHECKING:
+    from .models import Net
 
 # ---------------------------------------------------------------- the linearised head and the loop
 
@@ -65,8 +68,8 @@ def linearised_head(phi: torch.Tensor, W: torch.Tensor, mask0: torch.Tensor, rea
     return (phi @ W.T).masked_fill(~mask0, 0.0) @ readout
 
 
-def batch_steps(params, loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec: TrainSpec, seed: int,
-           device, cancel) -> Iterator[tuple[int, int, bool]]:
+def batch_steps(params: list[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec: TrainSpec,
+                seed: int, device: torch.device | str, cancel: CancelFlag | None) -> Iterator[tuple[int, int, bool]]:
     """Mini-batch steps in engine.maths.training's order for ``seed``; yields (epoch, step, end of epoch)
     after each step. ``loss_of(idx)`` returns the scalar to minimise on the rows idx."""
     opt = OPTIMIZER_FNS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
@@ -86,7 +89,7 @@ def batch_steps(params, loss_of: Callable[[torch.Tensor], torch.Tensor], n: int,
             yield epoch, step, start + spec.batch_size >= n
 
 
-def stack_heads(nets, spec: TrainSpec):
+def stack_heads(nets: list[Net], spec: TrainSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Stacked weights (Σm, d), block-diagonal readout (Σm, k·n_out) and the loss weights."""
     for net in nets:  # as engine.maths.training does: the spec decides the head's parametrisation
         net.mlp.param = spec.param
@@ -95,9 +98,9 @@ def stack_heads(nets, spec: TrainSpec):
     return W0, A, loss_weights(nets, spec)
 
 
-def train_pair(nets, phi: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
-               record=(), on_record: Callable | None = None, progress: Callable[[float, str], None] | None = None,
-               cancel=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def train_pair(nets: list[Net], phi: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+               record: Iterable[int] = (), on_record: Callable | None = None,
+               progress: Callable[[float, str], None] | None = None, cancel: CancelFlag | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Train nets and their linearisations side by side (same init, optimiser, batches, steps).
 
     nets: heads of one arch and seed with fixed features (widths may differ), trained as
@@ -176,7 +179,7 @@ class KernelFlow:
         self.mu, self.U = mu.clamp(min=0.0), U    # rounding can make tiny eigenvalues negative
         self.KtU = K_t.double() @ U
 
-    def predict(self, Y, F0, F0_t, eta: float, beta: float, tau: float) -> torch.Tensor:
+    def predict(self, Y: torch.Tensor, F0: torch.Tensor, F0_t: torch.Tensor, eta: float, beta: float, tau: float) -> torch.Tensor:
         """F'(τ) (n_t, c) float64 from targets Y (n, c), initial outputs F0 (n, c), F0_t (n_t, c)."""
         Gy, G0 = self.U.T @ Y.double(), self.U.T @ F0.double()
         em = eta * self.mu

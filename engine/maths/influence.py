@@ -28,6 +28,8 @@ Which output is scored (``INFLUENCE_TARGETS``, documented default ``DEFAULT_TARG
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..runtime import budget as B
@@ -36,8 +38,12 @@ from .ntk import empirical_ntk
 from .ridge import check_ridge, check_solution, ridge_factor
 from .specs import INFLUENCE_TARGETS, INVERSE_BLOCK as _INVERSE_BLOCK, factor_bytes
 
+if TYPE_CHECKING:
+    from .models import Net
 
-def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float, per_test_row: int = 0):
+
+def _factor(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, ridge: float,
+            per_test_row: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """kM = K_test M (n_test, n), α = M Y (n, c) and diag M (n,), M = (K + λI)⁻¹, float64,
     from one Cholesky factor L (M itself is never formed). ``per_test_row``: further bytes
     per (test point, training point) the caller will allocate, checked with the rest. A singular
@@ -107,7 +113,7 @@ def _margin(kM, R, f, y):
 _TARGET_FNS = {"true": _true, "margin": _margin, "sum": _sum}
 
 
-def _labels(y_test, n_test: int, c: int, device) -> torch.Tensor:
+def _labels(y_test: torch.Tensor | None, n_test: int, c: int, device: torch.device | str) -> torch.Tensor:
     if y_test is None:
         raise BadInput(f"influence targets 'true' and 'margin' need y_test, the (n_test,) test labels, for "
                        f"c = {c} outputs; pass y_test or use target 'sum'")
@@ -141,7 +147,7 @@ def influence_matrix(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, rid
     return _TARGET_FNS[target](kM, R, f, y)
 
 
-def net_influence(net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, ridge: float = 1e-3,
+def net_influence(net: Net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, ridge: float = 1e-3,
                   X_ref: torch.Tensor | None = None, target: str = "sum",
                   y_test: torch.Tensor | None = None, storage: str = "float64") -> torch.Tensor:
     """Influence (n_test, n) under the empirical NTK of ``net`` (an ``engine.maths.models.Net``).

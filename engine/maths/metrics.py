@@ -11,13 +11,15 @@ with these; ``engine.reporting`` only formats what they return.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
 
+ArrayLike = Any  # a numpy array, a scalar or a (CPU or CUDA) torch tensor: torch is not imported here
 
-def summarize(rows: pd.DataFrame, by: list[str], metrics) -> pd.DataFrame:
+
+def summarize(rows: pd.DataFrame, by: list[str], metrics: Iterable[str]) -> pd.DataFrame:
     """Mean, sample sd (ddof 1; NaN for one seed) and count over seeds of each metric.
 
     rows: one row per seed with the ``by`` columns and numeric ``metrics``. Returns one row
@@ -41,21 +43,21 @@ def summarize(rows: pd.DataFrame, by: list[str], metrics) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _numpy(x) -> np.ndarray:
+def _numpy(x: ArrayLike) -> np.ndarray:
     """A numpy view of an array, a scalar or a (CPU or CUDA) torch tensor, without importing torch."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def sign_flipped(before, after) -> np.ndarray:
+def sign_flipped(before: ArrayLike, after: ArrayLike) -> np.ndarray:
     """True where an influence changed sign, elementwise (zero counts as its own sign).
 
     before, after: same shape, numpy arrays, scalars or torch tensors; returns bool numpy."""
     return np.sign(_numpy(before)) != np.sign(_numpy(after))
 
 
-def flip_rate(before, after) -> float:
+def flip_rate(before: ArrayLike, after: ArrayLike) -> float:
     """Share of entries whose sign differs between ``before`` and ``after`` (the flip rate).
 
     The one flip-rate function of the engine: the malleability rows (attack, seed null,
@@ -67,7 +69,7 @@ def flip_rate(before, after) -> float:
     return float(flips.mean()) if flips.size else float("nan")
 
 
-def rank_correlation(before, after) -> float:
+def rank_correlation(before: ArrayLike, after: ArrayLike) -> float:
     """Spearman ρ between two influence vectors (n,), ties ranked by their mean rank (scipy).
 
     1 keeps the ranking, 0 scrambles it; NaN when either vector is constant."""
@@ -92,24 +94,25 @@ BOOTSTRAP = 2000        # bootstrap replicates of an interval
 LEVEL = 0.95            # two-sided coverage of every interval here
 
 
-def _unit_excess(a, s, r):
+def _unit_excess(a: np.ndarray, s: np.ndarray | None, r: np.ndarray) -> np.ndarray:
     """Excess of one net (or of replicates along the last axis' resamples): attack minus the larger null."""
     null = r.mean(axis=-1) if s is None else np.maximum(s.mean(axis=-1), r.mean(axis=-1))
     return a.mean(axis=-1) - null
 
 
-def _as_units(units) -> list[tuple]:
+def _as_units(units: Iterable[tuple]) -> list[tuple]:
     return [tuple(None if u is None else np.asarray(u, dtype=float) for u in unit) for unit in units]
 
 
-def _replicates(units: list[tuple], draws, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+def _replicates(units: list[tuple], draws: Iterable | None, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Bootstrap replicates (n_boot,) of the mean excess over ``units``.
 
     One data draw (``draws`` None or a single label): resample the nets, then within each its
     tracked points. Several draws: resample the draws (clusters) first, then the nets within
     each drawn draw, then their points, so that what varies between draws (the sample itself)
     enters the spread, not only the network seeds."""
-    labels = list(dict.fromkeys(draws)) if draws is not None else []
+    draws = [] if draws is None else list(draws)
+    labels = list(dict.fromkeys(draws))
     reps = np.zeros(n_boot)
     if len(labels) <= 1:
         nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
@@ -133,7 +136,8 @@ def _replicates(units: list[tuple], draws, n_boot: int, rng: np.random.Generator
     return reps
 
 
-def excess_interval(units, n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0, draws=None) -> Excess:
+def excess_interval(units: Iterable[tuple], n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0,
+                    draws: Iterable | None = None) -> Excess:
     """The flip excess and its percentile bootstrap interval, over nets and tracked points.
 
     units: one tuple ``(attack, seed_null, random_null)`` per net (network seed × data draw),
@@ -169,7 +173,8 @@ class Gap(NamedTuple):
     ratio_high: float
 
 
-def gap_interval(units_a, units_b, draws_a=None, draws_b=None, n_boot: int = BOOTSTRAP, level: float = LEVEL,
+def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: Iterable | None = None,
+                 draws_b: Iterable | None = None, n_boot: int = BOOTSTRAP, level: float = LEVEL,
                  seed: int = 0) -> Gap:
     """Excess of ``units_a`` minus excess of ``units_b`` (each as ``excess_interval`` takes them),
     with a percentile bootstrap interval from independent resamples of the two (draws first when
@@ -191,7 +196,7 @@ def gap_interval(units_a, units_b, draws_a=None, draws_b=None, n_boot: int = BOO
     return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi)
 
 
-def loglog_slope(x, y) -> tuple[float, float]:
+def loglog_slope(x: ArrayLike, y: ArrayLike) -> tuple[float, float]:
     """Least-squares slope and intercept of log y against log x, over the points where both are
     finite and positive; (NaN, NaN) with fewer than two distinct x. The one fitted exponent every
     page and run uses (widths against κ, gaps against width, coordinate checks)."""

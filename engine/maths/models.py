@@ -150,7 +150,7 @@ def features(X: torch.Tensor, X_ref: torch.Tensor | None, arch: str, attention: 
     raise BadInput(f"unknown arch {arch!r}; allowed: {', '.join(ARCHS)}")
 
 
-def check_param(param) -> str:
+def check_param(param: str) -> str:
     if param not in PARAMS:
         raise BadInput(f"unknown param {param!r}; allowed: {', '.join(PARAMS)}")
     return param
@@ -172,6 +172,8 @@ class TwoLayerReLU(nn.Module):
     gaussian eNTK of width m/2 (mean K∞, the variance of m/2 units); training moves the twins
     apart (their gradients have opposite signs).
     """
+
+    a: torch.Tensor  # the readout signs, a buffer (register_buffer leaves it untyped)
 
     def __init__(self, d: int, width: int, n_out: int, seed: int = 0, init_std: float = 1.0,
                  dtype: torch.dtype = torch.float32, param: str = "ntk", init: str = "gaussian"):
@@ -221,6 +223,8 @@ class Net(nn.Module):
     during training and the NTK covers the attention parameters too. ``init``: one of
     ``INITS`` (see ``TwoLayerReLU``).
     """
+
+    X_ref: torch.Tensor  # the stored training inputs, a buffer (register_buffer leaves it untyped)
 
     def __init__(self, arch: str, X_ref: torch.Tensor, width: int, n_out: int, seed: int = 0,
                  init_std: float = 1.0, attention: str = "linear", normalize: bool = True,

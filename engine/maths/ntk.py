@@ -33,6 +33,7 @@ float32 storage where that would fit.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -41,6 +42,9 @@ from ..runtime.errors import BadInput
 from .counts import count_dtype, gemm_counts
 from .specs import STORAGE
 from .tiles import SERIAL_WORK, row_blocks, serial, tile_ranges
+
+if TYPE_CHECKING:
+    from .models import Net, TwoLayerReLU
 
 _EXACT_COUNT_LIMIT = 2**24  # float32 holds every integer count below this
 _ENTK_TILE = 512      # CPU tile rows of the closed form at most (tiles of 512 x 2048: 8 MiB in float64)
@@ -62,7 +66,8 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device, bytes_at) -> None:
+def require_kernel(what: str, n1: int, n2: int, dtype: torch.dtype, device: torch.device | str,
+                   bytes_at: Callable[[int, int], int]) -> None:
     """Refuse a kernel step over the free memory; ``bytes_at(k, itemsize)`` is its peak with k
     points in place of n1 (and of n2 for a square kernel)."""
     size, small = _itemsize(dtype), bytes_at(n1, 4)
@@ -101,6 +106,7 @@ def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -
         if direct:
             torch.mm(phi[i:i2], W.T, out=S[i:i2]).gt_(0)
         else:
+            assert P is not None  # allocated above whenever S cannot take the product itself
             torch.gt(torch.mm(phi[i:i2], W.T, out=P[:i2 - i]), 0, out=S[i:i2])
     return S
 
@@ -170,7 +176,8 @@ def jacobian_bytes(n1: int, n2: int | None, c: int, P: int, itemsize: int) -> in
     return 2 * rows * c * P * itemsize + 20 * n1 * (n1 if n2 is None else n2) + 2**25
 
 
-def _jacobian_ntk(module, A1, A2, args=(), chunk: int = 64):
+def _jacobian_ntk(module: torch.nn.Module, A1: torch.Tensor, A2: torch.Tensor | None, args: tuple = (),
+                  chunk: int = 64) -> torch.Tensor:
     """Σ_c J_c(A1) J_c(A2)ᵀ / c from per-sample Jacobians of ``module(x, *args)`` w.r.t.
     all its parameters (torch.func: vmap over samples of jacrev)."""
     from torch.func import functional_call, jacrev, vmap
@@ -211,7 +218,7 @@ def _autograd(head, phi1, phi2, chunk, dtype=torch.float64):
 _NTK_FNS = {NTKMethod.CLOSED: _closed, NTKMethod.AUTOGRAD: _autograd}
 
 
-def empirical_ntk(net, X1: torch.Tensor, X2: torch.Tensor | None = None,
+def empirical_ntk(net: Net, X1: torch.Tensor, X2: torch.Tensor | None = None,
                   method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048,
                   X_ref: torch.Tensor | None = None, storage: str = "float64") -> torch.Tensor:
     """Empirical NTK of ``net`` (an ``engine.maths.models.Net``) between raw inputs.
@@ -250,7 +257,7 @@ def _run(method, head, phi1, phi2, chunk, dtype=torch.float64):
                        f"{n1 * n2 * _itemsize(dtype) / 2**30:.1f} GiB) or a smaller chunk, e.g. {max(1, chunk // 4)}") from exc
 
 
-def empirical_ntk_features(head, phi1: torch.Tensor, phi2: torch.Tensor | None = None,
+def empirical_ntk_features(head: TwoLayerReLU, phi1: torch.Tensor, phi2: torch.Tensor | None = None,
                            method: NTKMethod | str = NTKMethod.CLOSED, chunk: int = 2048,
                            storage: str = "float64") -> torch.Tensor:
     """As ``empirical_ntk`` but for a ``TwoLayerReLU`` head on given features Φ (n, d)."""

@@ -38,7 +38,8 @@ def check_ridge(ridge: float, what: str) -> float:
     return value
 
 
-def checked_cholesky(A: torch.Tensor, what: str, ridge: float, lam: float, out: torch.Tensor | None = None):
+def checked_cholesky(A: torch.Tensor, what: str, ridge: float, lam: float,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """Lower Cholesky factor of A = K + λI (n, n), float64, in place when ``out`` is A.
 
     One-line ``BadInput`` instead of a ``LinAlgError`` (or a factor of NaN): naming the step

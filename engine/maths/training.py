@@ -31,7 +31,7 @@ kernel (which itself vanishes like 1/m, the point of μP).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,18 @@ import torch.nn.functional as F
 from ..runtime.errors import BadInput, Cancelled
 from .specs import TrainSpec
 
+if TYPE_CHECKING:
+    from .models import Net
+
 Progress = Callable[[float, str], None]
+
+
+class CancelFlag(Protocol):
+    """What a ``cancel`` argument is: anything with ``is_set()`` (a ``threading.Event``)."""
+
+    def is_set(self) -> bool: ...
+
+
 # The batch order is drawn from its own generator, seeded with the network seed plus this prime, so
 # that it differs from the initialisation's stream and two runs with one seed see the same batches.
 BATCH_SEED_OFFSET = 7919
@@ -93,8 +104,8 @@ def per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int
     return ((out - t) ** 2).mean(dim=(0, 2))
 
 
-def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
-          progress: Progress | None = None, cancel=None,
+def train(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+          progress: Progress | None = None, cancel: CancelFlag | None = None,
           epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> TrainResult:
     """Train ``net`` in place on raw inputs X (n, d) and labels y (n,).
 
@@ -108,8 +119,8 @@ def train(net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec
     return train_many([net], X, y, n_classes, spec, seed, progress, cancel, epoch_inputs)[0]
 
 
-def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
-               progress: Progress | None = None, cancel=None,
+def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
+               progress: Progress | None = None, cancel: CancelFlag | None = None,
                epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
     """Train several nets on the same features as one batched model; same result as ``train`` each.
 
@@ -161,7 +172,9 @@ def train_many(nets, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Tra
     return results
 
 
-def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epoch_inputs) -> TrainResult:
+def _train_one_trainable(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int,
+                         progress: Progress | None, cancel: CancelFlag | None,
+                         epoch_inputs: Callable[[int], torch.Tensor] | None) -> TrainResult:
     """Full forward passes per batch: the attention's parameters train with W."""
     loss_name = resolve_loss(spec, n_classes)
     ref = X
@@ -173,6 +186,7 @@ def _train_one_trainable(net, X, y, n_classes, spec, seed, progress, cancel, epo
         rows = ref if idx is None else ref[idx]
         return per_model_loss(net(rows, X_ref=ref)[:, None, :], y if idx is None else y[idx], loss_name, n_classes)
 
+    assert net.attn is not None  # features that train are the qkv attention's
     params = [net.mlp.W, *net.attn.parameters()]
     curves, snapshots, W0 = optimise(params, per_model, y, 1, spec, seed, progress, cancel, epoch_inputs)
     return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
@@ -185,7 +199,7 @@ OPTIMIZER_FNS = {  # all elementwise, so batching widths into one parameter chan
 }
 
 
-def loss_weights(nets, spec: TrainSpec) -> torch.Tensor | None:
+def loss_weights(nets: list[Net], spec: TrainSpec) -> torch.Tensor | None:
     """Weights of the k nets' losses in the optimised sum: None for ``ntk`` (plain sum),
     the widths m_j for ``mup`` (μP's learning-rate scaling, see the module docstring)."""
     if spec.param == "ntk":
@@ -259,7 +273,7 @@ def sgd_lr_limit(K: torch.Tensor, n_out: int) -> float:
     return 2.0 * n * n_out / top_eigenvalue(K)
 
 
-def accuracy(net, X: torch.Tensor, y: torch.Tensor) -> float:
+def accuracy(net: torch.nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     """Share of X (n, d) whose predicted class equals y (n,)."""
     with torch.no_grad():
         return float((predict_labels(net(X)) == y.to(X.device)).double().mean())

@@ -49,7 +49,7 @@ class Meta:
         return " and ".join(p for p in (lo, hi) if p) or "any value"
 
 
-def setting(default, help: str, **meta) -> Any:
+def setting(default: Any, help: str, **meta: Any) -> Any:
     """A dataclass field carrying its ``Meta``; use as ``x: int = setting(3, "what x is", lo=1)``."""
     m = Meta(help=help, **meta)
     if isinstance(default, (list, dict, set)):
@@ -57,7 +57,7 @@ def setting(default, help: str, **meta) -> Any:
     return dataclasses.field(default=default, metadata={_KEY: m})
 
 
-def meta(cls_or_obj, name: str) -> Meta:
+def meta(cls_or_obj: Any, name: str) -> Meta:
     """The ``Meta`` of one setting of a config class (or instance)."""
     for f in dataclasses.fields(cls_or_obj):
         if f.name == name and _KEY in f.metadata:
@@ -65,12 +65,12 @@ def meta(cls_or_obj, name: str) -> Meta:
     raise KeyError(f"{name!r} is not a setting of {getattr(cls_or_obj, '__name__', type(cls_or_obj).__name__)}")
 
 
-def default(cls, name: str):
+def default(cls: type, name: str) -> Any:
     """The declared default of one setting."""
     return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
-def settings(cls_or_obj) -> list[tuple[dataclasses.Field, Meta]]:
+def settings(cls_or_obj: Any) -> list[tuple[dataclasses.Field, Meta]]:
     """The fields of a config that are settings (nested configs are not)."""
     return [(f, f.metadata[_KEY]) for f in dataclasses.fields(cls_or_obj) if _KEY in f.metadata]
 
@@ -78,11 +78,11 @@ def settings(cls_or_obj) -> list[tuple[dataclasses.Field, Meta]]:
 # ---------------------------------------------------------------- types
 
 @functools.cache
-def _hints(cls) -> dict:
+def _hints(cls: type) -> dict:
     return typing.get_type_hints(cls)
 
 
-def _kind(cls, f: dataclasses.Field) -> tuple[str, bool, bool]:
+def _kind(cls: type, f: dataclasses.Field) -> tuple[str, bool, bool]:
     """(element type name, is tuple, may be None) from the field's annotation."""
     hints = _hints(cls)
     t = hints[f.name]
@@ -96,7 +96,7 @@ def _kind(cls, f: dataclasses.Field) -> tuple[str, bool, bool]:
     return t.__name__, False, optional
 
 
-def _check_scalar(cls_name: str, name: str, m: Meta, kind: str, v) -> None:
+def _check_scalar(cls_name: str, name: str, m: Meta, kind: str, v: Any) -> None:
     where = f"{name}"
     if kind == "bool":
         if not isinstance(v, bool):
@@ -141,7 +141,7 @@ def _check_scalar(cls_name: str, name: str, m: Meta, kind: str, v) -> None:
             raise BadInput(f"{name}: {exc}") from None
 
 
-def validate(obj) -> None:
+def validate(obj: Any) -> None:
     """Check every setting of a config instance; raises ``BadInput`` (one line) on the first bad one."""
     cls = type(obj)
     for f in dataclasses.fields(obj):  # nested configs (data, train, attack) must be what they say
@@ -168,7 +168,7 @@ def validate(obj) -> None:
             _check_scalar(cls.__name__, f.name, m, kind, v)
 
 
-def normalised(obj):
+def normalised(obj: Any) -> None:
     """Coerce list values to tuples and numpy scalars to Python ones (call before validate)."""
     for f, _ in settings(obj):
         v = getattr(obj, f.name)
@@ -178,7 +178,7 @@ def normalised(obj):
 
 # ---------------------------------------------------------------- command line
 
-def _parse_one(kind: str, text: str):
+def _parse_one(kind: str, text: str) -> int | float | str:
     if kind == "int":
         return int(text)
     if kind == "float":
@@ -186,8 +186,8 @@ def _parse_one(kind: str, text: str):
     return text.strip()
 
 
-def _parser_for(kind: str, is_tuple: bool, optional: bool):
-    def parse(text: str):
+def _parser_for(kind: str, is_tuple: bool, optional: bool) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         if optional and text.strip().lower() in ("none", "auto", ""):
             return None
         try:
@@ -205,7 +205,7 @@ def _flag(f: dataclasses.Field, m: Meta, prefix: str) -> str:
     return m.flag or "--" + (prefix + f.name).replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: tuple[str, ...] = (),
+def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "", skip: tuple[str, ...] = (),
                   defaults: dict | None = None) -> None:
     """Add one flag per setting of ``cls`` (not nested configs). ``defaults`` overrides
     the declared defaults (a preset's values), so ``--help`` shows what a run will use."""
@@ -235,7 +235,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: 
                             default=value, metavar=kind.upper() + ("S" if is_tuple else ""), help=text)
 
 
-def from_args(cls, ns: argparse.Namespace, prefix: str = "", **nested):
+def from_args(cls: type, ns: argparse.Namespace, prefix: str = "", **nested: Any) -> Any:
     """An instance of ``cls`` from parsed flags (as added by ``add_arguments``); nested configs
     and settings the command fills itself are passed as keywords."""
     kwargs = {}
@@ -251,7 +251,7 @@ def from_args(cls, ns: argparse.Namespace, prefix: str = "", **nested):
     return cls(**kwargs)
 
 
-def describe(cls) -> list[dict]:
+def describe(cls: type) -> list[dict]:
     """Every setting of a config class as plain rows (name, default, unit, allowed, help)."""
     rows = []
     for f, m in settings(cls):

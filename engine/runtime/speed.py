@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import Any
 
 from .errors import BadInput
 
@@ -53,6 +54,8 @@ def calibrate(n: int = SPEED_GEMM_N, repeats: int = SPEED_REPEATS, library: str 
     import time
 
     library = library or ("torch" if "torch" in sys.modules else "numpy")
+    a: Any  # the two operands: torch tensors or numpy arrays, by library
+    b: Any
     if library == "torch":
         import torch
 
