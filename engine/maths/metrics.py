@@ -192,7 +192,8 @@ def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: It
     ratio = ratio_lo = ratio_hi = nan
     if np.quantile(rb, q[0]) > 0:
         ratio = pa / pb
-        ratio_lo, ratio_hi = (float(v) for v in np.quantile(ra / rb, q))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a replicate of b at 0 gives ±inf: it widens the interval
+            ratio_lo, ratio_hi = (float(v) for v in np.quantile(ra / rb, q))
     return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi)
 
 

@@ -89,6 +89,7 @@ class MalleabilityConfig:
         return max(1, int(round(self.tau * self.data.n)))
 
 
+NETWORK_SGD = replace(LAZY_SGD, epochs=40, lr=24.0)
 PRESETS = {
     "malleability": {
         # nets that reach their kernel baseline (QUICK_TRAINED) and a small attack: ℓ2 0.3 on the unit
@@ -104,8 +105,11 @@ PRESETS = {
                                       space="normalized"),
         # the network's own influence against the kernels' readings of it, across width: retrain-loo's lazy
         # protocol (plain SGD on MSE, antisymmetric init: f₀ ≡ 0, so retraining is exact and the kernels'
-        # leave-one-out has no f₀ term), centred MLP-Attn (the linear one does not train), ℓ2 PGD on the rows
-        "network": MalleabilityConfig(data=DataSpec(n=200, n_test=100), train=LAZY_SGD, init="antisymmetric",
+        # leave-one-out has no f₀ term), centred MLP-Attn (the linear one does not train), ℓ2 PGD on the rows.
+        # 40 epochs at η = 24 (under the lazy limit n·c/λ₁ ≈ 30): retrain-loo's 20 at 16 left 2L-ReLU 11 points
+        # below its K_m ridge at m = 1024 (68 against 80 % on MNIST, seeds 0-1: the training gate fails); at
+        # 40 / 24 both nets of both seeds pass it (2L-ReLU 73-75 % against 79-80 %, MLP-Attn 65-66 % against 68-71 %)
+        "network": MalleabilityConfig(data=DataSpec(n=200, n_test=100), train=NETWORK_SGD, init="antisymmetric",
                                       attention="centered", widths=(64, 1024, 4096), attacks=("pgd",), eps=(0.3,),
                                       attack=AttackSpec(steps=10, norm="l2"), space="normalized",
                                       readings=READINGS, seeds=(0, 1, 2)),
