@@ -1,0 +1,144 @@
+"""Charts of the task-alignment view (``engine.experiments.alignment``): centred kernel–target
+alignment against width, the cumulative power C(k) with the spectrum beside it, learning curves
+measured against the spectral theory, and alignment along training beside the distance to K∞."""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .style import ARCH_COLORS, arch_label, for_log_axis
+
+KERNEL_DASH = {"K∞": "dot", "K_m init": "dash", "K_m trained": "solid"}
+
+
+def _layout(fig: go.Figure, height: int = 420) -> go.Figure:
+    fig.update_layout(template="plotly_white", height=height, margin=dict(l=60, r=20, t=50, b=120),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, x=0), hovermode="closest")
+    return fig
+
+
+def alignment_width_data(summary: pd.DataFrame, kinf: pd.DataFrame) -> pd.DataFrame:
+    """Alignment against width, one row per (arch, kernel, width): mean and sd over (seed, draw).
+    K∞ (no width) is repeated at every width, its spread taken over draws."""
+    rows = []
+    for _, r in summary.iterrows():
+        for kernel, col in (("K_m init", "align_init"), ("K_m trained", "align_trained")):
+            rows.append({"arch": r["arch"], "kernel": kernel, "width": int(r["width"]),
+                         "alignment": r[f"{col}_mean"], "sd": r[f"{col}_sd"], "units": int(r["n_seeds"])})
+    for arch, g in kinf.groupby("arch", sort=False):
+        for w in sorted(summary["width"].unique()):
+            rows.append({"arch": arch, "kernel": "K∞", "width": int(w), "alignment": float(g["align"].mean()),
+                         "sd": float(g["align"].std(ddof=1)) if len(g) > 1 else float("nan"), "units": len(g)})
+    return pd.DataFrame(rows, columns=["arch", "kernel", "width", "alignment", "sd", "units"])
+
+
+def alignment_width_fig(data: pd.DataFrame) -> go.Figure:
+    """Centred alignment A(K, YYᵀ) against width per architecture and kernel, ± sd bars."""
+    fig = go.Figure()
+    for (arch, kernel), g in data.groupby(["arch", "kernel"], sort=False):
+        g = g.sort_values("width")
+        fig.add_trace(go.Scatter(x=g["width"], y=g["alignment"], error_y=dict(type="data", array=g["sd"]),
+                                 mode="lines+markers", name=f"{arch_label(arch)}, {kernel}",
+                                 line=dict(color=ARCH_COLORS.get(arch), dash=KERNEL_DASH.get(kernel, "solid")),
+                                 hovertemplate="m = %{x}<br>A = %{y:.3f}<extra></extra>"))
+    fig.update_xaxes(type="log", title="hidden width m (units)")
+    fig.update_yaxes(title="centred alignment A(K, YYᵀ) (unitless, −1 … 1)")
+    return _layout(fig)
+
+
+def power_data(power: pd.DataFrame) -> pd.DataFrame:
+    """C(k) and the eigenvalue s_k/n per (arch, kernel, k), averaged over seeds and draws."""
+    if power.empty:
+        return pd.DataFrame(columns=["arch", "kernel", "k", "C", "C_sd", "eigenvalue"])
+    g = power.groupby(["arch", "kernel", "k"], sort=False)
+    out = g.agg(C=("C", "mean"), C_sd=("C", "std"), eigenvalue=("eigenvalue", "mean")).reset_index()
+    return out
+
+
+def power_fig(data: pd.DataFrame) -> go.Figure:
+    """Left: cumulative power C(k) of the one-hot targets against k (log). Right: the spectrum."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Cumulative power C(k) of the labels",
+                                                        "Eigenvalues s_k / n"), horizontal_spacing=0.12)
+    for (arch, kernel), g in data.groupby(["arch", "kernel"], sort=False):
+        style = dict(color=ARCH_COLORS.get(arch), dash=KERNEL_DASH.get(kernel, "solid"))
+        name = f"{arch_label(arch)}, {kernel}"
+        fig.add_trace(go.Scatter(x=g["k"], y=g["C"], mode="lines", name=name, line=style, legendgroup=name,
+                                 hovertemplate="k = %{x}<br>C = %{y:.3f}<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=g["k"], y=for_log_axis(g["eigenvalue"]), mode="lines", name=name, line=style,
+                                 legendgroup=name, showlegend=False,
+                                 hovertemplate="k = %{x}<br>λ = %{y:.3g}<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(type="log", title="eigenvector index k (decreasing eigenvalue)")
+    fig.update_yaxes(title="C(k) (share of ‖Y‖²)", range=[0, 1.02], row=1, col=1)
+    fig.update_yaxes(type="log", title="eigenvalue s_k / n (kernel units)", row=1, col=2)
+    return _layout(fig)
+
+
+def curve_data(curves: pd.DataFrame) -> pd.DataFrame:
+    """Learning curves per (arch, kernel, p): measured mean and sd, theory, averaged over seeds and draws."""
+    if curves.empty:
+        return pd.DataFrame(columns=["arch", "kernel", "p", "p_over_n", "measured", "measured_sd", "theory"])
+    g = curves.groupby(["arch", "kernel", "p"], sort=False)
+    return g.agg(p_over_n=("p_over_n", "mean"), measured=("measured", "mean"), measured_sd=("measured_sd", "mean"),
+                 theory=("theory", "mean")).reset_index()
+
+
+def curve_fig(data: pd.DataFrame) -> go.Figure:
+    """Kernel-ridge test error against p: measured (markers ± sd) and the spectral theory (lines)."""
+    fig = go.Figure()
+    for (arch, kernel), g in data.groupby(["arch", "kernel"], sort=False):
+        name = f"{arch_label(arch)}, {kernel}"
+        color = ARCH_COLORS.get(arch)
+        fig.add_trace(go.Scatter(x=g["p"], y=for_log_axis(g["measured"]), mode="markers", name=f"{name}, measured",
+                                 error_y=dict(type="data", array=g["measured_sd"]),
+                                 marker=dict(color=color, symbol="circle" if kernel == "K∞" else "diamond"),
+                                 hovertemplate="p = %{x}<br>E = %{y:.3g}<extra></extra>"))
+        fig.add_trace(go.Scatter(x=g["p"], y=for_log_axis(g["theory"]), mode="lines", name=f"{name}, theory",
+                                 line=dict(color=color, dash=KERNEL_DASH.get(kernel, "solid")),
+                                 hovertemplate="p = %{x}<br>theory %{y:.3g}<extra></extra>"))
+    fig.update_xaxes(type="log", title="training-set size p (points)")
+    fig.update_yaxes(type="log", title="test error E_g / E_g(0) (unitless)")
+    return _layout(fig)
+
+
+def training_data(training: pd.DataFrame) -> pd.DataFrame:
+    """Alignment and distance to K∞ per (arch, width, epoch), mean and sd over seeds and draws."""
+    if training.empty:
+        return pd.DataFrame(columns=["arch", "width", "epoch", "alignment", "alignment_sd", "kernel_dist"])
+    g = training.groupby(["arch", "width", "epoch"], sort=True)
+    return g.agg(alignment=("alignment", "mean"), alignment_sd=("alignment", "std"),
+                 kernel_dist=("kernel_dist", "mean")).reset_index()
+
+
+def training_fig(data: pd.DataFrame) -> go.Figure:
+    """Per architecture: alignment of K_m(t) (left axis) and ‖K_m(t) − K∞‖/‖K∞‖ (right axis,
+    leaving the kernel regime) against epoch, one line per width."""
+    archs = list(dict.fromkeys(data["arch"]))
+    fig = make_subplots(rows=1, cols=max(1, len(archs)), subplot_titles=[arch_label(a) for a in archs],
+                        specs=[[{"secondary_y": True}] * max(1, len(archs))])
+    widths = sorted(data["width"].unique())
+    for j, arch in enumerate(archs, start=1):
+        for i, w in enumerate(widths):
+            g = data[(data["arch"] == arch) & (data["width"] == w)]
+            shade = 0.35 + 0.65 * i / max(1, len(widths) - 1)
+            fig.add_trace(go.Scatter(x=g["epoch"], y=g["alignment"], mode="lines+markers", opacity=shade,
+                                     name=f"alignment, m = {w}", legendgroup=f"a{w}", showlegend=j == 1,
+                                     error_y=dict(type="data", array=g["alignment_sd"]),
+                                     line=dict(color=ARCH_COLORS.get(arch))), row=1, col=j, secondary_y=False)
+            fig.add_trace(go.Scatter(x=g["epoch"], y=g["kernel_dist"], mode="lines", opacity=shade,
+                                     name=f"‖K_m − K∞‖/‖K∞‖, m = {w}", legendgroup=f"d{w}", showlegend=j == 1,
+                                     line=dict(color="gray", dash="dash")), row=1, col=j, secondary_y=True)
+    fig.update_xaxes(title="epoch")
+    fig.update_yaxes(title="centred alignment A(K_m(t), YYᵀ)", secondary_y=False)
+    fig.update_yaxes(title="distance to K∞ (unitless)", secondary_y=True)
+    return _layout(fig)
+
+
+def alignment_figure(result, metric: str | None = None) -> go.Figure:
+    """The main chart of an ``alignment`` result: alignment against width (``figure alignment``)."""
+    from ..export import settings_line, titled
+
+    data = alignment_width_data(result.frames["summary"], result.frames["kinf"])
+    return titled(alignment_width_fig(data), "Centred kernel–target alignment against width",
+                  settings_line(result.config))

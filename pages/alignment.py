@@ -1,0 +1,104 @@
+"""Task alignment: does attention's data-dependent kernel put the labels in its top directions?"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import streamlit as st
+
+from engine.experiments.alignment import run_alignment
+from engine.experiments.configs.alignment import PRESETS, AlignmentConfig
+from engine.maths.alignment import VERDICT_WORDS, parted
+from engine.maths.specs import Attention, parse_attention
+from engine.reporting import plots
+from engine.reporting.alignment import power_sentence, verdict_alignment
+from engine.reporting.plots import alignment as AP
+from ui import configs, render
+from ui.common import shared
+from ui.runner import obtain_planned
+
+BOUND = configs.BOUND
+QUICK = PRESETS["alignment"]["quick"]
+
+
+def controls_ui() -> tuple[int, int]:
+    c1, c2 = st.columns(2)
+    epochs = configs.number(c1, "Training epochs", type(QUICK.train), "epochs", "alignment.epochs",
+                            value=QUICK.train.epochs, step=10, hi=1000)
+    draws = c2.number_input("Data draws", 1, 5, len(QUICK.data_seeds), key="alignment.draws", **BOUND,
+                            help=configs.help_of(AlignmentConfig, "data_seeds"))
+    return int(epochs), int(draws)
+
+
+def config_of(s, epochs: int, draws: int) -> AlignmentConfig:
+    """The quick preset on the sidebar's data, architectures and attention."""
+    n = int(s.n)
+    ns = tuple(sorted({int(p) for p in np.geomspace(10, n, 6).round()} | {n})) if n >= 10 else (n,)
+    snaps = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
+    train = replace(QUICK.train, epochs=epochs, snapshot_epochs=snaps)
+    return replace(QUICK, data=s.data(), archs=tuple(s.archs), attention=s.attention, train=train,
+                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=ns)
+
+
+s = shared()
+st.title("Task alignment")
+st.markdown(
+    "The paper's title has two halves: attention's data-dependent kernel *can reduce approximation error by "
+    "aligning with task structure*, and the same sensitivity makes its influence malleable. The Malleability "
+    "page measures the second; this page the first. **Centred alignment** A(K, YYᵀ) = ⟨K_c, (YYᵀ)_c⟩ / "
+    "(‖K_c‖ ‖(YYᵀ)_c‖) says how much the kernel looks like the labels' own kernel; the **cumulative power** "
+    "C(k) says how much of the one-hot labels lies along the kernel's top k eigenvectors; the **learning "
+    "curve** of kernel ridge regression is measured beside the spectral theory (Canatar et al. 2021) computed "
+    f"from the same eigenvalues. Settings: {s.describe()}, attention `{s.attention}`.")
+if parse_attention(s.attention).kind is Attention.QKV:
+    st.error("Attention 'qkv' trains its own parameters: pick a parameter-free variant in the sidebar.")
+    st.stop()
+epochs, draws = controls_ui()
+cfg = config_of(s, epochs, draws)
+res = obtain_planned(run_alignment, cfg, f"Task alignment at n = {s.n}", button="Measure the alignment")
+if res is None:
+    st.stop()
+
+verdict = res.frames["verdict"]
+v = verdict_alignment(verdict, s.label)
+st.info(f"**{v.status}** — {v.words}  \n{power_sentence(verdict, s.label)}")
+
+st.subheader("Alignment against width")
+data = AP.alignment_width_data(res.frames["summary"], res.frames["kinf"])
+render.chart(AP.alignment_width_fig(data), data, "alignment against width",
+             title="Centred kernel–target alignment against width", config=res.config, how_to_read=
+             "Higher is better aligned with the labels. Dotted: K∞ (no width); dashed: K_m at init; solid: K_m "
+             "after training. Bars: sd over network seeds and data draws.")
+st.dataframe(verdict, hide_index=True)
+st.caption(VERDICT_WORDS)
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Where the labels lie in each kernel's spectrum")
+    data = AP.power_data(res.frames["power"])
+    render.chart(AP.power_fig(data), data, "cumulative power", title="Cumulative power C(k) and the spectrum",
+                 config=res.config, how_to_read=
+                 "A curve that rises early puts the labels in the kernel's top directions, which ridge regression "
+                 "learns from few samples; the right panel gives the eigenvalues those directions carry.")
+with right:
+    st.subheader("Learning curves: measured and theory")
+    data = AP.curve_data(res.frames["curves"])
+    render.chart(AP.curve_fig(data), data, "learning curves", title="Kernel-ridge test error against p",
+                 config=res.config, how_to_read=
+                 "Markers: kernel ridge on p points drawn from the n pool points, tested on all of them (mean ± sd "
+                 "over trials); lines: the theory from the same kernel's eigenvalues and the labels' weights on "
+                 "them. The theory assumes p well below n.")
+    apart = parted(data)
+    if len(apart):
+        st.warning("Theory and measurement part (by more than 20 % and two sds) at "
+                   + ", ".join(f"{plots.arch_label(r.arch)} {r.kernel} p = {r.p} (p/n = {r.p_over_n:.2f})"
+                               for r in apart.itertuples()) + ".")
+
+st.subheader("Alignment along training")
+data = AP.training_data(res.frames["training"])
+render.chart(AP.training_fig(data), data, "alignment along training", title="Alignment and distance to K∞ by epoch",
+             config=res.config, how_to_read=
+             "Solid: alignment of K_m(t) with the labels; dashed grey: its distance to K∞, how far the net has left "
+             "the kernel regime. Compare with the flip rates on the Malleability page at the same widths.")
+render.settings(res.config)

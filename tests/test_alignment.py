@@ -1,0 +1,219 @@
+"""The alignment metrics against independent references (numpy's eig, scipy's root finder, explicit
+centring matrices, Monte-Carlo kernel ridge), the verdict rule, and the experiment end to end on
+synthetic data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.integrate import trapezoid
+from scipy.linalg import hadamard
+from scipy.optimize import brentq
+
+from engine.data import DataSpec
+from engine.maths import alignment as AL
+from engine.maths.specs import TrainSpec
+from engine.runtime.errors import BadInput
+from engine.experiments.configs.alignment import PRESETS, AlignmentConfig, estimate_alignment
+from tests.conftest import ATOL64, ATOL64_EIG, MC_SIGMAS, RTOL64, RTOL64_EIG
+
+
+def _psd(n: int, seed: int) -> np.ndarray:
+    A = np.random.default_rng(seed).standard_normal((n, n + 3))
+    return A @ A.T
+
+
+def _labels(n: int, c: int, seed: int) -> np.ndarray:
+    y = np.random.default_rng(seed).integers(0, c, n)
+    return np.eye(c)[y] if c > 2 else np.where(y == 0, 1.0, -1.0)
+
+
+def _reference_alignment(K, Y):
+    n = K.shape[0]
+    H = np.eye(n) - np.ones((n, n)) / n
+    Y = Y.reshape(n, -1)
+    Kc, Tc = H @ K @ H, H @ (Y @ Y.T) @ H
+    return np.sum(Kc * Tc) / (np.linalg.norm(Kc) * np.linalg.norm(Tc))
+
+
+@pytest.mark.parametrize("n,c,seed", [(30, 2, 0), (40, 10, 1), (25, 3, 2)])
+def test_alignment_matches_explicit_centring(n, c, seed):
+    K, Y = _psd(n, seed), _labels(n, c, seed)
+    assert AL.centered_alignment(K, Y) == pytest.approx(_reference_alignment(K, Y), rel=RTOL64, abs=ATOL64)
+
+
+def test_the_labels_own_kernel_is_perfectly_aligned_and_constants_do_not_count():
+    Y = _labels(40, 5, 3)
+    assert AL.centered_alignment(Y @ Y.T, Y) == pytest.approx(1.0, rel=RTOL64)
+    K = _psd(40, 3)
+    assert AL.centered_alignment(3.0 * K + 7.0, Y) == pytest.approx(AL.centered_alignment(K, Y), rel=RTOL64)
+
+
+def _reference_power(K, Y):
+    """C(k) from numpy's general eig (not eigh), sorted by decreasing eigenvalue."""
+    s, V = np.linalg.eig(K)
+    order = np.argsort(-s.real)
+    V = V[:, order].real
+    V /= np.linalg.norm(V, axis=0)
+    Y = Y.reshape(len(K), -1)
+    return np.cumsum(np.sum((V.T @ Y) ** 2, axis=1)) / np.sum(Y ** 2)
+
+
+@pytest.mark.parametrize("n,c,seed", [(30, 2, 0), (50, 10, 4)])
+def test_cumulative_power_matches_numpy_eig(n, c, seed):
+    K, Y = _psd(n, seed), _labels(n, c, seed)
+    C = AL.cumulative_power(*AL.eigh_desc(K), Y)
+    np.testing.assert_allclose(C, _reference_power(K, Y), rtol=RTOL64_EIG, atol=ATOL64_EIG)
+    assert C[-1] == pytest.approx(1.0, rel=RTOL64)
+
+
+def test_known_eigenvectors_and_ties_give_the_basis_free_power():
+    n = 32
+    U = hadamard(n) / np.sqrt(n)  # known orthonormal eigenvectors
+    s = np.repeat([8.0, 4.0, 2.0, 1.0], 8)  # four tied blocks of eight
+    K = U @ np.diag(s) @ U.T
+    Y = _labels(n, 4, 5)
+    per = np.sum((U.T @ Y) ** 2, axis=1) / np.sum(Y ** 2)
+    block = per.reshape(4, 8).sum(axis=1)  # the power of each eigenspace is basis free
+    expected = np.cumsum(np.repeat(block / 8, 8))  # spread evenly within each tie
+    C = AL.cumulative_power(*AL.eigh_desc(K), Y)
+    np.testing.assert_allclose(C, expected, rtol=RTOL64_EIG, atol=ATOL64_EIG)
+    np.testing.assert_allclose(C[7::8], np.cumsum(block), rtol=RTOL64_EIG, atol=ATOL64_EIG)
+
+
+def test_power_summary_against_brute_force():
+    C = np.array([0.2, 0.5, 0.85, 0.9, 0.95, 1.0])
+    out = AL.power_summary(C, 0.9)
+    assert out["k_at"] == min(k for k in range(1, 7) if C[k - 1] >= 0.9)
+    assert out["auc_log"] == pytest.approx(trapezoid(C, np.log(np.arange(1, 7))) / np.log(6), rel=RTOL64)
+    with pytest.raises(BadInput, match="level"):
+        AL.power_summary(C, 1.5)
+
+
+@pytest.mark.parametrize("p,ridge", [(10, 1e-3), (100, 1e-2), (200, 0.0)])
+def test_kappa_solves_the_self_consistent_equation(p, ridge):
+    lam = np.arange(1, 401) ** -1.5
+    k = AL.solve_kappa(lam, p, ridge)
+    ref = brentq(lambda x: ridge + np.sum(lam * x / (p * lam + x)) - x, 1e-14, ridge + lam.sum() + 1, xtol=1e-300, rtol=1e-14)
+    assert k == pytest.approx(ref, rel=1e-9)
+
+
+def test_theory_matches_monte_carlo_kernel_ridge_on_a_gaussian_process():
+    """Targets drawn from a GP with a known power-law spectrum; p well below the pool size."""
+    rng = np.random.default_rng(0)
+    N = 800
+    U, _ = np.linalg.qr(rng.standard_normal((N, N)))
+    eta = np.arange(1, N + 1) ** -1.5
+    K = U @ np.diag(N * eta) @ U.T
+    y = np.sqrt(N) * U @ (rng.standard_normal(N) * np.sqrt(eta))
+    lam, w = AL.population(*AL.eigh_desc(K), y)
+    np.testing.assert_allclose(lam, eta, rtol=RTOL64_EIG, atol=ATOL64_EIG)  # the known spectrum comes back
+    ns, ridge, trials = (10, 20, 40, 80), 1e-2 * eta.sum(), 40
+    theory = AL.theory_curve(lam, w, ns, ridge)
+    mean, sd = AL.measured_curve(K, y, ns, ridge, trials, seed=1)
+    assert np.all(np.diff(theory) < 0)
+    assert np.all(np.abs(mean - theory) <= MC_SIGMAS * sd / np.sqrt(trials)), (mean, theory, sd)
+
+
+def test_all_three_are_invariant_to_the_order_of_the_training_set():
+    K, Y = _psd(60, 7), _labels(60, 10, 7)
+    perm = np.random.default_rng(7).permutation(60)
+    Kp, Yp = K[np.ix_(perm, perm)], Y[perm]
+    assert AL.centered_alignment(Kp, Yp) == pytest.approx(AL.centered_alignment(K, Y), rel=RTOL64)
+    np.testing.assert_allclose(AL.cumulative_power(*AL.eigh_desc(Kp), Yp),
+                               AL.cumulative_power(*AL.eigh_desc(K), Y), rtol=RTOL64_EIG, atol=ATOL64_EIG)
+    ridge = 1e-3 * np.trace(K) / 60
+    np.testing.assert_allclose(AL.theory_curve(*AL.population(*AL.eigh_desc(Kp), Yp), (5, 20, 60), ridge),
+                               AL.theory_curve(*AL.population(*AL.eigh_desc(K), Y), (5, 20, 60), ridge),
+                               rtol=RTOL64_EIG)
+
+
+def test_bad_input_is_one_line():
+    with pytest.raises(BadInput, match="square"):
+        AL.centered_alignment(np.ones((3, 4)), np.ones(3))
+    with pytest.raises(BadInput, match="NaN"):
+        AL.centered_alignment(np.full((3, 3), np.nan), np.ones(3))
+    with pytest.raises(BadInput, match="p > 0"):
+        AL.solve_kappa(np.ones(3), 0, 1e-3)
+    with pytest.raises(BadInput, match="exceed the pool"):
+        AlignmentConfig(data=DataSpec(n=100), curve_ns=(50, 200))
+    with pytest.raises(BadInput, match="qkv"):
+        AlignmentConfig(attention="qkv")
+
+
+def _summary(relu, attn, acc_relu=0.8, acc_attn=0.8, units=4):
+    rows = []
+    for arch, (m, sd), acc in (("relu", relu, acc_relu), ("attn", attn, acc_attn)):
+        rows.append({"arch": arch, "width": 256, "align_trained_mean": m, "align_trained_sd": sd,
+                     "test_acc_kernel_trained_mean": acc, "test_acc_kernel_trained_sd": 0.01, "n_seeds": units})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("relu,attn,acc_attn,units,outcome", [
+    ((0.30, 0.01), (0.40, 0.02), 0.80, 4, "holds"),      # gap 0.10 beyond the spread 0.03
+    ((0.30, 0.05), (0.36, 0.05), 0.80, 4, "fails"),      # gap 0.06 within 0.10
+    ((0.30, 0.01), (0.40, 0.02), 0.70, 4, "fails"),      # aligned, but 10 points less accurate
+    ((0.30, 0.01), (0.40, 0.02), 0.79, 4, "holds"),      # one point lower: within the accuracy spread 0.02
+    ((0.30, 0.01), (0.40, 0.02), 0.80, 1, "uninformative"),
+])
+def test_the_verdict_rule(relu, attn, acc_attn, units, outcome):
+    v = AL.verdict(_summary(relu, attn, acc_attn=acc_attn, units=units)).iloc[0]
+    assert v["outcome"] == outcome
+    assert v["gap"] == pytest.approx(attn[0] - relu[0])
+
+
+def test_parted_flags_only_gaps_beyond_both_tolerances():
+    curves = pd.DataFrame({"measured": [1.0, 1.5, 1.5], "measured_sd": [0.1, 0.1, 0.4], "theory": [1.05, 1.0, 1.0]})
+    assert list(AL.parted(curves).index) == [1]
+
+
+def test_presets_validate_and_estimate():
+    for cfg in PRESETS["alignment"].values():
+        assert estimate_alignment(cfg).seconds > 0
+    q, p = PRESETS["alignment"]["quick"], PRESETS["alignment"]["paper"]
+    assert estimate_alignment(q).seconds < estimate_alignment(p).seconds
+
+
+SYN = DataSpec(dataset="synthetic", n=80, n_test=40, synthetic_d=32, synthetic_kappa=10.0)
+
+
+def test_the_run_end_to_end_on_synthetic_data():
+    import torch
+
+    from engine.experiments.alignment import run_alignment
+    from engine.maths.kinf import infinite_ntk
+    from engine.maths.models import Net
+    from engine.experiments.runs import prepare
+    from engine.reporting.alignment import readme_paragraph, verdict_alignment
+    from engine.reporting.plots import alignment as AP
+
+    cfg = AlignmentConfig(data=SYN, train=TrainSpec(epochs=4, snapshot_epochs=(0, 2, 4)), widths=(64, 128),
+                          seeds=(0, 1), data_seeds=(0, 1), curve_ns=(10, 40, 80), curve_trials=2)
+    res = run_alignment.compute(cfg, None, torch.device("cpu"), None, None)
+    rows, kinf = res.frames["rows"], res.frames["kinf"]
+    assert len(rows) == 2 * 2 * 2 * 2 and len(kinf) == 2 * 2
+    # K∞'s alignment on draw 1 against the explicit centring of an independently built K∞
+    p = prepare(replace(SYN, seed=1), None, "cpu", None, None)
+    for arch in ("relu", "attn"):
+        net = Net(arch, p.X, 64, p.n_out, 0, 1.0, "linear", SYN.normalize)
+        with torch.no_grad():
+            K = infinite_ntk(net.features(p.X)).numpy()
+        got = kinf[(kinf["data_seed"] == 1) & (kinf["arch"] == arch)]["align"].item()
+        assert got == pytest.approx(_reference_alignment(K, p.Y.numpy()), rel=RTOL64_EIG)
+    # the snapshot at epoch 0 is the kernel at init; the last is the trained one
+    tr = res.frames["training"].merge(rows, on=["data_seed", "arch", "width", "seed"])
+    np.testing.assert_allclose(tr[tr["epoch"] == 0]["alignment"], tr[tr["epoch"] == 0]["align_init"], rtol=RTOL64_EIG)
+    np.testing.assert_allclose(tr[tr["epoch"] == 4]["alignment"], tr[tr["epoch"] == 4]["align_trained"],
+                               rtol=RTOL64_EIG)
+    assert set(res.frames["curves"]["kernel"]) == {"K∞", "K_m trained"}
+    assert set(res.frames["power"]["kernel"]) == {"K∞", "K_m init", "K_m trained"}
+    assert list(res.frames["verdict"]["width"]) == [64, 128]
+    assert verdict_alignment(res.frames["verdict"]).status in ("agrees", "partly", "disagrees")
+    assert "2L-ReLU A(K∞)" in readme_paragraph([("synthetic", res)])
+    for fig in (AP.alignment_width_fig(AP.alignment_width_data(res.frames["summary"], kinf)),
+                AP.power_fig(AP.power_data(res.frames["power"])), AP.curve_fig(AP.curve_data(res.frames["curves"])),
+                AP.training_fig(AP.training_data(res.frames["training"]))):
+        assert len(fig.data) >= 4
