@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from engine.maths import gates
-from engine.reporting import rule as FR
-from engine.reporting import paper, report
+from engine.reporting import paper, report, rule as FR
 
 NOTES = Path(__file__).resolve().parents[2] / "shared" / "paper" / "NOTES.md"
 

@@ -8,17 +8,16 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from engine.reporting import protocols as P
-from ui import links as L
 from engine.data import DataSpec
-from engine.experiments.malleability import run_malleability
 from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.malleability import run_malleability
 from engine.maths.specs import OPTIMIZERS, TrainSpec
+from engine.reporting import protocols as P
 from tests.test_app import app, env, settle  # noqa: F401  (env is a fixture)
+from ui import links as L
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
@@ -45,7 +44,7 @@ def _flips(relu, attn, trained=(1.0, 1.0), attack="pgd", eps=0.3, seeds=3) -> pd
 def _sweep(relu, attn, widths=(16, 1024, 4096), sd=0.01, col="kernel_dist_trained", trained=1.0) -> pd.DataFrame:
     return pd.DataFrame([{"arch": a, "attention": "linear" if a == "attn" else "", "width": w, f"{col}_mean": v,
                           f"{col}_sd": sd, "train_acc_mean": 0.9, "trained_mean": trained, "n_seeds": 3}
-                         for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals)])
+                         for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals, strict=True)])
 
 
 # ---------------------------------------------------------------- verdict rules

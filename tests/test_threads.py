@@ -10,9 +10,9 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import ATOL64, RTOL64
 from threadpoolctl import threadpool_info
 
+from conftest import ATOL64, RTOL64
 from engine.maths import kinf, tiles
 from engine.maths.kinf import infinite_ntk
 
@@ -73,7 +73,7 @@ def test_two_kinf_computations_at_once_restore_blas_and_torch_threads(two_thread
     assert _blas_counts() == blas_before
     assert torch.get_num_threads() == torch_before
     for w in (0, 1):
-        for K, K0 in zip(results[w], alone):
+        for K, K0 in zip(results[w], alone, strict=True):
             assert torch.equal(K, K0)
     off = ~np.eye(150, dtype=bool)  # the diagonal is |x|²/2 exactly, where arccos(1) is ill-conditioned
     np.testing.assert_allclose(alone[0].numpy()[off], _arccos_kernel(inputs[0].numpy())[off],

@@ -5,18 +5,16 @@ The NTK page draws them as heatmaps; ``python -m engine kernels`` caches them as
 
 from __future__ import annotations
 
-
 import torch
 
-from ..runtime.cache import Result
 from ..data import load_sample
+from ..maths.kinf import infinite_ntk
 from ..maths.models import Net
 from ..maths.ntk import empirical_ntk
-from ..maths.kinf import infinite_ntk
-from .runs import Progress, experiment_run, tick
 from ..maths.training import n_outputs, train
+from ..runtime.cache import Result
 from .configs.kernels import KernelConfig
-
+from .runs import Progress, experiment_run, tick
 
 # ---------------------------------------------------------------- kernel views
 
