@@ -17,6 +17,7 @@ import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import torch
 
@@ -67,7 +68,7 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     """
     dtype = storage_dtype(storage)
     same = X2 is None
-    n1, n2, d = X1.shape[0], (X1 if same else X2).shape[0], X1.shape[1]
+    n1, n2, d = X1.shape[0], (X1 if X2 is None else X2).shape[0], X1.shape[1]
     dev = X1.device
     budget = _KINF_BLOCK["cuda" if dev.type == "cuda" else "cpu"]
     if chunk is not None and chunk < 1:
@@ -76,7 +77,7 @@ def infinite_ntk(X1: torch.Tensor, X2: torch.Tensor | None = None, chunk: int | 
     require_kernel("infinite-width NTK", n1, n2, dtype, dev,
                     lambda k, size: kinf_bytes(k, k if same else n2, d, rows, same, size))
     A = X1.detach().double()
-    B_ = A if same else X2.detach().double()
+    B_ = A if X2 is None else X2.detach().double()
     if n1 == 0 or n2 == 0:
         return torch.empty(n1, n2, dtype=dtype, device=dev)
     rA2 = _inverse_norms(A).mul_(2)  # 2/|a|: scales the halved Gram below to the cosine exactly
@@ -146,7 +147,7 @@ _BLAS_LOCK = threading.Lock()  # threadpoolctl's limit is process-wide: two over
 
 
 @contextlib.contextmanager
-def _blas_threads(threads: int):
+def _blas_threads(threads: int) -> Iterator[None]:
     """A context in which scipy's BLAS runs on ``threads`` threads (threadpoolctl), as torch's
     own ops do: its default is every core, which beside torch's threads would oversubscribe a
     worker given a share of the machine. One such context at a time in the process, so that

@@ -24,7 +24,7 @@ from .influence import loo_influence
 from .specs import INFLUENCE_TARGETS, TrainSpec
 from .models import TwoLayerReLU
 from .ridge import kernel_regression
-from .training import optimise, resolve_loss, targets
+from .training import CancelFlag, optimise, resolve_loss, targets
 
 
 # ---------------------------------------------------------------- the batched masked trainer
@@ -76,7 +76,7 @@ class MaskedRun:
 
 def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequence[TwoLayerReLU],
                  keep: torch.Tensor, spec: TrainSpec, seed: int = 0, progress: Callable[[float, str], None] | None = None,
-                 cancel=None, frozen: torch.Tensor | None = None) -> MaskedRun:
+                 cancel: CancelFlag | None = None, frozen: torch.Tensor | None = None) -> MaskedRun:
     """Train k heads as one batched model, head j on the points where ``keep[j]`` is True.
 
     phi (n, d) fixed features (their dtype is the training dtype); y (n,) labels; heads: k

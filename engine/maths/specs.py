@@ -83,7 +83,7 @@ def parse_attention(text: str) -> AttentionSpec:
     return AttentionSpec(kind, value)
 
 
-def check_init(init, width: int | None = None) -> str:
+def check_init(init: str, width: int | None = None) -> str:
     """``init`` in INITS; ``antisymmetric`` pairs hidden units, so its widths must be even."""
     if init not in INITS:
         raise BadInput(f"unknown init {init!r}; allowed: {', '.join(INITS)}")
@@ -92,7 +92,7 @@ def check_init(init, width: int | None = None) -> str:
     return init
 
 
-def check_width(width) -> int:
+def check_width(width: object) -> int:
     if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
         raise BadInput(f"width must be an integer in [1, {MAX_WIDTH}], got {width!r}")
     return width

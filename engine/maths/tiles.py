@@ -14,6 +14,7 @@ import ctypes
 import functools
 import glob
 import os
+from typing import Iterator
 
 import torch
 
@@ -32,7 +33,7 @@ def row_blocks(n: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def tile_ranges(n1: int, n2: int, rows: int, cols: int, same: bool):
+def tile_ranges(n1: int, n2: int, rows: int, cols: int, same: bool) -> Iterator[tuple[int, int, int, int]]:
     """(i, i2, j, j2) tiles of an (n1, n2) kernel: row blocks of <= ``rows``, each cut into
     column blocks of <= ``cols``. ``same`` (a symmetric kernel): per row block the square
     diagonal tile, then only the columns right of it; the rest is mirrored."""
@@ -89,7 +90,7 @@ def _own_thread_setters():
     return (omp, mkl) if follows else None
 
 
-def _limit_own_threads(threads: int):
+def _limit_own_threads(threads: int) -> tuple[int, int | None]:
     """Run the calling thread's torch ops on ``threads`` threads; returns what restores it."""
     before = torch.get_num_threads()
     setters = _own_thread_setters()
@@ -101,7 +102,7 @@ def _limit_own_threads(threads: int):
     return before, (mkl(threads) if mkl is not None else None)  # MKL's previous local count (0: none)
 
 
-def _restore_own_threads(saved) -> None:
+def _restore_own_threads(saved: tuple[int, int | None]) -> None:
     before, mkl_before = saved
     setters = _own_thread_setters()
     if setters is None:

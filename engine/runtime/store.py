@@ -38,7 +38,7 @@ class RawDisk(diskcache.Disk):
 
     Writing is unchanged (bytes go inline below ``min_file_size``, else to a value file)."""
 
-    def _own(self, filename) -> str | None:
+    def _own(self, filename: object) -> str | None:
         # the real path of a value file of this folder, or None for anything else
         if not isinstance(filename, str) or not _VALUE_FILE.fullmatch(filename.replace(os.sep, "/")):
             return None
