@@ -179,3 +179,34 @@ def test_verdict_states_the_gap_with_its_interval_and_a_ratio_only_over_a_nonzer
     assert not bool(v.loc["ridge", "objective_match"])
     rows.loc[rows.arch == "relu", "trained"] = False
     assert not F.verdict(rows, flips, nulls=True)["holds"].any()  # a net that did not train: no verdict
+
+
+def test_flow_reading_is_what_retraining_a_linear_model_gives():
+    """The head linearised at W₀ (activation pattern frozen), full batches and a small rate: gradient
+    descent on it is the kernel's gradient flow with the eNTK at W₀, so retraining it without each
+    point (``train_masked``, frozen) and the flow leave-one-out must agree up to the step size. One
+    output: with several, a finite-width head's outputs are coupled through its shared W (cross-class
+    terms of order m^-½), which the flow reading's per-output kernel leaves out."""
+    from engine.maths.loo import flow_loo, head_outputs, train_masked
+    from engine.maths.ntk import empirical_ntk_features
+
+    binary = replace(SYN, synthetic_classes=2)  # one output: the scalar eNTK is the whole tangent kernel
+    cfg = replace(NET, data=binary, train=replace(LAZY, epochs=300, batch_size=binary.n, lr=0.5))
+    p, t, X, Xt = _trained(cfg, "relu")
+    head = fresh = t.net32.mlp.__class__(X.shape[1], 32, 1, 0, init="antisymmetric").double()
+    with torch.no_grad():
+        phi, phi_t = (t.net32.features(z.float()).double() for z in (X, Xt))
+        head.W.copy_(t.W0.double())
+    frozen, frozen_t = phi @ head.W.T > 0, phi_t @ head.W.T > 0
+    points = torch.tensor([2, 7, 13])
+    keep = torch.ones(1 + len(points), SYN.n, dtype=torch.bool)
+    keep[torch.arange(1, 1 + len(points)), points] = False
+    run = train_masked(phi, p.y, p.c, [fresh] * keep.shape[0], keep, cfg.train, 0, frozen=frozen.repeat(1, keep.shape[0]))
+    with torch.no_grad():
+        out = head_outputs(phi_t @ run.W.T, [fresh] * keep.shape[0], frozen_t.repeat(1, keep.shape[0]))
+    retrained = (out[0][None] - out[1:]).permute(1, 0, 2)[:, :, 0]
+    K, K_t = empirical_ntk_features(head, phi), empirical_ntk_features(head, phi_t, phi)
+    zero = torch.zeros(SYN.n, 1, dtype=torch.float64)
+    flow = flow_loo(K, K_t, p.Y, p.yt, points, cfg.train, zero, zero[: phi_t.shape[0]]).scored("true", p.yt)
+    np.testing.assert_allclose(retrained.numpy(), flow.numpy(), rtol=0.05, atol=2e-3)
+    assert float(flow.abs().max()) > 1e-2  # the changes are not all nil: the comparison says something

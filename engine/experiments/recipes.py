@@ -12,7 +12,8 @@ Influence readings (``READINGS``), each a column of every malleability row:
   influence. Exact for a net that trains to kernel ridge regression: MSE, lazy, converged.
 - ``flow``: the leave-one-out of kernel gradient descent on the same kernel, run for the net's own
   SGD steps and learning rate (``engine.maths.loo.flow_loo``): the kernel regime's prediction of this
-  very training, early stopping included. Exact for lazy SGD on MSE.
+  very training, early stopping included. Exact for lazy SGD on MSE with one output; with several,
+  the per-output kernel leaves out the cross-output coupling of a finite-width head (of order m^-½).
 - ``retrain``: the network's own leave-one-out: the head retrained from the same initialisation
   and batch order without each tracked point (``engine.maths.loo.train_masked``). Exact for the
   training the net had, whatever its loss and optimiser (on CPU, up to float rounding of the batch).

@@ -95,6 +95,9 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     if not math.isfinite(out["gap_low"]):
         return {**out, "outcome": "uninformative", "why": "no interval of the gap between the two excesses"}
     gap = gap_words(out)
+    match = _num(d, "attn", "objective_match_mean")
+    if math.isfinite(match) and match < 1:  # e.g. ridge read on nets trained with cross-entropy
+        gap += "; the reading is not exact for this training (see exact_for in the rows)"
     if not low > 0:
         return {**out, "outcome": "fails", "why": "MLP-Attn's flip excess is not above zero (its interval reaches "
                 f"{_pct(low)}): the nulls flip as often; {gap}"}
