@@ -25,6 +25,12 @@ def _cell_pct(v: float, digits: int = 0) -> str:
     return "—" if not math.isfinite(v) else f"{100 * v:.{digits}f}"
 
 
+def _cell(text) -> str:
+    """A spec's text as one Markdown table cell: ``|`` escaped, HTML as entities, newlines as spaces."""
+    text = " ".join(str(text).splitlines()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
 def readme_tables(results) -> str:
     """The README's flip-rate tables in Markdown, from malleability results.
 
@@ -43,7 +49,7 @@ def readme_tables(results) -> str:
     lines = [head]
     for label, summary in results:
         if summary is None or len(summary) == 0:
-            lines.append(f"| {label} | | not computed yet: run `python -m engine grid` on the spec | | | | | | |")
+            lines.append(f"| {_cell(label)} | | not computed yet: run `python -m engine grid` on the spec | | | | | | |")
             continue
         several = {c: c in summary and summary[c].nunique() > 1 for c in ("width", "reading")}
         for key, g in summary.groupby(["attack", "eps", *[c for c in ("width", "reading") if c in summary]],
@@ -51,7 +57,7 @@ def readme_tables(results) -> str:
             v = flip_rule(g, key[0], key[1])
             where = "".join(f", {c} {k}" if c == "reading" else f", m = {k}"
                             for c, k in zip(("width", "reading"), key[2:], strict=False) if several[c])
-            setting = f"{label}{where}"
+            setting = f"{_cell(label)}{where}"
             if "relu_excess" not in v:
                 lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
                 continue
