@@ -18,13 +18,14 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
     from engine.runtime.budget import duration
     from engine.data import DataSpec
     from engine.runtime.settings import meta
-    from ui import configs
+    from ui import configs, links
     from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
                            WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
                            ensure_entry, fetch_ui, link_problems, linked_data, machine_speed, page_nav,
-                           synthetic_note, upload_ui, uploaded_names, usable)
+                           plain, synthetic_note, upload_ui, uploaded_names, usable)
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
+links.remember_asked()  # the link's page settings before any widget takes (or drops) them
 machine_speed()  # once per server: this machine's speed now scales every estimate (engine.runtime.budget)
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
@@ -59,7 +60,9 @@ def sidebar_ui() -> tuple[Shared, str | None]:
                               "n_test": ("test points", (1, int(meta(DataSpec, "n_test").hi)), 100),
                               "seed": ("seed", (0, int(meta(DataSpec, "seed").hi)), 0),
                               "widths": ("widths", WIDTH_CHOICES, [16, 64, 256, 1024]),
-                              "archs": ("architectures", ARCH_CHOICES, list(ARCH_CHOICES)),
+                              # the URL carries the labels the widget shows (2L-ReLU), not the raw options
+                              "archs": ("architectures", tuple(ARCH_LABELS[a] for a in ARCH_CHOICES),
+                                        [ARCH_LABELS[a] for a in ARCH_CHOICES]),
                               "device": ("device", DEVICE_CHOICES, "auto")})
     if problems:  # kept for this session: the widgets drop the values, so the next run would not see them
         st.session_state["link.problems"] = problems
@@ -107,13 +110,13 @@ def sidebar_ui() -> tuple[Shared, str | None]:
         sizes_slot.info(note, icon=":material/info:")
     if s.attention.startswith("qkv") and "attn" in s.archs:
         qkv_slot.caption(qkv_note(s))
-    st.caption(f"Task: **{s.label}**")
+    st.caption(f"Task: **{plain(s.label)}**")  # the URL's classes and file names are shown as typed
     with st.expander("Your own data"):
         upload_ui()
     with st.expander("Data sets here"):
         for info in dataset_infos(data_dir()):
             mark = "✅" if info["available"] else "⛔"
-            st.markdown(f"{mark} **{info['name']}** — {info['reason']}  \n`{info['where']}`")
+            st.markdown(f"{mark} **{plain(info['name'])}** — {plain(info['reason'])}  \n{plain(info['where'])}")
             if not info["available"] and info["name"] != "synthetic":
                 fetch_ui(info["name"])
     return s, error
@@ -147,4 +150,9 @@ if synthetic_note(st.session_state["shared"].base):
     st.info(synthetic_note(st.session_state["shared"].base), icon=":material/science:")
 if data_error:  # once here, not once per run on the page
     st.error(data_error)
+if st.session_state.get("link.page") != page.url_path:  # another page: its link's refusals are not this one's
+    st.session_state.pop(links.REFUSED, None)
+    st.session_state["link.page"] = page.url_path
+links.page_slot()  # above the page: its settings the link asked for and the page did not take
 page.run()
+links.show_page_problems()  # after the page's widgets, unless a run call showed them (a page may stop after it)

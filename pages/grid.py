@@ -14,7 +14,7 @@ from engine.runtime.budget import duration
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import JobState
 from ui import configs, render
-from ui.common import get_cache, get_manager, shared
+from ui.common import get_cache, get_manager, plain, shared
 from ui.runner import obtain
 
 BOUND = configs.BOUND
@@ -51,7 +51,7 @@ def cells_view(grid: G.Grid, workers: int, states_of: G.Tracker) -> None:
                 help=f"On {workers} worker processes; {duration(t['estimate_seconds_left'])} of work in all "
                      f"(every cell: {duration(t['estimate_seconds'])}). Estimates are for the reference "
                      "2-core CPU; a GPU is faster.")
-    st.caption(f"Cells: {G.describe_cells(table)}.")
+    st.caption(f"Cells: {plain(G.describe_cells(table))}.")  # spec text shown as typed
     shown = table.assign(estimate=table["estimate_s"].map(duration),
                          memory=table["memory_gib"].map(lambda g: f"{g * 1024:.0f} MiB"))
     st.dataframe(shown[["cell", "kind", "settings", "status", "estimate", "memory", "note"]], hide_index=True,
@@ -79,10 +79,10 @@ path, workers = spec_ui(files)
 try:
     grid = G.load_spec(path)
 except EngineError as exc:
-    st.error(str(exc))
+    st.error(plain(exc))
     st.stop()
 if grid.description:
-    st.caption(grid.description)
+    st.caption(plain(grid.description))
 states = tracker(grid.sha)
 cells_view(grid, workers, states)
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from engine.reporting import paper, rule
-from engine.reporting import plots
-from engine.reporting import tables
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.spectrum import run_spectrum
 from engine.experiments.malleability import run_malleability
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.sweep import run_ntk_sweep
+from engine.reporting import paper, plots, rule, tables
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, plain, shared
 from ui.runner import obtain_together, peek

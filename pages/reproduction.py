@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.reporting import paper
-from engine.reporting import plots
-from engine.reporting import protocols
-from engine.reporting import tables
-from engine.maths.specs import AttackSpec, TrainSpec
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.spectrum import run_spectrum
 from engine.experiments.malleability import run_malleability
+from engine.experiments.spectrum import run_spectrum
+from engine.experiments.sweep import run_ntk_sweep
+from engine.maths.specs import AttackSpec, TrainSpec
+from engine.reporting import paper, plots, protocols, tables
 from ui import configs, render, sensitivity
 from ui.common import plain, require, shared
 from ui.runner import obtain_planned

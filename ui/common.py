@@ -73,6 +73,16 @@ def display_name(path: str) -> str:
     return re.sub(r"-[0-9a-f]{16}(\.npz)$", r"\1", Path(str(path)).name)
 
 
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#!|~:$&@])|(?<=www)\.", re.IGNORECASE)
+
+
+def plain(text) -> str:
+    """``text`` as typed in Streamlit's Markdown, on one line: no link, image, autolink (<…>, http:,
+    www., a@b), HTML, emphasis, code, table, formula, :emoji: or :color[…]. Every value from a URL, a
+    file name, an upload or a spec goes through this before ``st.markdown``, ``st.warning``, ..."""
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(0), " ".join(str(text).splitlines()))
+
+
 def ensure_entry() -> None:
     """Make sure this run goes through app.py (``st.navigation``), not Streamlit's old `pages/` mode.
 
@@ -138,10 +148,10 @@ def fetch_ui(name: str) -> None:
         with st.spinner(f"Fetching {name}…"):
             folder = fetch_dataset(name, data_dir())
     except EngineError as exc:
-        st.error(str(exc))
+        st.error(plain(exc))
         return
     dataset_infos.clear()
-    st.success(f"{name} is in {folder}.")
+    st.success(f"{name} is in {plain(folder)}.")
     st.rerun()
 
 
@@ -159,14 +169,14 @@ def upload_problem(name: str, exc: Exception | None = None) -> str:
     Engine messages name the stored copy (a path inside the cache folder) and give advice for
     programmers; neither helps someone who dropped a file on the page, so both are replaced."""
     if exc is None:
-        return f"“{name}” is not an .npz file; {UPLOAD_EXPECTED}."
+        return f"“{plain(name)}” is not an .npz file; {UPLOAD_EXPECTED}."
     why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     why = re.sub(r"[^\s'\"]*?[\w-]+-[0-9a-f]{16}\.npz", name, why)  # the stored copy → the user's name
     why = re.sub(r"[;,]?\s*save X and y with numpy\.savez\s*$", "", why)
     why = why.removeprefix(name).lstrip(" :")
     if "not a zip file" in why:
-        return f"“{name}” is not a valid .npz file (it is not a zip archive); {UPLOAD_EXPECTED}."
-    return f"“{name}” cannot be used: {why}; {UPLOAD_EXPECTED}."
+        return f"“{plain(name)}” is not a valid .npz file (it is not a zip archive); {UPLOAD_EXPECTED}."
+    return f"“{plain(name)}” cannot be used: {plain(why)}; {UPLOAD_EXPECTED}."
 
 
 def upload_dir() -> Path:
@@ -197,7 +207,7 @@ def upload_ui() -> None:
     if path not in uploads:
         uploads.append(path)
         st.rerun()  # the data set list above was drawn without it
-    st.caption(f"Added to the data sets as `{Path(path).name}`.")
+    st.caption(f"Added to the data sets as “{plain(Path(path).name)}”.")
 
 
 def linked_data(names: list[str]) -> str | None:
@@ -216,14 +226,15 @@ def linked_data(names: list[str]) -> str | None:
         if Path(wanted).name == wanted and path.is_file():
             st.session_state.setdefault("uploads", []).append(str(path))
             return None
-        return (f"This link opens uploaded data, “{display_name(wanted)}”, that is not on this server, so the "
-                f"page shows {names[0]} instead; upload the file under “Your own data” in the sidebar to see "
+        return (f"This link opens uploaded data, “{plain(display_name(wanted))}”, that is not on this server, so "
+                f"the page shows {plain(names[0])} instead; upload the file under “Your own data” in the sidebar to see "
                 "the linked view.")
-    return f"This link asks for the data set “{wanted}”, which is not available here, so the page shows {names[0]} instead."
+    return (f"This link asks for the data set “{plain(wanted)}”, which is not available here, so the page shows "
+            f"{plain(names[0])} instead.")
 
 
 def _shown(value) -> str:
-    return ", ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+    return plain(", ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value))
 
 
 def link_problems(spec: dict) -> list[str]:
@@ -250,7 +261,7 @@ def link_problems(spec: dict) -> list[str]:
             except ValueError:
                 ok = False
             if not ok:
-                out.append(f"This link's {label} = {text} is not allowed (a whole number from {lo} to {hi}), so the "
+                out.append(f"This link's {label} = {plain(text)} is not allowed (a whole number from {lo} to {hi}), so the "
                            f"page uses {_shown(used)} instead.")
             continue
         options = {str(o) for o in allowed}
@@ -306,7 +317,7 @@ def class_problem(s: Shared) -> str | None:
     try:
         parse_dataset(s.dataset)
     except EngineError as exc:
-        return str(exc).splitlines()[0]
+        return plain(str(exc).splitlines()[0])
     return None
 
 
@@ -321,7 +332,7 @@ def usable(s: Shared) -> tuple[Shared, str | None, str | None]:
     error = note = None
     problem = class_problem(s)
     if problem:
-        error = f"Classes “{s.classes.strip()}”: {problem}. The pages below use all classes until this is changed."
+        error = f"Classes “{plain(s.classes.strip())}”: {problem}. The pages below use all classes until this is changed."
         s = replace(s, classes="all")
     if s.uploaded:
         try:
@@ -331,7 +342,7 @@ def usable(s: Shared) -> tuple[Shared, str | None, str | None]:
         n, n_test = fit_sizes(s.n, s.n_test, rows, test_rows)
         if (n, n_test) != (s.n, s.n_test):
             held = f"{test_rows} test rows" if test_rows is not None else "no X_test, so test points are held out of X"
-            note = (f"{display_name(s.base)} has {rows} rows ({held}): runs use n = {n} and {n_test} test points "
+            note = (f"{plain(display_name(s.base))} has {rows} rows ({held}): runs use n = {n} and {n_test} test points "
                     f"instead of {s.n} and {s.n_test}.")
             s = replace(s, n=n, n_test=n_test)
     return s, error, note
@@ -379,7 +390,7 @@ def device_note(name: str) -> str:
     try:
         return f"Runs on **{resolve_device(name)}** here."
     except EngineError as exc:
-        return f"⚠ {exc}"
+        return f"⚠ {plain(exc)}"
 
 
 def require(ok: bool, message: str) -> None:

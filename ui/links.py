@@ -107,6 +107,7 @@ def _ntk_params(cfg: SweepConfig, metric: str) -> tuple[dict, dict]:
 
 ASKED = "link.asked"        # session key: the URL's page parameters as this run found them (app.py)
 REFUSED = "link.refused"    # session key: {widget key: (line, value shown then)} kept until changed
+SLOT, SHOWN = "link.slot", "link.shown"  # session keys: the container above the page, drawn this run
 _TRAIN = {k: (TrainSpec, f) for k, f in (("epochs", "epochs"), ("lr", "lr"), ("optimizer", "optimizer"),
                                            ("decay", "weight_decay"), ("loss", "loss"))}
 SETTING_OF = {  # widget key -> the setting it sets (its declared limits name what is allowed)
@@ -142,6 +143,22 @@ def declared_refusal(key: str, text: str) -> str | None:
     return None if ok else m.allowed()
 
 
+def _taken(asked: str, now: list[str], value) -> bool:
+    """Whether the widget took the link's ``asked``: still in the URL, or its value (a value
+    equal to the default leaves the URL; a selectbox may show its option another way)."""
+    if asked in now:
+        return True
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if str(v).lower() == asked.lower():
+            return True
+        try:
+            if float(v) == float(asked):
+                return True
+        except (TypeError, ValueError):
+            pass
+    return False
+
+
 def _value(key: str) -> str:
     now = st.query_params.get_all(key)
     return ", ".join(now) if now else str(st.session_state.get(key, "the default"))
@@ -157,9 +174,9 @@ def page_problems() -> list[str]:
     choices) and what the page uses; it stays for the session until that widget changes."""
     refused = st.session_state.setdefault(REFUSED, {})
     for key, asked in st.session_state.get(ASKED, {}).items():
-        now = st.query_params.get_all(key)
-        bad = [v for v in asked if v not in now]
-        if not bad and len(asked) == len(now):
+        now, value = st.query_params.get_all(key), st.session_state.get(key)
+        bad = [v for v in asked if not _taken(v, now, value)]
+        if not bad:
             continue
         allowed = next((a for a in map(lambda v: declared_refusal(key, v), bad) if a), None)
         why = f"is not allowed ({allowed})" if allowed else "is not among this page's choices"
@@ -171,7 +188,26 @@ def page_problems() -> list[str]:
     return [line for line, _ in refused.values()]
 
 
+def page_slot() -> None:
+    """app.py, before the page: the place above it where ``show_page_problems`` writes."""
+    st.session_state[SLOT] = st.container()
+    st.session_state[SHOWN] = False
+
+
+def show_page_problems() -> list[str]:
+    """Write ``page_problems`` above the page, once per run (a page that stops after its run
+    call draws nothing after it, so the run call shows them first); returns them."""
+    lines = page_problems()
+    if not st.session_state.get(SHOWN) and st.session_state.get(SLOT) is not None:
+        st.session_state[SHOWN] = True
+        with st.session_state[SLOT]:
+            for line in lines:
+                st.warning(line, icon=":material/link_off:")
+    return lines
+
+
 def link_refused() -> bool:
     """Whether this session's link asked for a value the page or the sidebar did not take: the
     page then shows its settings and waits for a click instead of starting a run by itself."""
-    return bool(page_problems() or st.session_state.get("link.problems") or st.session_state.get("data.link_note"))
+    return bool(show_page_problems() or st.session_state.get("link.problems")
+                or st.session_state.get("data.link_note"))

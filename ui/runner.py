@@ -24,7 +24,8 @@ from engine.runtime.budget import duration
 from engine.runtime.cache import Result
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import Job, JobManager, JobState
-from ui.common import get_cache, get_manager, shared
+from ui.common import get_cache, get_manager, plain, shared
+from ui.links import link_refused
 
 INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment
 POLL_S = 2.0          # progress bar refresh at first: each redraw costs the run CPU time
@@ -49,7 +50,7 @@ def _status(job: Job) -> str:
         state = job.stage
     eta = job.eta_s()
     left = "estimating time left" if eta is None else f"about {_duration(eta)} left"
-    return f"**{job.label}** — {state} · {job.frac:.0%} · {_duration(job.elapsed_s())} elapsed · {left}"
+    return f"**{plain(job.label)}** — {state} · {job.frac:.0%} · {_duration(job.elapsed_s())} elapsed · {left}"
 
 
 def poll_interval(elapsed_s: float) -> float:
@@ -94,6 +95,11 @@ def _progress_bar(key: str, every: float) -> None:
         st.rerun(scope="app")
 
 
+def _warn_plain(message: str) -> None:
+    """A corrupt cache entry's message (it names a file) as text."""
+    st.warning(plain(message))
+
+
 def _submit(manager: JobManager, kind: str, cfg, fn, label: str, data_dir, kwargs: dict) -> None:
     """Button callback: (re)submit; replaces a failed or cancelled job, joins a live one."""
     manager.submit(kind, cfg, fn, label, data_dir=data_dir, **kwargs)
@@ -114,18 +120,21 @@ def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = T
     try:
         key = manager.key(kind, cfg, data_dir)  # fingerprints the data, so it can fail
     except EngineError as exc:
-        st.error(str(exc))
+        st.error(plain(exc))
         return None
     job = manager.get_key(key)
     if job is not None and job.state is JobState.DONE:
         return job.result
     if job is None or job.done:
-        hit = cache.get(kind, cfg, on_corrupt=st.warning, data_dir=data_dir)
+        hit = cache.get(kind, cfg, on_corrupt=_warn_plain, data_dir=data_dir)
         if hit is not None:
             return hit
     slot = st.empty()  # one place for the button, the progress bar, the error, or nothing
     kwargs = dict(cache=cache, device=shared().device)
     args = (manager, kind, cfg, fn, label, data_dir, kwargs)
+    if job is None and auto and link_refused():  # the link asked for something else: the user decides
+        auto, note = False, (f"This link asked for settings this page did not take (said above), so the run "
+                             f"waits for a click. {note}").strip()
     if job is None and auto:
         job = manager.submit(kind, cfg, fn, label, data_dir=data_dir, **kwargs)
     elif job is None:
@@ -160,10 +169,10 @@ def _ended(slot, job: Job, label: str, key: str, args: tuple) -> None:
     """A failed or cancelled job: its message and one button that starts a fresh run."""
     with slot.container():
         if job.state is JobState.FAILED:
-            st.error(job.error)
+            st.error(plain(job.error))
             st.button("Try again", key=f"retry.{key[:16]}", on_click=_submit, args=args)
         else:
-            st.info(f"{label}: cancelled.")
+            st.info(f"{plain(label)}: cancelled.")
             st.button("Run again", key=f"again.{key[:16]}", on_click=_submit, args=args)
 
 
@@ -175,7 +184,7 @@ def peek(kind: str, cfg, data_dir=None) -> Result | None:
         return None
     if job is not None and job.state is JobState.DONE:
         return job.result
-    return get_cache().get(kind, cfg, on_corrupt=st.warning, data_dir=data_dir)
+    return get_cache().get(kind, cfg, on_corrupt=_warn_plain, data_dir=data_dir)
 
 
 def obtain_planned(fn: Callable[..., Result], cfg, label: str, button: str = "Run", wait: bool = False,
@@ -222,7 +231,7 @@ def obtain_together(runs: list[tuple[Callable[..., Result], object, str]], butto
             try:
                 job = manager.get(fn.kind, cfg)  # fingerprints the data, so it can fail
             except EngineError as exc:
-                st.error(str(exc))
+                st.error(plain(exc))
                 return [None] * len(runs)
         if job is not None:
             hit = obtain(fn.kind, fn, cfg, label, auto=False)

@@ -1,0 +1,170 @@
+"""Text from a URL, a file name or a spec is shown as typed, and a link's page settings are
+checked like the sidebar's.
+
+Streamlit's warnings, captions and errors render Markdown: a link value such as
+``[Session expired: log in again](http://…)`` would put a link inside the app's own warning,
+and ``![x](http://host/b.png)`` would make every visitor's browser fetch that image. A page
+setting the page's widget drops (``mall.eps=0.07``, ``ntk.lr=nan``) gets one line naming it,
+and the page then waits for a click instead of starting a run with its defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import steady_app_state
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+SMALL = {"data": "synthetic", "n": "40", "n_test": "10", "widths": ["16"]}
+LINK = "[Session expired: log in again](http://evil.example/login)"
+PIXEL = "![x](http://evil.example/b.png)"
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch):
+    steady_app_state(monkeypatch, tmp_path / "cache", tmp_path / "no-data")
+    return tmp_path
+
+
+def _live(markdown: str) -> list[str]:
+    """The link, image, autolink and HTML openings a Markdown renderer would act on: what is
+    left once every backslash-escaped character is taken out (CommonMark shows those as
+    typed)."""
+    bare = re.sub(r"\\.", "", markdown)
+    return re.findall(r"\]\(|!\[|\[|<|https?:|www\.|\w@\w", bare, flags=re.IGNORECASE)
+
+
+def _shown(at: AppTest) -> list[str]:
+    """Every Markdown string the page rendered: warnings, errors, infos, captions, markdown."""
+    out = []
+    for kind in ("warning", "error", "info", "caption", "markdown", "success"):
+        out += [e.value for e in at.get(kind)]
+    return out
+
+
+def _unescaped(markdown: str) -> str:
+    return re.sub(r"\\(.)", r"\1", markdown)
+
+
+def _app(query: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query)
+    return at.run()
+
+
+@pytest.mark.parametrize("key, value", [("data", LINK), ("data", PIXEL), ("n", LINK), ("widths", PIXEL),
+                                        ("classes", LINK), ("data", "<img src=http://evil.example/b.png>")])
+def test_url_text_reaches_the_page_as_text(env, key, value):
+    """The value is named on the page (one line says the link asked for it) and every element
+    that names it has no live link, image or HTML in its Markdown."""
+    at = _app({**SMALL, key: value})
+    assert not at.exception
+    naming = [m for m in _shown(at) if "evil.example" in m]
+    assert naming, _shown(at)  # the page does say what the link asked for
+    for m in naming:
+        assert _live(m) == [], m
+        assert value in _unescaped(m)  # shown as typed
+
+
+def test_a_page_setting_from_the_url_is_shown_as_text(env):
+    at = _app({**SMALL})
+    at.switch_page("pages/malleability.py")
+    at.query_params["mall.norm"] = PIXEL
+    at.run()
+    naming = [m for m in _shown(at) if "evil.example" in m]
+    assert naming and all(_live(m) == [] for m in naming), naming
+
+
+def test_the_escaping_helper_against_a_renderer_free_reading():
+    """``plain`` escapes what makes links, images, HTML, formulas and emphasis, keeps the text
+    readable, and stays one line."""
+    from ui.common import plain
+
+    for text in (LINK, PIXEL, "<b>x</b> & www.evil.example a@b.c $x$ *y* `z` :red[w] | \\", "a\nb"):
+        assert _live(plain(text)) == []
+        assert _unescaped(plain(text)) == " ".join(text.splitlines())
+    assert plain("mnist:3-8, n = 200 (test 0.5)") == "mnist\\:3-8, n = 200 (test 0.5)"
+
+
+def test_report_cells_escape_pipes_html_and_newlines():
+    """A spec label with ``|``, HTML and a newline stays one cell of one row in the report."""
+    from engine.reporting.report import readme_tables
+
+    table = readme_tables([("a | b <img src=x onerror=y>\nc", None)])
+    head, rule, row = table.split("\n\n")[0].splitlines()
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]
+    assert len(cells) == len(re.split(r"(?<!\\)\|", head)[1:-1]) == 9
+    assert cells[0].strip() == "a \\| b &lt;img src=x onerror=y&gt; c"
+    assert "<" not in row
+
+
+# ---------------------------------------------------------------- page settings in a URL
+
+def _jobs() -> list:
+    from ui.common import get_manager
+
+    return get_manager().jobs()
+
+
+def _link_lines(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning if w.value.startswith("This link")]
+
+
+def test_refused_malleability_settings_are_named_and_start_nothing(env):
+    """The issue's link: four values the page does not take, four lines naming each with what is
+    allowed (the setting's declared limits, or the page's choices) and what is used; no run
+    starts by itself, a button waits. The same page with the link's values left out starts
+    its run by itself (the control: the refusal is what stops it)."""
+    bad = {"mall.eps": "0.07", "mall.steps": "100000", "mall.norm": "l3", "mall.tau": "5"}
+    at = _app({**SMALL})
+    at.switch_page("pages/malleability.py")
+    at.query_params.update(bad)
+    at.run()
+    assert not at.exception
+    lines = _link_lines(at)
+    assert len(lines) == 4, lines
+    expect = {"mall.eps = 0.07": "not among this page's choices", "mall.steps = 100000": "<= 1000",
+              "mall.norm = l3": "one of linf, l2", "mall.tau = 5": "<= 1"}
+    for asked, allowed in expect.items():
+        assert any(asked in t and allowed in t and "so the page uses" in t for t in lines), (asked, lines)
+    assert _jobs() == []
+    assert any(str(b.key or "").startswith("run.") for b in at.button)
+    at.run()  # a rerun: the link's values are gone from the URL, the lines and the wait stay
+    assert len(_link_lines(at)) == 4 and _jobs() == []
+
+    control = _app({**SMALL})
+    control.switch_page("pages/malleability.py")
+    control.run()
+    assert _link_lines(control) == [] and len(_jobs()) == 1
+    from ui.common import get_manager
+
+    get_manager().shutdown(cancel=True, wait=True)  # the control's run is not needed to the end
+
+
+def test_refused_ntk_settings_are_named_and_start_nothing(env):
+    at = _app({**SMALL})
+    at.switch_page("pages/ntk-sweep.py")
+    at.query_params.update({"ntk.epochs": "-5", "ntk.lr": "nan"})
+    at.run()
+    assert not at.exception
+    lines = _link_lines(at)
+    assert any("ntk.epochs = -5" in t and ">= 0" in t for t in lines), lines
+    assert any("ntk.lr = nan" in t and "> 0" in t for t in lines), lines
+    assert _jobs() == []
+    at.number_input(key="ntk.epochs").set_value(3)  # the user sets the refused value: its line goes
+    at.run()
+    assert not any("ntk.epochs" in t for t in _link_lines(at))
+    assert any("ntk.lr" in t for t in _link_lines(at))
+
+
+def test_a_valid_page_link_is_taken_without_a_line(env):
+    at = _app({**SMALL})
+    at.switch_page("pages/malleability.py")
+    at.query_params.update({"mall.eps": "0.1", "mall.norm": "l2", "mall.steps": "5", "mall.tau": "0.2"})
+    at.run()
+    assert not at.exception and _link_lines(at) == []
+    assert at.radio(key="mall.norm").value == "l2" and at.select_slider(key="mall.tau").value == 0.2
