@@ -4,15 +4,21 @@ test_faults_cli); the spec checks themselves in process, where they are cheap.""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from engine.runtime.errors import BadInput
 from engine.grid.spec import MAX_CELLS, MAX_DEPTH, MAX_SPEC_BYTES, load_spec, parse_spec
 from test_faults_cli import private_cache, refused
+from test_grid import FAST, RAY_ENV, SLOW, cli, write
 
 BASE = 'kind = "spectrum"\n[base]\n"data.dataset" = "synthetic"\n"data.n" = 20\n'
 
@@ -192,3 +198,127 @@ def test_ray_address_with_no_head_fails_within_its_timeout(tmp_path, cache, sile
     line = refused(2, "grid", path, "--backend", "ray", "--address", address, "--connect-timeout", "5",
                    cache=cache, timeout=90, env_extra={"RAY_USAGE_STATS_ENABLED": "0"})
     assert address in line and ("nothing listens" if where == "closed port" else "no gRPC answer within 5 s") in line
+
+
+# ---------------------------------------------------------------- a cluster that cannot run a cell
+
+# Run inside a private network namespace (``unshare -n``: only ``lo``, ports private to the test):
+# a head with no CPUs, a worker node of one CPU joined to it on 127.0.0.1, and a grid driver; the
+# worker node is killed (every process of its session) once the first cell is computed, or never
+# started when argv says so. Prints a JSON object: the driver's exit code, stdout and stderr.
+_CLUSTER = r'''
+import json, os, signal, subprocess, sys, tempfile, time
+from pathlib import Path
+from engine.grid.loopback import session_pids
+
+spec, cache, with_worker = sys.argv[1], sys.argv[2], sys.argv[3] == "worker"
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+ray = str(Path(sys.executable).with_name("ray"))
+temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+common = ["--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--object-store-memory=100000000"]
+started = []
+
+def start(args, name):
+    log = open(Path(temp) / f"{name}.log", "w+")
+    p = subprocess.Popen([ray, "start", *common, *args], stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    started.append(p)
+    deadline = time.monotonic() + 120
+    while "Ray runtime started" not in (Path(temp) / f"{name}.log").read_text():
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{name} did not start: " + (Path(temp) / f"{name}.log").read_text()[-500:])
+        time.sleep(0.3)
+    return p
+
+def kill(p):
+    for pid in session_pids(p.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+try:
+    start(["--head", "--port=6390", "--num-cpus=0", "--include-dashboard=false", f"--temp-dir={temp}"], "head")
+    worker = start(["--address=127.0.0.1:6390", "--num-cpus=1"], "worker") if with_worker else None
+    driver = subprocess.Popen([sys.executable, "-m", "engine", "grid", spec, "--backend", "ray", "--address",
+                               "127.0.0.1:6390", "--json", "--retries", "0", "--cache-dir", cache],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = []
+    for line in driver.stderr:
+        err.append(line)
+        if worker is not None and "computed" in line:
+            kill(worker)  # the only node with CPUs dies: the other cells can run nowhere
+            worker = None
+    out = driver.stdout.read()
+    print(json.dumps({"rc": driver.wait(), "out": out, "err": "".join(err)}))
+finally:
+    for p in started:
+        kill(p)
+'''
+
+
+def _in_namespace(*args, cwd) -> dict:
+    # Multi-node on one host: Ray refuses a second node unless told (RAY_ENV says no, for the
+    # heads on the shared loopback); here the loopback is the namespace's own, reachable by nobody
+    # else. A dead node is noticed after about 3 s instead of Ray's default 15 or more.
+    env = {**os.environ, **RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_health_check_period_ms": "1000",
+           "RAY_health_check_failure_threshold": "3", "PYTHONPATH": str(cwd)}
+    env.pop("ENGINE_DATA_DIR", None)
+    p = subprocess.run(["unshare", "-n", sys.executable, "-c", _CLUSTER, *map(str, args)], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=420)  # the bound: a hang fails here
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture()
+def namespaces():
+    pytest.importorskip("ray", reason="ray is not installed (requirements.txt pins ray==2.60.0)")
+    if shutil.which("unshare") is None or shutil.which("ip") is None or subprocess.run(
+            ["unshare", "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no private network namespace here (unshare -n needs CAP_SYS_ADMIN)")
+
+
+def _src(tmp_path) -> Path:
+    """A snapshot of the engine to run the drivers from (the checkout may change meanwhile)."""
+    root = tmp_path / "src"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "engine", root / "engine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+@pytest.mark.slow
+def test_a_grid_whose_only_worker_node_dies_ends_and_resumes(namespaces, tmp_path):
+    """Head at --num-cpus 0, one worker node of one CPU, killed after the first cell: the driver
+    notices no live node can run the rest, ends (exit 4, as failed cells do) with the line
+    naming the cells not run, and keeps the finished cell: a local rerun on the same cache
+    computes only the others."""
+    root = _src(tmp_path)
+    spec, cache = write(tmp_path, "slow.toml", SLOW), tmp_path / "cache"
+    got = _in_namespace(spec, cache, "worker", cwd=root)
+    assert got["rc"] == 4, got["err"][-2000:]
+    obj = json.loads(got["out"])
+    done = sorted(r["cell"] for r in obj["results"] if r["status"] == "computed")
+    left = sorted(r["cell"] for r in obj["results"] if r["status"] == "failed")
+    assert done and left and sorted(done + left) == [0, 1, 2, 3], obj
+    # the cell running when its node died fails as such (retries 0); the ones never placed are named
+    why = {r["cell"]: r["error"] for r in obj["results"] if r["status"] == "failed"}
+    never = sorted(c for c, e in why.items() if "no live Ray node can run a cell" in e)
+    assert never and all(why[c].startswith("NodeDiedError") for c in set(left) - set(never)), why
+    assert all(f"cells {', '.join(map(str, never))} were not run" in why[c] for c in never), why
+    assert "each needs 1 CPU; live nodes have: 0 CPU" in why[never[0]]
+    rc, out, err = cli(spec, "--backend", "local", "--workers", "1", "--json", "--cache-dir", cache, cwd=root)
+    again = json.loads(out)
+    assert rc == 0, err
+    assert (again["cached"], again["computed"], again["failed"]) == (len(done), len(left), 0)
+
+
+@pytest.mark.slow
+def test_a_grid_on_a_head_without_cpus_ends_naming_every_cell(namespaces, tmp_path):
+    """No node can run a cell from the start: the driver ends instead of waiting forever."""
+    root = _src(tmp_path)
+    spec, cache = write(tmp_path, "fast.toml", FAST), tmp_path / "cache"
+    got = _in_namespace(spec, cache, "alone", cwd=root)
+    assert got["rc"] == 4, got["err"][-2000:]
+    obj = json.loads(got["out"])
+    assert (obj["computed"], obj["failed"]) == (0, 4)
+    assert "cells 0, 1, 2, 3 were not run" in got["err"] and "live nodes have: 0 CPU" in got["err"]

@@ -39,6 +39,8 @@ class Backend(str, enum.Enum):
 
 CONNECT_TIMEOUT_S = 30.0   # seconds to reach a Ray cluster's head; ray.init alone retries for minutes
 MAX_CONNECT_TIMEOUT_S = 3600.0
+UNPLACEABLE_S = 10.0       # a Ray cluster with no live node that can run a cell for this long ends the grid
+PLACEMENT_CHECK_S = 1.0    # how often the driver looks (ray.nodes(): a node joining or dying shows there)
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start` notes the address "auto" means
 # An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, its
 # client server) answers with a SETTINGS frame of its own at once; anything else does not.
@@ -251,10 +253,12 @@ def _ray_tasks(ray, todo: list[Cell], job: _Job, workers: int | None, retries: i
         device = "cuda" if gpus >= 1 else "cpu"
     if device == "cuda" and gpus < 1:
         raise BadInput("--device cuda: the Ray cluster has no GPU")
+    need = {"CPU": job.threads, **({"GPU": 1} if device == "cuda" else {})}
     task = ray.remote(run_cell).options(num_cpus=job.threads, num_gpus=1 if device == "cuda" else 0,
                                         max_retries=retries, retry_exceptions=False)
     limit = workers or len(todo)
     queue, running = deque(todo), {}
+    checked, stuck_since = -math.inf, None
     try:
         while queue or running:
             while queue and len(running) < limit:
@@ -263,6 +267,17 @@ def _ray_tasks(ray, todo: list[Cell], job: _Job, workers: int | None, retries: i
                 started(cell)
             ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
             _cancelled(cancel)
+            now = time.monotonic()
+            if not ready and now - checked >= PLACEMENT_CHECK_S:  # Ray would wait for a node forever
+                checked = now
+                nodes = _live_nodes(ray)
+                stuck_since = None if _fits(nodes, need) else (stuck_since or now)
+                if stuck_since is not None and now - stuck_since >= UNPLACEABLE_S:
+                    left = sorted([*running.values(), *queue], key=lambda c: c.index)
+                    why = _unplaceable(need, nodes, left)
+                    for cell in left:  # each one failed (exit 4): the finished ones are in the cache
+                        yield cell, False, why
+                    return
             for ref in ready:
                 cell = running.pop(ref)
                 try:
@@ -273,6 +288,25 @@ def _ray_tasks(ray, todo: list[Cell], job: _Job, workers: int | None, retries: i
     finally:
         for ref in running:
             ray.cancel(ref, force=True)
+
+
+def _live_nodes(ray) -> list[dict]:
+    """The total resources of each live node of the cluster (a dead node stays listed, not alive)."""
+    return [dict(n.get("Resources") or {}) for n in ray.nodes() if n.get("Alive")]
+
+
+def _fits(nodes: list[dict], need: dict) -> bool:
+    """Whether one of ``nodes`` has ``need`` (CPU, GPU) in all: busy or not, it can run a cell."""
+    return any(all(n.get(k, 0) >= v for k, v in need.items()) for n in nodes)
+
+
+def _unplaceable(need: dict, nodes: list[dict], left: list[Cell]) -> str:
+    """One line: what a cell needs, what the live nodes have, and the cells not run."""
+    needs = " and ".join(f"{v:g} {k}" for k, v in need.items())
+    have = "; ".join(", ".join(f"{n.get(k, 0):g} {k}" for k in need) for n in nodes) or "none"
+    return (f"not run: no live Ray node can run a cell (each needs {needs}; live nodes have: {have}) for "
+            f"{UNPLACEABLE_S:g} s; cells {', '.join(str(c.index) for c in left)} were not run; finished cells "
+            "are in the cache, so running the grid again resumes")
 
 
 BACKENDS = {Backend.LOCAL: _local, Backend.RAY: _ray}
