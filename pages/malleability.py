@@ -9,16 +9,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine.reporting import plots
-from engine.reporting import protocols
-from engine.maths import metrics
-from engine.reporting import tables
-from engine.maths.specs import AttackSpec, TrainSpec
-from engine.experiments.malleability import example_key, run_malleability
 from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.malleability import example_key, run_malleability
+from engine.maths import metrics
+from engine.maths.specs import AttackSpec, TrainSpec
+from engine.reporting import plots, protocols, tables
 from engine.reporting.plots.nulls import excess_fig, nulls_fig
 from ui import configs, render
-from ui.common import ARCH_LABELS, require, shared
+from ui.common import ARCH_LABELS, plain, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -100,7 +98,7 @@ st.markdown(
     "on the trained model's loss, recompute the kernel — for MLP-Attn the attention map C = XᵀX changes "
     "too, so every feature moves — and recompute the influences. The **flip rate** is the share of those "
     "points whose influence changes sign; **Spearman ρ** compares influence rankings before and after "
-    f"(lower = more malleable). Settings: {s.describe()}.")
+    f"(lower = more malleable). Settings: {plain(s.describe())}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")

@@ -13,21 +13,31 @@ import pytest
 import scipy.stats
 import torch
 
-from conftest import (ATOL32, ATOL64, ATOL64_MEAN, RTOL32, RTOL64, RTOL64_CHAIN, RTOL64_GRAD, RTOL_POWER_ITERATION,
-                      RTOL_SAME_RANKS, RTOL_SAME_RANKS_REDRAWN)
-from engine.maths.attacks import training_loss
-from engine.maths.specs import AttackSpec, TrainSpec
+from conftest import (
+    ATOL32,
+    ATOL64,
+    ATOL64_MEAN,
+    RTOL32,
+    RTOL64,
+    RTOL64_CHAIN,
+    RTOL64_GRAD,
+    RTOL_POWER_ITERATION,
+    RTOL_SAME_RANKS,
+    RTOL_SAME_RANKS_REDRAWN,
+)
 from engine.data import DataSpec
-from engine.runtime.errors import BadInput
-from engine.maths.influence import net_influence
-from engine.experiments.malleability import ROW_METRICS, example_key, run_malleability
+from engine.experiments.configs.influence import InfluenceConfig
 from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.influence import fit_net, in_space, run_influence
+from engine.experiments.malleability import ROW_METRICS, example_key, run_malleability
 from engine.experiments.recipes import net_recipe
-from engine.experiments.configs.influence import InfluenceConfig
-from engine.maths.models import Net
 from engine.experiments.runs import prepare
+from engine.maths.attacks import training_loss
+from engine.maths.influence import net_influence
+from engine.maths.models import Net
+from engine.maths.specs import AttackSpec, TrainSpec
 from engine.maths.training import accuracy, n_outputs, targets, train
+from engine.runtime.errors import BadInput
 from reference import features, loo_true, loss_grad, ntk_relu, unit
 
 TINY = DataSpec("synthetic", n=12, n_test=4, synthetic_d=6, synthetic_kappa=10.0, synthetic_classes=3)
@@ -89,7 +99,7 @@ def test_flip_rates_equal_the_numpy_reference_end_to_end(norm, space):
         step = np.sign(grad) if norm == "linf" else grad / np.linalg.norm(grad, axis=1, keepdims=True)
         for e in eps:
             row = rows[(rows.arch == arch) & (rows.eps == e)].iloc[0]
-            key = lambda what: example_key(arch, "fgsm", e, what)  # noqa: E731
+            key = lambda what, arch=arch, e=e: example_key(arch, "fgsm", e, what)  # noqa: E731
             assert sorted(res.arrays[key("top_idx")]) == sorted(top)
             Xp = X.copy()
             Xp[top] += e * step[top]                    # FGSM; synthetic data have no box to clip to
@@ -141,7 +151,7 @@ def test_rows_follow_the_definitions_from_the_stored_arrays(cache):
     assert (rows.norm == "linf").all() and (rows.space == "raw").all() and (rows.target == "true").all()
     assert (rows.storage == "float64").all() and res.meta["storage"] == "float64"
     for _, row in rows.iterrows():
-        key = lambda what: example_key(row.arch, row.attack, row.eps, what)  # noqa: E731
+        key = lambda what, row=row: example_key(row.arch, row.attack, row.eps, what)  # noqa: E731
         top = res.arrays[key("top_idx")]
         before, after = res.arrays[key("infl_before")], res.arrays[key("infl_after")]
         assert len(top) == row.n_top == round(0.1 * 24) and set(np.argsort(-np.abs(before))[:len(top)]) == set(top)
@@ -158,7 +168,7 @@ def test_rel_perturbation_is_the_mean_relative_size_of_the_moved_points(norm):
                              attacks=("fgsm", "pgd"), eps=(0.3,), seeds=(0,))
     res = run_malleability(cfg)
     for _, row in res.frames["rows"].iterrows():
-        key = lambda what: example_key("attn", row.attack, 0.3, what)  # noqa: E731
+        key = lambda what, row=row: example_key("attn", row.attack, 0.3, what)  # noqa: E731
         clean, pert = res.arrays[key("X_clean")].astype(np.float64), res.arrays[key("X_pert")].astype(np.float64)
         delta = np.linalg.norm(pert - clean, axis=1)
         moved = delta > 0
@@ -345,7 +355,7 @@ def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
     for arch in cfg.archs:
         agg0, top, W = _reference_clean(cfg, arch, 0, p)
         for j, e in enumerate(cfg.eps):
-            key = lambda what: example_key(arch, "fgsm", e, what)  # noqa: E731
+            key = lambda what, arch=arch, e=e: example_key(arch, "fgsm", e, what)  # noqa: E731
             Xp = X.copy()
             Xp[res.arrays[key("top_idx")]] = res.arrays[key("X_pert")]
             Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), _null_seed(0, j)).numpy()

@@ -56,8 +56,18 @@ from ..runtime.cache import Result
 from ..runtime.errors import BadInput
 from . import flips as F
 from .configs.malleability import MalleabilityConfig
-from .influence import (at_precision, attack_dtype, clean_run, fit_net, fresh_net, in_space, influence_of,
-                        kernel_precision, kernels_of, ntk_accuracy)
+from .influence import (
+    at_precision,
+    attack_dtype,
+    clean_run,
+    fit_net,
+    fresh_net,
+    in_space,
+    influence_of,
+    kernel_precision,
+    kernels_of,
+    ntk_accuracy,
+)
 from .readings import ReadOut, Trained, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick

@@ -71,7 +71,7 @@ def flip_table(summary: pd.DataFrame) -> pd.DataFrame:
                       ("test_acc_kernel", "test_acc_kernel_mean"), ("test_acc_ntk", "test_acc_ntk_mean")):
         out[key] = col(name)
     share = pd.to_numeric(summary.get("trained_mean", pd.Series(np.nan, index=summary.index)), errors="coerce")
-    out["trained"] = [("—" if pd.isna(s) else f"{round(s * n)} / {n}") for s, n in zip(share, summary["n_seeds"])]
+    out["trained"] = [("—" if pd.isna(s) else f"{round(s * n)} / {n}") for s, n in zip(share, summary["n_seeds"], strict=True)]
     return out
 
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import Attention, AttackMethod, AttackSpec, TrainSpec, factor_bytes, parse_attention
+from ...maths.specs import AttackMethod, AttackSpec, Attention, TrainSpec, factor_bytes, parse_attention
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
@@ -18,7 +18,6 @@ from .. import options
 from ..recipes import READINGS
 from .influence import QUICK_TRAINED, TRAINED, kernel_seconds
 from .retrain import LAZY_SGD
-
 
 PERTURB = ("top", "all")
 SPACES = ("raw", "normalized")
