@@ -15,7 +15,7 @@ from engine.reporting import plots
 from engine.reporting.alignment import power_sentence, verdict_alignment
 from engine.reporting.plots import alignment as AP
 from ui import configs, render
-from ui.common import shared
+from ui.common import plain, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -50,7 +50,7 @@ st.markdown(
     "(‖K_c‖ ‖(YYᵀ)_c‖) says how much the kernel looks like the labels' own kernel; the **cumulative power** "
     "C(k) says how much of the one-hot labels lies along the kernel's top k eigenvectors; the **learning "
     "curve** of kernel ridge regression is measured beside the spectral theory (Canatar et al. 2021) computed "
-    f"from the same eigenvalues. Settings: {s.describe()}, attention `{s.attention}`.")
+    f"from the same eigenvalues. Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
 if parse_attention(s.attention).kind is Attention.QKV:
     st.error("Attention 'qkv' trains its own parameters: pick a parameter-free variant in the sidebar.")
     st.stop()
@@ -61,8 +61,8 @@ if res is None:
     st.stop()
 
 verdict = res.frames["verdict"]
-v = verdict_alignment(verdict, s.label)
-st.info(f"**{v.status}** — {v.words}  \n{power_sentence(verdict, s.label)}")
+v = verdict_alignment(verdict, plain(s.label))  # the label comes from the URL
+st.info(f"**{v.status}** — {v.words}  \n{power_sentence(verdict, plain(s.label))}")
 
 st.subheader("Alignment against width")
 data = AP.alignment_width_data(res.frames["summary"], res.frames["kinf"])

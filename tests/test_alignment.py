@@ -217,3 +217,31 @@ def test_the_run_end_to_end_on_synthetic_data():
                 AP.power_fig(AP.power_data(res.frames["power"])), AP.curve_fig(AP.curve_data(res.frames["curves"])),
                 AP.training_fig(AP.training_data(res.frames["training"]))):
         assert len(fig.data) >= 4
+
+
+@pytest.mark.slow
+def test_the_page_runs_on_synthetic_data(tmp_path, monkeypatch):
+    """The Task alignment page on its own (app.py's navigation aside): a small synthetic draw, the
+    run started by its button when it waits for one, every chart with its CSV, no error."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from tests.conftest import steady_app_state
+    from tests.test_app import settle
+    from ui.common import Shared
+
+    steady_app_state(monkeypatch, tmp_path / "cache", tmp_path / "no-data")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "pages" / "alignment.py"), default_timeout=600)
+    at.session_state["shared"] = Shared(base="synthetic", n=60, n_test=20, widths=(16, 64))
+    at.session_state["alignment.epochs"] = 5
+    settle(at)
+    waiting = [b for b in at.button if str(b.key or "").startswith("run.")]
+    if waiting and not at.get("plotly_chart"):
+        waiting[0].click()
+        settle(at)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    charts = at.get("plotly_chart")
+    assert len(charts) == 4 and len(at.get("download_button")) >= len(charts) - 1
+    assert any("Power:" in i.value for i in at.info)

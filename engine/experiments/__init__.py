@@ -28,6 +28,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "configs.dynamics": ["DynamicsConfig"],
     "configs.coord_check": ["CoordCheckConfig"],
     "configs.retrain": ["RetrainConfig"],
+    "configs.alignment": ["AlignmentConfig"],
     "spectrum": ["run_spectrum"],
     "sweep": ["run_ntk_sweep"],
     "kernels": ["run_kernels"],
@@ -37,4 +38,5 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "dynamics": ["run_dynamics"],
     "coord_check": ["run_coord_check"],
     "retrain": ["run_retrain_loo"],
+    "alignment": ["run_alignment"],
 })

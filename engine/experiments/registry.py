@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..runtime import budget as B
 from .configs import coord_check, dynamics, influence, kernels, malleability, retrain, scaling, spectrum, sweep
+from .configs import alignment
 from ..runtime.budget import Estimate
 from ..data import DataSpec
 from ..runtime.errors import BadInput
@@ -162,6 +163,15 @@ def _records() -> dict[str, Experiment]:
                    "engine.reporting.export:retrain_figure",
                    "1 − agreement of kernel and retrained influence against width, m^-1/2 reference (Influence and "
                    "Kernel regime pages)", hint="use fewer widths, seeds or epochs, or a smaller k"),
+        Experiment(name="alignment", config=alignment.AlignmentConfig, run_path="alignment:run_alignment",
+                   estimate=alignment.estimate_alignment, presets=alignment.PRESETS["alignment"],
+                   help="kernel–target alignment of K∞ and K_m, C(k) and learning curves against their theory",
+                   what="this alignment run", tables=("summary", "verdict", "kinf"),
+                   probe=lambda: alignment.AlignmentConfig(data=syn, train=TrainSpec(epochs=20, snapshot_epochs=(0, 20)),
+                                                           widths=(256, 1024), seeds=(0, 1), curve_ns=(25, 100, 300)),
+                   figure="engine.reporting.plots.alignment:alignment_figure",
+                   figure_help="centred kernel–target alignment against width (Task alignment page)",
+                   page="pages/alignment.py", hint="use fewer widths, seeds, data draws or epochs, or a smaller n"),
     ]
     out = {}
     for r in recs:

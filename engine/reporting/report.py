@@ -81,11 +81,11 @@ def readme_tables(results) -> str:
     return "\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over seeds; verdict: {rule}\n"
 
 
-def results(spec, cache: Cache | None, data_dir=None) -> list[tuple[str, Result | None]]:
-    """(label, cached result or None) of every malleability cell of a loaded grid spec, in order."""
+def results(spec, cache: Cache | None, data_dir=None, kind: str = "malleability") -> list[tuple[str, Result | None]]:
+    """(label, cached result or None) of every ``kind`` cell of a loaded grid spec, in order."""
     out = []
     for cell in spec.cells:
-        if cell.kind != "malleability":
+        if cell.kind != kind:
             continue
         try:
             hit = None if cache is None else cache.get(cell.cache_kind, cell.config, data_dir=data_dir)
@@ -99,7 +99,13 @@ def results(spec, cache: Cache | None, data_dir=None) -> list[tuple[str, Result 
 def markdown(spec, cache: Cache | None, data_dir=None) -> str:
     """The spec's tables in Markdown, with a heading naming the spec."""
     rows = [(label, None if r is None else r.frames["summary"]) for label, r in results(spec, cache, data_dir)]
-    return f"<!-- python -m engine report {spec.path or spec.name} -->\n" + readme_tables(rows)
+    text = f"<!-- python -m engine report {spec.path or spec.name} -->\n" + readme_tables(rows)
+    power = results(spec, cache, data_dir, kind="alignment")  # the power half: a paragraph per spec
+    if power:
+        from .alignment import readme_paragraph
+
+        text += "\n" + readme_paragraph(power)
+    return text
 
 
 def add_parser(sub) -> None:

@@ -49,7 +49,7 @@ PRESETS = {"alignment": {  # named instances of the config: the dashboard's quic
     # the page opens on its chart: two draws of 300 MNIST points, two seeds, two widths, 40 epochs
     "quick": AlignmentConfig(data=DataSpec(n=300, n_test=100),
                              train=TrainSpec(epochs=40, lr=1e-3, weight_decay=0.0, snapshot_epochs=(0, 10, 20, 40)),
-                             widths=(256, 1024), seeds=(0, 1), curve_ns=(10, 20, 40, 80, 160, 300), curve_trials=3),
+                             widths=(128, 512), seeds=(0, 1), curve_ns=(10, 20, 40, 80, 160, 300), curve_trials=3),
     # the paper's protocol (Adam 1e-3, coupled L2 1e-3, 500 epochs) on a 2000-point pool
     "paper": AlignmentConfig(data=DataSpec(n=2000, n_test=500),
                              train=TrainSpec(epochs=500, snapshot_epochs=(0, 50, 100, 200, 500)),

@@ -7,7 +7,7 @@ larger matrices are block-averaged (``block_average``) and sent as float32 array
 plotly encodes as binary, not as lists.
 
 One module per family of charts (``kernels``, ``influence``, ``nulls``, ``readings``, ``scaling``, ``regime``,
-``retrain``) over
+``retrain``, ``alignment``) over
 the shared labels and layout of ``style``; every public name is re-exported here, so callers
 write ``plots.spectrum_fig``.
 """
@@ -51,6 +51,8 @@ from .kernels import (
     width_needed_fig,
 )
 from .readings import READING_LABELS, excess_width_data, excess_width_fig
+from .alignment import (KERNEL_DASH, alignment_width_data, alignment_width_fig, curve_data, curve_fig, power_data,
+                        power_fig, training_data, training_fig)
 from .regime import (
     PARAM_COLORS,
     REGIME_LABELS,
@@ -94,4 +96,6 @@ __all__ = [
     "scaling_data", "scaling_fig",
     "spectrum_data", "spectrum_fig", "spread", "SUPERSCRIPTS", "trajectory_data", "trajectory_fig",
     "width_needed_data", "width_needed_fig",
+    "KERNEL_DASH", "alignment_width_data", "alignment_width_fig", "curve_data", "curve_fig", "power_data",
+    "power_fig", "training_data", "training_fig",
 ]

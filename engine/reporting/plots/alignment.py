@@ -136,7 +136,7 @@ def training_fig(data: pd.DataFrame) -> go.Figure:
 
 
 def alignment_figure(result, metric: str | None = None) -> go.Figure:
-    """The main chart of an ``alignment`` result: alignment against width (``figure alignment``)."""
+    """The main chart of an ``alignment`` result (``figure alignment``): alignment against width, titled."""
     from ..export import settings_line, titled
 
     data = alignment_width_data(result.frames["summary"], result.frames["kinf"])
