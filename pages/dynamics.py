@@ -16,7 +16,7 @@ from engine.experiments.configs.coord_check import CoordCheckConfig
 from engine.runtime.errors import EngineError
 from engine.maths.specs import TrainSpec
 from ui import configs, render
-from ui.common import ARCH_LABELS, available_names, require, shared
+from ui.common import ARCH_LABELS, available_names, plain, require, shared
 from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
 
@@ -102,7 +102,7 @@ st.markdown(
     "initial weights with the same optimiser, mini-batches and steps, and the two are compared on the test "
     "points. NTK theory says the gap and the share of flipped activation signs shrink like m^-½ under plain "
     "SGD, so curves for wider nets collapse towards zero; where they do not, training learns features. "
-    f"Settings: {s.describe()}, attention `{s.attention}`.")
+    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 preset_ui()
@@ -110,7 +110,7 @@ epochs, n_seeds, optimizer, lr, param, every = controls_ui()
 try:
     cfg = dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every)
 except EngineError as exc:  # e.g. qkv attention, which has no fixed features to linearise around
-    st.error(str(exc))
+    st.error(plain(exc))
     st.stop()
 res = obtain_planned(run_dynamics, cfg,
                      f"Real vs linearised training, {len(cfg.widths) * len(cfg.archs) * n_seeds} pairs of nets",
@@ -184,7 +184,7 @@ cc_arch, cc_optimizer, cc_lr, cc_steps = coord_ui(tuple(s.archs))
 try:
     ccfg = coord_config(s, cc_arch, cc_optimizer, cc_lr, cc_steps)
 except EngineError as exc:
-    st.error(str(exc))
+    st.error(plain(exc))
     st.stop()
 cres = obtain_planned(run_coord_check, ccfg, "Coordinate check", button="Run the coordinate check")
 if cres is not None:

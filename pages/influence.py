@@ -11,7 +11,7 @@ from engine.experiments.influence import run_influence
 from engine.experiments.configs.influence import InfluenceConfig
 from engine.maths.specs import TrainSpec
 from ui import configs, render
-from ui.common import require, shared
+from ui.common import plain, require, shared
 from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
 
@@ -48,7 +48,7 @@ st.markdown(
     "[k(x, X) M]_i · α_i / M_ii with M = (K_m + λI)⁻¹ and α = M y, on the output chosen below "
     "(the test point's own class by default). **Positive** means the point pushes that output up "
     "(removing it would lower it), **negative** that it pushes it down. "
-    f"Settings: {s.describe()}, attention `{s.attention}`.")
+    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 width, epochs, ridge, target = controls_ui()
 cfg = configs.influence_config(s, width, epochs, ridge, target)

@@ -11,7 +11,7 @@ from engine.experiments.configs.sweep import SweepConfig
 from engine.maths.specs import TrainSpec
 from ui import configs, render
 from ui.links import NTK_METRIC_LABELS
-from ui.common import ARCH_LABELS, require, shared
+from ui.common import ARCH_LABELS, plain, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
@@ -52,7 +52,7 @@ st.markdown(
     "A wide network trained by gradient descent behaves like kernel regression with its "
     "infinite-width NTK K∞ when its empirical kernel K_m stays close to K∞. For 2L-ReLU the "
     "distance should shrink as the width m grows; for MLP-Attn the paper finds it does not. "
-    f"Settings: {s.describe()}, attention `{s.attention}`.")
+    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 epochs, n_seeds, ridge, optimizer, lr, metric = controls_ui()
