@@ -14,10 +14,10 @@ from scipy.linalg import hadamard
 from scipy.optimize import brentq
 
 from engine.data import DataSpec
+from engine.experiments.configs.alignment import PRESETS, AlignmentConfig, estimate_alignment
 from engine.maths import alignment as AL
 from engine.maths.specs import TrainSpec
 from engine.runtime.errors import BadInput
-from engine.experiments.configs.alignment import PRESETS, AlignmentConfig, estimate_alignment
 from tests.conftest import ATOL64, ATOL64_EIG, MC_SIGMAS, RTOL64, RTOL64_EIG
 
 
@@ -184,9 +184,9 @@ def test_the_run_end_to_end_on_synthetic_data():
     import torch
 
     from engine.experiments.alignment import run_alignment
+    from engine.experiments.runs import prepare
     from engine.maths.kinf import infinite_ntk
     from engine.maths.models import Net
-    from engine.experiments.runs import prepare
     from engine.reporting.alignment import readme_paragraph, verdict_alignment
     from engine.reporting.plots import alignment as AP
 

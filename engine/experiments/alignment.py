@@ -64,7 +64,7 @@ def _curves(kernel: str, parts, Y: np.ndarray, cfg: AlignmentConfig, seed: int) 
     mean, sd = AL.measured_curve(Kn, Y, cfg.curve_ns, ridge_abs, cfg.curve_trials, seed)
     scale = float(np.mean(np.sum(Y ** 2, axis=1)))  # E_g of the zero predictor
     curve = [{"kernel": kernel, "p": int(p), "p_over_n": p / n, "measured": m / scale, "measured_sd": v / scale,
-              "theory": t / scale} for p, m, v, t in zip(cfg.curve_ns, mean, sd, theory)]
+              "theory": t / scale} for p, m, v, t in zip(cfg.curve_ns, mean, sd, theory, strict=True)]
     return power, curve
 
 
@@ -106,7 +106,7 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
     nets = [Net(arch, p.X, w, n_outputs(p.c), seed, cfg.init_std, cfg.attention, cfg.data.normalize,
                 init=cfg.init).to(p.device) for w in cfg.widths]
     init, keep = [], {}
-    for w, net in zip(cfg.widths, nets):
+    for w, net in zip(cfg.widths, nets, strict=True):
         K = empirical_ntk(net, p.X)
         check_finite(K, f"the empirical kernel of {arch} at width {w}")
         reading, parts = kernel_reading(K, Y, cfg.ridge)
@@ -118,7 +118,7 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
     results = train_many(nets, p.X, p.y, p.c, cfg.train, seed, sub, cancel)
     tick(progress, cancel, lo + 0.6 * (hi - lo), f"{stage}: kernels after training")
     rows, training = [], []
-    for w, net, m0, tr in zip(cfg.widths, nets, init, results):
+    for w, net, m0, tr in zip(cfg.widths, nets, init, results, strict=True):
         K = empirical_ntk(net, p.X)
         check_finite(K, f"the trained empirical kernel of {arch} at width {w}")
         reading, parts = kernel_reading(K, Y, cfg.ridge)
@@ -170,7 +170,7 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
                         "source": p.sample.source, "device": str(dev)}
         for arch in cfg.archs:
             tick(progress, cancel, done / units, f"draw {draw}, {arch}: K∞")
-            part = resumable(f"draw {draw} {arch} K∞", lambda: _kinf_unit(cfg, p, arch, draw))
+            part = resumable(f"draw {draw} {arch} K∞", lambda p=p, arch=arch, draw=draw: _kinf_unit(cfg, p, arch, draw))
             kinf.append(part["row"])
             power += part["power"]
             curves += part["curves"]
@@ -182,7 +182,8 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
             for seed in cfg.seeds:
                 at = (done / units, (done + 1) / units)
                 part = resumable(f"draw {draw} {arch} seed {seed}",
-                                 lambda: _group(cfg, p, arch, seed, draw, K_inf, at, progress, cancel))
+                                 lambda p=p, arch=arch, seed=seed, draw=draw, K=K_inf, at=at:
+                                 _group(cfg, p, arch, seed, draw, K, at, progress, cancel))
                 rows += part["rows"]
                 training += part["training"]
                 power += part["power"]

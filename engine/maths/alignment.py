@@ -107,7 +107,7 @@ def cumulative_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
 def power_summary(C, level: float = 0.9) -> dict:
     """One-number summaries of a cumulative power curve C (n,): ``k_at`` the smallest k with
     C(k) ≥ level, and ``auc_log`` the area under C against log k over [1, n], divided by log n
-    (1: all power on the top eigenvector; about 1/ln n ⋯ for power spread evenly)."""
+    (1: all power on the top eigenvector; about 1/ln n for power spread evenly)."""
     C = _np(C)
     n = len(C)
     if not 0 < level <= 1:
