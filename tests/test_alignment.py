@@ -158,10 +158,12 @@ def _summary(relu, attn, acc_relu=0.8, acc_attn=0.8, units=4):
     ((0.30, 0.01), (0.40, 0.02), 0.70, 4, "fails"),      # aligned, but 10 points less accurate
     ((0.30, 0.01), (0.40, 0.02), 0.79, 4, "holds"),      # one point lower: within the accuracy spread 0.02
     ((0.30, 0.01), (0.40, 0.02), 0.80, 1, "uninformative"),
+    ((0.40, 0.01), (0.30, 0.02), 0.80, 4, "fails"),      # 2L-ReLU's beyond the spread
 ])
 def test_the_verdict_rule(relu, attn, acc_attn, units, outcome):
     v = AL.verdict(_summary(relu, attn, acc_attn=acc_attn, units=units)).iloc[0]
     assert v["outcome"] == outcome
+    assert ("2L-ReLU's is better aligned" in v["why"]) == (attn[0] - relu[0] < -(attn[1] + relu[1]))
     assert v["gap"] == pytest.approx(attn[0] - relu[0])
 
 

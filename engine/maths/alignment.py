@@ -230,6 +230,9 @@ def verdict(summary: pd.DataFrame, metric: str = "align_trained", acc: str = "te
                "units": int(min(r["n_seeds"], a["n_seeds"]))}
         if row["units"] < 2 or not math.isfinite(spread):
             row["outcome"], row["why"] = "uninformative", "fewer than two (seed, draw) pairs per net"
+        elif gap < -spread:
+            row["outcome"] = "fails"
+            row["why"] = f"2L-ReLU's is better aligned: gap {gap:+.3f} beyond the spread {spread:.3f}"
         elif gap <= spread:
             row["outcome"] = "fails"
             row["why"] = f"alignment gap {gap:+.3f} within the spread {spread:.3f}"
