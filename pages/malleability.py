@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.registry import preset
 from engine.experiments.malleability import example_key, run_malleability
 from engine.maths import metrics
 from engine.maths.specs import AttackSpec, TrainSpec
@@ -26,6 +27,44 @@ WIDTHS = (64, 256, 1024, 4096)
 RIDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 QUICK = configs.QUICK["malleability"]
 READINGS = configs.choices_of(MalleabilityConfig, "readings")
+
+
+# One click to the protocols the README reports (grids/readme.toml's cells), each from the registry's preset:
+# the paper's (Adam with coupled L2, 100 epochs, linear attention, at the README's n and m), the trained and
+# centred one, and the network's own influence read three ways.
+PROTOCOLS = {
+    "paper protocol": (replace(QUICK, data=replace(QUICK.data, n=500), train=TrainSpec(epochs=100), attacks=("pgd",),
+                               attack=replace(QUICK.attack, steps=20), widths=(1024,), attention="linear"),
+                       "the README's paper-protocol row: Adam 1e-3 with coupled L2, 100 epochs, linear attention, "
+                       "n = 500, m = 1024, ℓ2 PGD ε = 0.3 (neither net reaches its K_m baseline: 'did not train')"),
+    "trained, centred": (preset("malleability", "trained"),
+                         "the README's trained row: Adam 1e-3 without decay, 500 epochs, centred MLP-Attn, n = 500"),
+    "network's own influence": (preset("malleability", "network"),
+                                "every reading (ridge, flow, retraining) on lazy SGD, m = 64 / 1024 / 4096"),
+}
+
+
+def use_protocol(name: str) -> None:
+    """Button callback: the sidebar's size and attention and this page's controls set to a protocol."""
+    p = PROTOCOLS[name][0]
+    st.session_state.update({
+        "n": p.data.n, "n_test": p.data.n_test, "attention": p.attention, "mall.attacks": list(p.attacks),
+        "mall.eps": list(p.eps), "mall.norm": p.attack.norm, "mall.space": p.space, "mall.target": p.target,
+        "mall.steps": p.attack.steps, "mall.epochs": p.train.epochs, "mall.seeds": len(p.seeds),
+        "mall.widths": list(p.widths), "mall.tau": p.tau, "mall.perturb": p.perturb, "mall.retrain": p.retrain,
+        "mall.adv": p.adversarial_training, "mall.interventions": p.interventions, "mall.ridge": p.ridge,
+        "mall.kernel": p.influence_kernel, "mall.init": p.init, "mall.optimizer": p.train.optimizer,
+        "mall.lr": p.train.lr, "mall.decay": p.train.weight_decay, "mall.loss": p.train.loss,
+        "mall.readings": list(p.readings)})
+
+
+def protocols_ui() -> None:
+    cols = st.columns([1, 1, 1, 2], vertical_alignment="center")
+    for col, (name, (_, what)) in zip(cols, PROTOCOLS.items(), strict=False):
+        col.button(name.capitalize(), key=f"mall.protocol.{name}", on_click=use_protocol, args=(name,),
+                   icon=":material/tune:", help=f"Sets the sidebar's n and attention and the controls below to {what}.")
+    cols[-1].caption("One click to each protocol the README reports; the verdict below then reads as the README's row "
+                     "does (the runs take minutes: they wait for a click).")
 
 
 def controls_ui() -> dict:
@@ -100,6 +139,7 @@ st.markdown(
     "points whose influence changes sign; **Spearman ρ** compares influence rankings before and after "
     f"(lower = more malleable). Settings: {plain(s.describe())}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
+protocols_ui()
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 require(bool(opts["widths"]) and bool(opts["readings"]), "Pick at least one width and one influence reading.")

@@ -314,3 +314,23 @@ def test_malleability_reads_one_attack_three_ways_across_widths(env):
     assert at.selectbox(key="mall.shown_reading").options == ["ridge LOO (kernel)", "gradient flow (kernel)",
                                                               "retraining (network)"]
     assert len(at.dataframe) >= 2
+
+
+def test_each_readme_protocol_is_one_click_on_the_malleability_page(env):
+    """The three protocol buttons set the sidebar's size and attention and every control to the
+    registry's presets, so the page then measures what the README's rows report."""
+    from engine.experiments.registry import preset
+
+    at = open_page(app(SMALL), "pages/malleability.py")
+    next(b for b in at.button if b.key == "mall.protocol.network's own influence").click()
+    settle(at)
+    net = preset("malleability", "network")
+    assert at.multiselect(key="mall.readings").value == list(net.readings)
+    assert at.multiselect(key="mall.widths").value == list(net.widths)
+    assert at.selectbox(key="attention").value == "centered" and at.number_input(key="n").value == net.data.n
+    assert at.number_input(key="mall.lr").value == net.train.lr and at.radio(key="mall.loss").value == "mse"
+    next(b for b in at.button if b.key == "mall.protocol.trained, centred").click()
+    settle(at)
+    trained = preset("malleability", "trained")
+    assert at.number_input(key="mall.epochs").value == trained.train.epochs
+    assert at.multiselect(key="mall.readings").value == ["ridge"] and not at.exception
