@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from engine.experiments.configs.malleability import MalleabilityConfig
-from engine.experiments.registry import preset
 from engine.experiments.malleability import example_key, run_malleability
+from engine.experiments.registry import preset
 from engine.maths import metrics
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting import plots, protocols, tables
