@@ -324,3 +324,19 @@ def test_the_null_charts_name_the_radius_as_the_flip_bars_do():
     assert nulls_fig(summary, 0.3, label).layout.xaxis.title.text.endswith("ℓ2 radius ε = 0.3, units of the "
                                                                           "unit-norm rows")
     assert plots.style.eps_at("radius", 0.05) == "radius = 0.05"
+    fig = nulls_fig(summary, 0.3, label)
+    legend = [(t.name, t.marker.pattern.shape, t.marker.opacity) for t in fig.data]
+    assert len({(shape, alpha) for _, shape, alpha in legend}) == 3  # attack, seed null, random null: told apart
+
+
+def test_excess_against_width_draws_a_line_per_architecture_and_reading_with_its_interval():
+    rows = [{"arch": a, "reading": r, "width": w, "attack": "pgd", "eps": 0.3, "flip_rate_mean": 0.3,
+             "null_seed_flip_rate_mean": 0.05, "null_random_flip_rate_mean": 0.02, "flip_excess_mean": 0.25,
+             "flip_excess_low": 0.1, "flip_excess_high": 0.4}
+            for a in ("relu", "attn") for r in ("ridge", "retrain") for w in (64, 1024)]
+    data = plots.excess_width_data(pd.DataFrame(rows), "pgd", 0.3)
+    assert list(data["flip_excess"]) == [25.0] * 8 and list(data["larger_null"]) == [5.0] * 8
+    fig = plots.excess_width_fig(data)
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert len(lines) == 4 and {t.line.dash for t in lines} == {"dot", "solid"}
+    assert all(np.allclose(t.error_y.array, 15.0) and np.allclose(t.error_y.arrayminus, 15.0) for t in lines)

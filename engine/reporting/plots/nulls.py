@@ -15,8 +15,8 @@ import plotly.graph_objects as go
 
 from .style import ARCH_COLORS, arch_label, eps_at, styled
 
-NULLS = (("flip_rate", "attack", 1.0), ("null_seed_flip_rate", "seed null", 0.55),
-         ("null_random_flip_rate", "random null", 0.3))  # (summary column, legend, opacity)
+NULLS = (("flip_rate", "attack", 1.0, ""), ("null_seed_flip_rate", "seed null", 0.55, "/"),
+         ("null_random_flip_rate", "random null", 0.3, "."))  # (summary column, legend, opacity, pattern)
 
 
 def _at(summary: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -30,11 +30,12 @@ def nulls_fig(summary: pd.DataFrame, eps: float, eps_label: str = "ε", attentio
     x = [[arch_label(a, attention) for a in d["arch"]], [k.upper() for k in d["attack"]]]
     colors = [ARCH_COLORS.get(a, "black") for a in d["arch"]]
     fig = go.Figure()
-    for col, name, alpha in NULLS:
+    for col, name, alpha, pattern in NULLS:  # the pattern tells them apart in the legend, whatever the colour
         if f"{col}_mean" not in d:
             continue
         y = 100.0 * d[f"{col}_mean"].astype(float)
         fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colors, marker_opacity=alpha,
+                             marker_pattern_shape=pattern,
                              text=[f"{v:.0f}" for v in y], textposition="outside",
                              hovertemplate=f"{name}<br>%{{x}}<br>%{{y:.1f}} %<extra></extra>"))
     fig.update_layout(barmode="group")
