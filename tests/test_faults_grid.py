@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -257,6 +258,9 @@ finally:
 '''
 
 
+TIMEOUT_S = 420  # the whole cluster script: two node starts, a grid and Ray's node-death detection
+
+
 def _in_namespace(*args, cwd) -> dict:
     # Multi-node on one host: Ray refuses a second node unless told (RAY_ENV says no, for the
     # heads on the shared loopback); here the loopback is the namespace's own, reachable by nobody
@@ -264,10 +268,31 @@ def _in_namespace(*args, cwd) -> dict:
     env = {**os.environ, **RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_health_check_period_ms": "1000",
            "RAY_health_check_failure_threshold": "3", "PYTHONPATH": str(cwd)}
     env.pop("ENGINE_DATA_DIR", None)
-    p = subprocess.run(["unshare", "-n", sys.executable, "-c", _CLUSTER, *map(str, args)], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=420)  # the bound: a hang fails here
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    p = subprocess.Popen(["unshare", "-n", sys.executable, "-c", _CLUSTER, *map(str, args)], cwd=cwd, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=TIMEOUT_S)  # the bound: a driver waiting forever fails here
+    except subprocess.TimeoutExpired:
+        _kill_namespace(p.pid)  # the nodes run in sessions of their own: found by their namespace
+        out, err = p.communicate()
+        pytest.fail(f"the cluster script did not end within {TIMEOUT_S} s: {err[-2000:]}")
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _kill_namespace(pid: int) -> None:
+    """SIGKILL every process in the network namespace of ``pid`` (one this test created; never
+    this process's own)."""
+    ns = os.readlink(f"/proc/{pid}/ns/net")
+    if ns == os.readlink("/proc/self/ns/net"):
+        os.kill(pid, signal.SIGKILL)
+        return
+    for other in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{other}/ns/net") == ns:
+                os.kill(int(other), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 @pytest.fixture()
