@@ -31,6 +31,7 @@ def env(tmp_path, monkeypatch):
     steady_app_state(monkeypatch, tmp_path / "cache", tmp_path / "no-data")
     yield tmp_path
     get_manager().shutdown(cancel=True, wait=True)  # runs a page started are not needed to the end
+    get_manager.clear()  # the next test's server gets a fresh manager
 
 
 def _live(markdown: str) -> list[str]:

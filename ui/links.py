@@ -178,7 +178,7 @@ def page_problems() -> list[str]:
         bad = [v for v in asked if not _taken(v, now, value)]
         if not bad:
             continue
-        allowed = next((a for a in map(lambda v: declared_refusal(key, v), bad) if a), None)
+        allowed = next(filter(None, (declared_refusal(key, v) for v in bad)), None)
         why = f"is not allowed ({allowed})" if allowed else "is not among this page's choices"
         refused[key] = (f"This link's {key} = {plain(', '.join(bad or asked))} {why}, so the page uses "
                         f"{plain(_value(key))} instead.", _value(key))

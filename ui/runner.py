@@ -110,7 +110,9 @@ def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = T
     """The result of ``fn(cfg, ...)``, or None while it is being computed or waits for a click.
 
     kind: the cache kind ``fn`` stores under (its first argument to ``cached_run``).
-    auto: start at once when nothing is cached (quick settings); otherwise show ``button``.
+    auto: start at once when nothing is cached (quick settings); otherwise show ``button``. A
+        link whose values the page or the sidebar refused (``ui.links.link_refused``) never
+        starts a run by itself: the button waits.
     data_dir: the data folder, part of the result's identity (``config_key``) and passed to
         ``fn``; None for the engine's default.
     Engine errors appear as one-line ``st.error`` boxes, a failed run's with a "Try again"
