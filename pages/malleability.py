@@ -39,7 +39,7 @@ PROTOCOLS = {
                        "n = 500, m = 1024, ℓ2 PGD ε = 0.3 (neither net reaches its K_m baseline: 'did not train')"),
     "trained, centred": (preset("malleability", "trained"),
                          "the README's trained row: Adam 1e-3 without decay, 500 epochs, centred MLP-Attn, n = 500"),
-    "network's own influence": (preset("malleability", "network"),
+    "three readings": (preset("malleability", "network"),
                                 "every reading (ridge, flow, retraining) on lazy SGD, m = 64 / 1024 / 4096"),
 }
 
@@ -88,7 +88,7 @@ def controls_ui() -> dict:
                             value=QUICK.train.epochs, step=10, hi=1000)
     n_seeds = c4.number_input("Network seeds", 1, 10, len(QUICK.seeds), key="mall.seeds", **BOUND,
                               help="Flip rates are shown as mean ± sd over these seeds.")
-    c1, c2, c3, c4, c5 = st.columns([1, 1, 0.9, 1.7, 1])  # room for the checkbox labels
+    c1, c2, c3, c4, c5 = st.columns([1.3, 1, 0.9, 1.5, 1])  # room for the widths and the checkbox labels
     optimizer = configs.optimizer_ui(c5, key="mall.optimizer", lr_key="mall.lr")
     widths = c1.multiselect("Widths m", WIDTHS, default=list(QUICK.widths), key="mall.widths", **BOUND,
                             help=configs.help_of(MalleabilityConfig, "widths") + "; several draw the excess against width")

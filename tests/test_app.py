@@ -322,7 +322,7 @@ def test_each_readme_protocol_is_one_click_on_the_malleability_page(env):
     from engine.experiments.registry import preset
 
     at = open_page(app(SMALL), "pages/malleability.py")
-    next(b for b in at.button if b.key == "mall.protocol.network's own influence").click()
+    next(b for b in at.button if b.key == "mall.protocol.three readings").click()
     settle(at)
     net = preset("malleability", "network")
     assert at.multiselect(key="mall.readings").value == list(net.readings)
