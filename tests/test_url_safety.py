@@ -104,7 +104,7 @@ def test_the_escaping_helper_against_a_renderer_free_reading():
     for text in (LINK, PIXEL, "<b>x</b> & www.evil.example a@b.c $x$ *y* `z` :red[w] | \\", "a\nb"):
         assert _live(plain(text)) == []
         assert _unescaped(plain(text)) == " ".join(text.splitlines())
-    assert plain("mnist:3-8, n = 200 (test 0.5)") == "mnist\\:3-8, n = 200 (test 0.5)"
+    assert plain("mnist:3-8, n = 200 (test 0.5)") == "mnist:3-8, n = 200 (test 0.5)"  # readable as it was
 
 
 def test_report_cells_escape_pipes_html_and_newlines():
