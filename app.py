@@ -133,6 +133,8 @@ PAGES = [
             url_path=page_url("pages/malleability.py")),
     st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path=page_url("pages/scaling.py")),
     st.Page("pages/dynamics.py", title="Kernel regime", icon=":material/timeline:", url_path=page_url("pages/dynamics.py")),
+    st.Page("pages/alignment.py", title="Task alignment", icon=":material/target:",
+            url_path=page_url("pages/alignment.py")),
     st.Page("pages/grid.py", title="Grid", icon=":material/grid_view:", url_path=page_url("pages/grid.py", "grid")),
     st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
             url_path=page_url("pages/reproduction.py", "reproduction")),

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import numpy as np
 import streamlit as st
 
 from engine.experiments.alignment import run_alignment
 from engine.experiments.configs.alignment import PRESETS, AlignmentConfig
 from engine.maths.alignment import VERDICT_WORDS, parted
-from engine.maths.specs import Attention, parse_attention
+from engine.maths.specs import parse_attention
 from engine.reporting import plots
 from engine.reporting.alignment import power_sentence, verdict_alignment
 from engine.reporting.plots import alignment as AP
@@ -31,15 +28,6 @@ def controls_ui() -> tuple[int, int]:
     return int(epochs), int(draws)
 
 
-def config_of(s, epochs: int, draws: int) -> AlignmentConfig:
-    """The quick preset on the sidebar's data, architectures and attention."""
-    n = int(s.n)
-    ns = tuple(sorted({int(p) for p in np.geomspace(10, n, 6).round()} | {n})) if n >= 10 else (n,)
-    snaps = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
-    train = replace(QUICK.train, epochs=epochs, snapshot_epochs=snaps)
-    return replace(QUICK, data=s.data(), archs=tuple(s.archs), attention=s.attention, train=train,
-                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=ns)
-
 
 s = shared()
 st.title("Task alignment")
@@ -51,11 +39,12 @@ st.markdown(
     "C(k) says how much of the one-hot labels lies along the kernel's top k eigenvectors; the **learning "
     "curve** of kernel ridge regression is measured beside the spectral theory (Canatar et al. 2021) computed "
     f"from the same eigenvalues. Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
-if parse_attention(s.attention).kind is Attention.QKV:
-    st.error("Attention 'qkv' trains its own parameters: pick a parameter-free variant in the sidebar.")
+if parse_attention(s.attention).variant.trainable:
+    st.error(f"Attention '{parse_attention(s.attention).kind.value}' trains its own parameters: pick a "
+             "parameter-free variant in the sidebar.")
     st.stop()
 epochs, draws = controls_ui()
-cfg = config_of(s, epochs, draws)
+cfg = configs.alignment_config(s, epochs, draws)
 res = obtain_planned(run_alignment, cfg, f"Task alignment at n = {s.n}", button="Measure the alignment")
 if res is None:
     st.stop()

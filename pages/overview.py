@@ -8,7 +8,8 @@ import streamlit as st
 from engine.experiments.malleability import run_malleability
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.sweep import run_ntk_sweep
-from engine.reporting import paper, plots, rule, tables
+from engine.reporting import alignment as alignment_words, paper, plots, rule, tables
+from engine.runtime.errors import EngineError
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, plain, shared
 from ui.runner import obtain_together, peek
@@ -16,7 +17,8 @@ from ui.runner import obtain_together, peek
 PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
                "influence": "the images that decide a prediction", "malleability": "influence under attacks",
                "scaling": "width needed against κ", "dynamics": "real against linearised training",
-               "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here"}
+               "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here",
+               "alignment": "does the kernel align with the labels?"}
 
 s = shared()
 st.title("Influence malleability in linearized attention")
@@ -95,7 +97,14 @@ for reading in ("retrain", "flow", "ridge"):
                      "paper": "not measured (the paper reads ridge on the eNTK only)" if reading != "ridge"
                      else f"{paper.MALLEABILITY_GAP[0]:g}–{paper.MALLEABILITY_GAP[1]:g}× in raw flip rates"})
 st.table(pd.DataFrame(rows), hide_index=True)  # a static table: long cells wrap instead of being cut
-st.subheader("Is MLP-Attn more malleable? The same attack read three ways")
+st.subheader("The two halves of the claim")
+try:
+    align = peek("alignment", configs.alignment_config(s))  # seconds of work, measured on its own page
+except EngineError:  # qkv attention: no fixed kernel to align
+    align = None
+st.markdown(plain(alignment_words.power_sentence(align.frames["verdict"] if align is not None else None, s.dataset))
+            + " (the Task alignment and Reproduction pages measure it)")
+st.markdown("Vulnerability: is MLP-Attn more malleable? The same attack read three ways:")
 st.table(pd.DataFrame(readings), hide_index=True)
 st.caption(f"The network's own leave-one-out (retraining without each tracked point) beside the kernel's readings of "
            f"the same attack: lazy SGD on MSE, {net_cfg.attention} attention, ℓ2 PGD at ε = {net_cfg.eps[0]:g} on "

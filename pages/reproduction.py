@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+from engine.experiments.alignment import run_alignment
 from engine.experiments.malleability import run_malleability
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.sweep import run_ntk_sweep
 from engine.maths.specs import AttackSpec, TrainSpec
-from engine.reporting import paper, plots, protocols, tables
+from engine.reporting import alignment as alignment_words, paper, plots, protocols, tables
+from engine.runtime.errors import EngineError
 from ui import configs, render, sensitivity
 from ui.common import plain, require, shared
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND
+
+
 def controls_ui() -> tuple[int, int, int]:
     c1, c2, c3 = st.columns(3)
     epochs = configs.number(c1, "Epochs (NTK distance)", TrainSpec, "epochs", "repro.epochs",
@@ -125,10 +130,23 @@ adv = obtain_planned(run_malleability, acfg, "Flip rates after adversarial train
 if adv is not None:
     adv_rows, adv_cfg = adv.frames["rows"], adv.config
 
+st.header("The power half: does attention's kernel align better with the task?")
+try:
+    acfg = configs.alignment_config(s)
+except EngineError as exc:  # qkv attention trains its own features: no fixed kernel to align
+    acfg = None
+    st.info(plain(exc))
+align = None if acfg is None else obtain_planned(run_alignment, acfg, "Task alignment", button="Measure alignment")
+if align is not None:
+    st.caption(alignment_words.power_sentence(align.frames["verdict"], s.dataset)
+               + " The Task alignment page draws it against width, along training and as learning curves.")
+
 st.header("Verdicts")
 table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS,
                                             mall.frames["summary"] if mall is not None else None,
                                             net.frames["summary"] if net is not None else None))
+table = pd.concat([table, paper.verdict_table([alignment_words.verdict_alignment(
+    align.frames["verdict"] if align is not None else None, s.dataset)])], ignore_index=True)
 render.verdicts(table)
 st.download_button("Verdicts (CSV)", table.to_csv(index=False).encode(), "verdicts.csv", "text/csv",
                    key="csv.verdicts", on_click="ignore", icon=":material/download:")

@@ -15,7 +15,8 @@ from tests.conftest import SHARED_DATA, steady_app_state
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk-sweep.py", "pages/influence.py",
-         "pages/malleability.py", "pages/scaling.py", "pages/dynamics.py", "pages/reproduction.py")
+         "pages/malleability.py", "pages/scaling.py", "pages/dynamics.py", "pages/alignment.py",
+         "pages/reproduction.py")
 HAS_MNIST = (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"],
          "scaling.kappas": ["2.0", "8.0"], "scaling.epochs": "10", "scaling.max_width": "1024",

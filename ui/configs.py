@@ -13,16 +13,16 @@ from dataclasses import dataclass, replace
 
 import streamlit as st
 
+from engine.experiments.configs.influence import InfluenceConfig
+from engine.experiments.configs.kernels import KernelConfig
+from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.registry import EXPERIMENTS, estimate, of
+from engine.maths.specs import SUGGESTED_LR, TrainSpec
 from engine.runtime import budget
 from engine.runtime.device import device_type, resolve_device
 from engine.runtime.errors import EngineError
-from engine.experiments.configs.kernels import KernelConfig
-from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.configs.spectrum import SpectrumConfig
-from engine.experiments.configs.malleability import MalleabilityConfig
-from engine.experiments.configs.influence import InfluenceConfig
-from engine.experiments.registry import EXPERIMENTS, estimate, of
-from engine.maths.specs import SUGGESTED_LR, TrainSpec
 from engine.runtime.settings import default, meta
 from ui.common import Shared
 
@@ -204,6 +204,22 @@ def network_config(s: Shared) -> MalleabilityConfig:
     """The ``network`` preset (every influence reading, three widths, the lazy protocol) on the
     sidebar's data and architectures; its attention stays the preset's centred one, which trains."""
     return replace(EXPERIMENTS["malleability"].presets["network"], data=s.data(), archs=tuple(s.archs))
+
+
+def alignment_config(s: Shared, epochs: int | None = None, draws: int | None = None):
+    """The alignment quick preset on the sidebar's data, architectures and attention: learning-curve
+    sizes up to the sidebar's n, snapshots at each quarter of training, ``draws`` data draws from its seed."""
+    import numpy as np
+
+    q = QUICK["alignment"]
+    epochs = q.train.epochs if epochs is None else int(epochs)
+    draws = len(q.data_seeds) if draws is None else int(draws)
+    n = int(s.n)
+    ns = tuple(sorted({int(p) for p in np.geomspace(10, n, 6).round()} | {n})) if n >= 10 else (n,)
+    snaps = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
+    return replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention,
+                   train=replace(q.train, epochs=epochs, snapshot_epochs=snaps),
+                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=ns)
 
 
 def scaling_config(**options):

@@ -10,11 +10,12 @@ from dataclasses import replace
 
 import streamlit as st
 
-from engine.reporting import plots
-from engine.runtime.errors import EngineError
 from engine.experiments.registry import preset
 from engine.experiments.retrain import run_retrain_loo
+from engine.reporting import plots
+from engine.runtime.errors import EngineError
 from ui import render
+from ui.common import plain
 
 QUICK = preset("retrain-loo")
 COLUMNS = ["arch", "width", "kernel", "loo", "pick", "n_seeds", "retrain_spearman_mean", "retrain_spearman_sd",
@@ -50,7 +51,7 @@ def section(s, **overrides) -> None:
     try:
         cfg = retrain_config(s, **overrides)
     except EngineError as exc:  # e.g. qkv attention or an odd width
-        st.error(str(exc))
+        st.error(plain(exc))
         return
     heads = len(cfg.archs) * len(cfg.seeds) * len(cfg.widths) * (2 * cfg.k + 1)
     res = obtain_planned(run_retrain_loo, cfg, f"Leave-one-out by retraining, {heads} nets",

@@ -8,14 +8,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from engine.experiments.malleability import run_malleability
+from engine.experiments.sweep import run_ntk_sweep
 from engine.reporting import protocols
 from engine.runtime.budget import duration
 from engine.runtime.errors import EngineError
-from engine.experiments.sweep import run_ntk_sweep
 from engine.runtime.jobs import JobState
-from engine.experiments.malleability import run_malleability
 from ui import configs, links
-from ui.common import get_cache, get_manager
+from ui.common import get_cache, get_manager, plain
 from ui.runner import peek, poll_interval, polled
 
 RUNS = {"flip": run_malleability, "kernel": run_ntk_sweep}
@@ -66,7 +66,7 @@ def sensitivity_ui(claim: str, variants: list[protocols.Variant], what: str, dev
             try:
                 jobs[v.config] = manager.get(kind, v.config)
             except EngineError as exc:  # the data cannot be read: the sections above say why
-                st.caption(f"Not available: {exc}")
+                st.caption(f"Not available: {plain(exc)}")
                 return
         res, job = results[v.config], jobs[v.config]
         row = protocols.cell(v, None if res is None else res.frames["summary"])
