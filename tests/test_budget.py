@@ -13,22 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REL_MEMORY_REREAD
 import engine.cli as cli
-from engine.runtime import budget as B
-from engine.maths.specs import AttackSpec, TrainSpec
-from engine.experiments.registry import EXPERIMENTS, estimate
+from conftest import REL_MEMORY_REREAD
 from engine.data import DataSpec
-from engine.runtime.errors import BadInput
-from engine.experiments.configs.kernels import KernelConfig
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.configs.spectrum import SpectrumConfig
-from engine.experiments.malleability import run_malleability
-from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.influence import InfluenceConfig
-from engine.experiments.scaling import run_scaling
+from engine.experiments.configs.kernels import KernelConfig
+from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.scaling import ScalingConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.malleability import run_malleability
+from engine.experiments.registry import EXPERIMENTS, estimate
+from engine.experiments.scaling import run_scaling
+from engine.experiments.sweep import run_ntk_sweep
+from engine.maths.specs import AttackSpec, TrainSpec
+from engine.runtime import budget as B
+from engine.runtime.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 SYN = DataSpec("synthetic", n=300, n_test=100, synthetic_d=64)
@@ -121,15 +121,26 @@ def test_memory_grows_with_n_squared(make, n):
 
 
 def test_every_config_has_an_estimate():
-    from engine.experiments.configs.dynamics import DynamicsConfig
-    from engine.experiments.configs.coord_check import CoordCheckConfig
-    from engine.experiments.configs.retrain import RetrainConfig
+    """Every ``*Config`` class declared in ``engine.experiments.configs`` is one record's config."""
+    import importlib
+    import pkgutil
 
-    assert {e.config for e in EXPERIMENTS.values()} == {SpectrumConfig, SweepConfig, KernelConfig, InfluenceConfig,
-                                                        MalleabilityConfig, ScalingConfig, DynamicsConfig,
-                                                        CoordCheckConfig, RetrainConfig}
+    import engine.experiments.configs as package
+
+    declared = {cls for info in pkgutil.iter_modules(package.__path__)
+                for cls in vars(importlib.import_module(f"{package.__name__}.{info.name}")).values()
+                if isinstance(cls, type) and cls.__name__.endswith("Config") and cls.__module__.endswith(info.name)}
+    assert declared and declared == {e.config for e in EXPERIMENTS.values()}
+    assert len(declared) == len(EXPERIMENTS)  # one record per config class
     with pytest.raises(BadInput, match="no experiment takes a DataSpec"):
         estimate(SYN)
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_every_preset_has_a_positive_estimate(name):
+    for which, cfg in EXPERIMENTS[name].presets.items():
+        est = estimate(cfg)
+        assert est is not None and 0 < est.seconds < float("inf") and 0 < est.bytes, (which, est)
 
 
 # ---------------------------------------------------------------- check

@@ -5,29 +5,26 @@ import struct
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
 
 from engine import cli
-from engine.reporting import export
-from engine.experiments.registry import EXPERIMENTS
 from engine.data import DataSpec
-from engine.experiments.dynamics import run_dynamics
+from engine.experiments.configs.alignment import AlignmentConfig
 from engine.experiments.configs.dynamics import DynamicsConfig
-from engine.runtime.errors import BadInput
-from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.configs.sweep import SweepConfig
-from engine.experiments.spectrum import run_spectrum
-from engine.experiments.configs.spectrum import SpectrumConfig
-from engine.experiments.malleability import run_malleability
 from engine.experiments.configs.malleability import MalleabilityConfig
-from engine.experiments.retrain import run_retrain_loo
 from engine.experiments.configs.retrain import RetrainConfig
-from engine.experiments.scaling import run_scaling
 from engine.experiments.configs.scaling import ScalingConfig
+from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.configs.sweep import SweepConfig
+from engine.experiments.dynamics import run_dynamics
+from engine.experiments.registry import EXPERIMENTS
 from engine.maths.specs import TrainSpec
+from engine.reporting import export
+from engine.runtime.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_browser = pytest.mark.skipif(export.browser_path() is None,
@@ -65,36 +62,37 @@ def test_png_svg_and_pdf_bytes():
     assert pdf.startswith(b"%PDF-") and len(pdf) > 1000
 
 
-def _results(tmp_path):
-    """One small result of every figure kind (synthetic data, seconds each)."""
+def _small(kind: str):
+    """A small config of a figure kind (synthetic data, seconds each); the registry's probe for the others."""
     t = TrainSpec(epochs=2, batch_size=20)
-    return {
-        "spectrum": run_spectrum(SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8))),
-        "ntk-sweep": run_ntk_sweep(SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,))),
-        "malleability": run_malleability(MalleabilityConfig(data=SYN, train=t, widths=(32,), seeds=(0,),
-                                                            attacks=("fgsm",), eps=(0.05, 0.1))),
-        "scaling": run_scaling(ScalingConfig(train=TrainSpec(epochs=2), n=16, d=6, kappas=(2.0, 4.0), min_width=16,
-                                             max_width=64, seeds=(0,))),
-        "dynamics": run_dynamics(DynamicsConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd"),
-                                                widths=(16, 64), seeds=(0,))),
-        "retrain-loo": run_retrain_loo(RetrainConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd",
-                                                                               loss="mse"),
-                                                     widths=(16, 64), seeds=(0,), k=2)),
+    sgd = TrainSpec(epochs=2, batch_size=20, optimizer="sgd")
+    small = {
+        "spectrum": lambda: SpectrumConfig(data=DataSpec("synthetic", n=30, n_test=1, synthetic_d=8)),
+        "ntk-sweep": lambda: SweepConfig(data=SYN, train=t, widths=(16, 64), seeds=(0,)),
+        "malleability": lambda: MalleabilityConfig(data=SYN, train=t, widths=(32,), seeds=(0,), attacks=("fgsm",),
+                                                   eps=(0.05, 0.1)),
+        "scaling": lambda: ScalingConfig(train=TrainSpec(epochs=2), n=16, d=6, kappas=(2.0, 4.0), min_width=16,
+                                         max_width=64, seeds=(0,)),
+        "dynamics": lambda: DynamicsConfig(data=SYN, train=sgd, widths=(16, 64), seeds=(0,)),
+        "retrain-loo": lambda: RetrainConfig(data=SYN, train=replace(sgd, loss="mse"), widths=(16, 64), seeds=(0,),
+                                             k=2),
+        "alignment": lambda: AlignmentConfig(data=SYN, train=replace(t, snapshot_epochs=(0, 2)), widths=(16, 64),
+                                             seeds=(0,), data_seeds=(0,), curve_ns=(10, 20, 40), curve_trials=2),
     }
+    return small[kind]() if kind in small else EXPERIMENTS[kind].probe()
 
 
 @pytest.mark.slow
 @needs_browser
-def test_every_kind_renders_its_main_chart_with_its_title(tmp_path):
-    results = _results(tmp_path)
-    assert set(results) == {n for n, e in EXPERIMENTS.items() if e.figure}
-    for kind, res in results.items():
-        fig = export.main_figure(kind, res)
-        title = fig.layout.title.text
-        assert title and fig.data, kind
-        svg = _svg_text(export.image_bytes(fig, "svg"))
-        # plotly may wrap or escape the title; its first words are text nodes of the SVG
-        assert " ".join(title.split()[:3]) in svg, (kind, title)
+@pytest.mark.parametrize("kind", [n for n, e in EXPERIMENTS.items() if e.figure])
+def test_every_kind_renders_its_main_chart_with_its_title(kind):
+    res = EXPERIMENTS[kind].runner(_small(kind))
+    fig = export.main_figure(kind, res)
+    title = fig.layout.title.text
+    assert title and fig.data, kind
+    svg = _svg_text(export.image_bytes(fig, "svg"))
+    # plotly may wrap or escape the title; its first words are text nodes of the SVG
+    assert " ".join(title.split()[:3]) in svg, (kind, title)
 
 
 def test_main_figure_options_and_refusals():

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import re
 from pathlib import Path
 
 import pytest
 
 from engine import cli
-from engine.reporting import export
+from engine.experiments.registry import ALIASES, EXPERIMENTS, NESTED, estimate, get, of, preset
 from engine.grid import spec as grid_spec
 from engine.runtime.errors import BadInput
-from engine.experiments.registry import ALIASES, EXPERIMENTS, NESTED, estimate, get, of, preset
 from ui import configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +50,23 @@ def test_every_experiment_is_a_grid_kind(name, tmp_path):
     assert [c.kind for c in loaded.cells] == [name] and loaded.cells[0].config == EXPERIMENTS[name].presets["quick"]
 
 
-def test_figures_and_old_spellings_resolve():
-    with_figure = {n for n, e in EXPERIMENTS.items() if e.figure}
-    assert with_figure == {"spectrum", "ntk-sweep", "malleability", "scaling", "dynamics", "retrain-loo"}
-    for name in with_figure:
-        module, fn = EXPERIMENTS[name].figure.split(":")
-        assert module == "engine.reporting.export" and callable(getattr(export, fn))
+@pytest.mark.parametrize("name", NAMES)
+def test_a_main_figure_is_a_drawing_function_of_the_reporting_layer(name):
+    exp = EXPERIMENTS[name]
+    if exp.figure is None:
+        assert not exp.figure_help
+        with_one = ", ".join(n for n, e in EXPERIMENTS.items() if e.figure)
+        with pytest.raises(BadInput, match=f"{name!r} has no main figure; those with one: {with_one}"):
+            exp.main_figure(None)
+        return
+    module, fn = exp.figure.split(":")
+    assert module.startswith("engine.reporting.") and callable(getattr(importlib.import_module(module), fn))
+    assert exp.figure_help
+
+
+def test_old_spellings_resolve():
     assert dict(ALIASES) == {"ntk": "ntk-sweep", "regime": "dynamics"}
-    assert get("regime") is EXPERIMENTS["dynamics"]
+    assert get("regime") is EXPERIMENTS["dynamics"] and get("ntk") is EXPERIMENTS["ntk-sweep"]
 
 
 def test_unknown_names_and_presets_are_one_line():

@@ -16,6 +16,7 @@ import streamlit as st
 
 from engine.runtime.cache import DEFAULT_CACHE_DIR, Cache
 from engine.data import DataSpec, available_datasets, check_npz_sizes, parse_dataset, resolve_data_dir
+from engine.maths.specs import VARIANTS
 from engine.runtime.device import resolve_device
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import JobManager
@@ -23,7 +24,7 @@ from engine.runtime.jobs import JobManager
 WIDTH_CHOICES = (4, 16, 64, 256, 1024, 4096, 16384)
 ARCH_CHOICES = ("relu", "attn")
 ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
-ATTENTION_CHOICES = ("linear", "centered", "stacked:2", "truncated:10", "softmax:0.1", "qkv")
+ATTENTION_CHOICES = tuple(v.example for v in VARIANTS.values())  # one example of each attention variant
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PAIR_EXAMPLES = {"mnist": "3-8", "fashion-mnist": "0-6", "cifar10": "automobile-airplane",
                  "synthetic": "0-1"}

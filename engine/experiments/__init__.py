@@ -19,10 +19,11 @@ from .._lazy import attach
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     "registry": ["EXPERIMENTS", "Experiment", "estimate", "get", "of", "preset"],
+    "runs": ["Prepared", "prepare", "tick"],
     "configs.spectrum": ["SpectrumConfig"],
     "configs.sweep": ["SweepConfig"],
     "configs.kernels": ["KernelConfig"],
-    "configs.influence": ["InfluenceConfig"],
+    "configs.influence": ["INFLUENCE_KERNELS", "InfluenceConfig", "TRAINED"],
     "configs.malleability": ["MalleabilityConfig"],
     "configs.scaling": ["ScalingConfig"],
     "configs.dynamics": ["DynamicsConfig"],
@@ -33,8 +34,8 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "sweep": ["run_ntk_sweep"],
     "kernels": ["run_kernels"],
     "influence": ["run_influence"],
-    "malleability": ["run_malleability"],
-    "scaling": ["run_scaling"],
+    "malleability": ["random_perturbation", "run_malleability"],
+    "scaling": ["run_scaling", "theory_exponent"],
     "dynamics": ["run_dynamics"],
     "coord_check": ["run_coord_check"],
     "retrain": ["run_retrain_loo"],

@@ -10,7 +10,7 @@ stay the same.
 
 from __future__ import annotations
 
-from ..maths.specs import ARCHS, INFLUENCE_TARGETS, INITS, MAX_WIDTH, STORAGE, Attention, check_init, parse_attention
+from ..maths.specs import ARCHS, INFLUENCE_TARGETS, INITS, MAX_WIDTH, STORAGE, VARIANTS, check_init, parse_attention
 from ..runtime.errors import BadInput
 from ..runtime.settings import setting
 
@@ -18,9 +18,7 @@ SEED_MAX = 2**31 - 1   # torch.manual_seed takes any 64-bit value; 31 bits keeps
 MAX_SEEDS = 50         # rows per seed are kept; 50 seeds of the quick presets still fit a dashboard table
 MAX_WIDTHS = 16        # widths of one sweep: each is a model trained in the same batched step
 
-ATTENTION_HELP = ("attention variant of MLP-Attn: linear (X Xᵀ X, the paper's), centered (linear minus the "
-                  "training set's mean attention feature: a different model), stacked:K (K layers), "
-                  "truncated:R (rank-R C), softmax:T (temperature T), qkv (trainable query/key/value)")
+ATTENTION_HELP = "attention variant of MLP-Attn: " + ", ".join(f"{v.usage} ({v.label})" for v in VARIANTS.values())
 RIDGE_HELP = ("ridge λ of kernel regression, relative to the mean diagonal of the kernel "
               "(λ_abs = ridge · mean diag K)")
 
@@ -109,11 +107,13 @@ def attention(default: str = "linear", check=parse_attention, only: str = ""):
 
 
 def parameter_free_attention(why: str, only: str):
-    """``attention`` that refuses qkv, whose trained attention parameters break what ``why`` says
-    (the refusal's reason); ``only`` says so in the help."""
+    """``attention`` that refuses a trainable variant (qkv), whose trained attention parameters break
+    what ``why`` says (the refusal's reason); ``only`` says so in the help."""
     def check(text: str) -> None:
-        if parse_attention(text).kind is Attention.QKV:
-            raise BadInput(f"attention 'qkv' trains its own parameters, so {why}; use a parameter-free variant")
+        spec = parse_attention(text)
+        if spec.variant.trainable:
+            raise BadInput(f"attention {spec.kind.value!r} trains its own parameters, so {why}; "
+                           "use a parameter-free variant")
 
     return attention(check=check, only=only)
 

@@ -23,7 +23,7 @@ import torch
 from ..runtime.cache import Result
 from ..data import DataSpec, load_sample
 from ..maths.models import Net
-from ..maths.specs import Attention, parse_attention
+from ..maths.specs import parse_attention
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import relative_distance, whitened_distance
@@ -39,12 +39,9 @@ def theory_exponent(arch: str, attention: str) -> float | None:
     """Exponent p of m ∝ κ^p from the paper's bound (ReLU: the same bound on G, p = 2)."""
     if arch == "relu":
         return 2.0
-    att = parse_attention(attention)
-    if att.kind is Attention.LINEAR:
-        return 6.0
-    if att.kind is Attention.STACKED:
-        return 2.0 * (2 * int(att.param) + 1)
-    return None
+    att = parse_attention(attention)  # the bound squares κ of the features' Gram, κ(G)^p (not λ₁/λ_r: κ dials G)
+    p = att.kappa_exponent
+    return None if p is None or att.variant.kappa_top else 2.0 * p
 
 
 def width_needed(widths, dists, target: float) -> tuple[int | None, bool]:

@@ -7,44 +7,38 @@ width thresholds they imply and κ's growth with n.
 
 from __future__ import annotations
 
-
 import pandas as pd
 import torch
 
-from ..maths import spectral
-from ..runtime.cache import Result
 from ..data import load_sample
+from ..maths import spectral
 from ..maths.models import attention_features, features
-from ..maths.specs import Attention, parse_attention
-from .runs import Progress, experiment_run, tick
+from ..maths.specs import parse_attention
+from ..runtime.cache import Result
 from .configs.spectrum import SpectrumConfig
-
+from .runs import Progress, experiment_run, tick
 
 # ---------------------------------------------------------------- helpers
 
 def theory_kappa(attention: str, spec: spectral.Spectrum) -> float | None:
-    """κ of the attention features' Gram predicted from the input Gram's eigenvalues."""
+    """κ of the attention features' Gram predicted from the input Gram's eigenvalues: base^p with
+    the variant's κ theory (``AttentionVariant``), None where it has none or λ_r is zero."""
     att = parse_attention(attention)
-    if att.kind is Attention.LINEAR:
-        return spec.kappa ** 3
-    if att.kind is Attention.STACKED:
-        return spec.kappa ** (2 * int(att.param) + 1)
-    if att.kind is Attention.TRUNCATED:
-        k = spec.kappa_top(int(att.param))
-        return None if k is None else k ** 3
-    return None  # softmax, qkv: no closed form
+    p = att.kappa_exponent
+    if p is None:
+        return None  # centered, softmax, qkv: no closed form
+    base = spec.kappa_top(int(att.param or 0)) if att.variant.kappa_top else spec.kappa
+    return None if base is None else base ** p
 
 
 def theory_formula(attention: str) -> str | None:
     """The formula behind ``theory_kappa`` in words, for labels: κ³, κ⁵, (λ₁/λ_r)³."""
     att = parse_attention(attention)
-    if att.kind is Attention.LINEAR:
-        return "κ(G)^3"
-    if att.kind is Attention.STACKED:
-        return f"κ(G)^{2 * int(att.param) + 1}"
-    if att.kind is Attention.TRUNCATED:
-        return f"(λ_1/λ_{int(att.param)})^3"
-    return None
+    p = att.kappa_exponent
+    if p is None:
+        return None
+    base = f"(λ_1/λ_{int(att.param or 0)})" if att.variant.kappa_top else "κ(G)"
+    return f"{base}^{p}"
 
 
 # ---------------------------------------------------------------- spectrum

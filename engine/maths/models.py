@@ -12,7 +12,8 @@ applied to different features φ (``param="mup"`` replaces m^(-1/2) by μP's m^(
   computed over the (normalised) training set Z. It is transductive: test points use the
   training set's map, and perturbing a training point changes every feature.
 
-Attention variants are an enum plus a dispatch table (``ATTENTION_FNS``); the default,
+Attention variants are an enum plus a dispatch table (``ATTENTION_FNS``; what else each implies is
+its record, ``specs.VARIANTS``, and a trainable one's module is in ``ATTENTION_MODULES``); the default,
 ``linear``, is the paper's parameter-free linearised attention ``A(z) = C z`` with
 ``C = Zᵀ Z``, so that the attention features of the training set are ``Z Zᵀ Z`` and their
 Gram is ``G³``. ``centered`` subtracts the training set's mean attention feature first
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from ..runtime.errors import BadInput
-from .specs import ARCHS, PARAMS, Attention, check_init, check_width, parse_attention
+from .specs import ARCHS, PARAMS, Attention, check_init, check_width, parse_attention, variant
 
 
 def normalize_rows(X: torch.Tensor) -> torch.Tensor:
@@ -115,6 +116,8 @@ ATTENTION_FNS = {
     Attention.SOFTMAX: _softmax,
     Attention.QKV: _qkv_at_init,
 }
+# A trainable variant's (``VARIANTS[kind].trainable``) parameters: a module (d, seed, dtype), trained with the head.
+ATTENTION_MODULES: dict[Attention, type[nn.Module]] = {Attention.QKV: QKVAttention}
 
 
 def attention_features(X: torch.Tensor, X_ref: torch.Tensor, attention: str = "linear",
@@ -219,9 +222,9 @@ class Net(nn.Module):
 
     ``forward(X)`` takes raw inputs (n, d) and uses the stored training set ``X_ref``
     for attention. ``head(phi)`` applies only the ReLU head to given features.
-    ``fixed_features`` is False for trainable attention (``qkv``): then the features move
-    during training and the NTK covers the attention parameters too. ``init``: one of
-    ``INITS`` (see ``TwoLayerReLU``).
+    ``fixed_features`` is False for trainable attention (``qkv``: its record's ``trainable``): then
+    the features move during training and the NTK covers the attention parameters too. ``init``:
+    one of ``INITS`` (see ``TwoLayerReLU``).
     """
 
     X_ref: torch.Tensor  # the stored training inputs, a buffer (register_buffer leaves it untyped)
@@ -235,8 +238,9 @@ class Net(nn.Module):
         self.arch, self.attention, self.normalize = arch, str(parse_attention(attention)), normalize
         self.register_buffer("X_ref", X_ref.to(dtype))
         self.mlp = TwoLayerReLU(X_ref.shape[1], width, n_out, seed, init_std, dtype, param, init)
-        trainable = arch == "attn" and parse_attention(attention).kind is Attention.QKV
-        self.attn = QKVAttention(X_ref.shape[1], seed, dtype) if trainable else None
+        kind = parse_attention(attention).kind
+        trainable = arch == "attn" and variant(kind).trainable
+        self.attn = ATTENTION_MODULES[kind](X_ref.shape[1], seed, dtype) if trainable else None
         self.fixed_features = not trainable
 
     def features(self, X: torch.Tensor, X_ref: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,9 +3,9 @@ command line's ``--help`` need (each re-exported where it belongs: ``models``, `
 ``attacks``, ``influence``, ``ntk``).
 
 ``python -m engine --help`` builds every flag from the config dataclasses, and refusing a bad value
-must not wait seconds for torch; so the training and attack specs, the architecture, attention and
-init names, the influence targets, the kernel storages and the byte count the estimates read live
-here, on the standard library and ``engine.runtime`` only (``tests/test_lean.py``).
+must not wait seconds for torch; so the training and attack specs, the architecture and init names,
+the attention variants' records (``VARIANTS``), the influence targets, the kernel storages and the
+byte count the estimates read live here, on the standard library and ``engine.runtime`` only (``tests/test_lean.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 from ..runtime.errors import BadInput
 from ..runtime.settings import normalised, setting, validate
@@ -23,13 +25,12 @@ ARCHS = ("relu", "attn")
 INITS = ("gaussian", "antisymmetric")  # W ~ N(0, σ²) and a = ±1; or the same, mirrored so that f₀ ≡ 0
 PARAMS = ("ntk", "mup")    # parametrisations of the head: output scale m^-1/2 (the paper's) or m^-1 (μP)
 MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel computation here
-MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
-MAX_TRUNCATED = 100_000
-SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the softmax
 
 
 class Attention(str, enum.Enum):
-    """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``."""
+    """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``. What each
+    implies (its parameter, whether it trains, its estimate's slow-down, its κ theory, its label)
+    is its ``AttentionVariant`` in ``VARIANTS``; its feature map is ``models.ATTENTION_FNS``."""
 
     LINEAR = "linear"        # C z, C = Zᵀ Z (the paper's)
     CENTERED = "centered"    # C (z − z̄): linear, minus the training set's mean attention feature
@@ -40,6 +41,51 @@ class Attention(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class AttentionVariant:
+    """Everything an attention variant implies outside its feature map, declared once: models,
+    options, the estimates, the spectrum's and the scaling law's κ theory and the sidebar read it.
+
+    κ theory: the attention features' Gram has κ = base^p, base κ(G) (or λ₁/λ_r over the top r
+    eigenvalues of G, ``kappa_top``) and p = ``kappa_exponent(param)``; ``None``: no closed form.
+    """
+
+    kind: Attention
+    usage: str                            # how it is written in the help: "stacked:K"
+    label: str                            # what it is, in the help's words
+    example: str                          # the sidebar's choice of it
+    param: str | None = None              # what its parameter is ("layers"); None: it takes none
+    default_param: float | None = None    # the parameter of the bare name ("stacked" = "stacked:1")
+    bounds: tuple[float, float] = (0, 0)  # the parameter's allowed range, both ends included
+    integer: bool = False                 # the parameter is a count
+    trainable: bool = False               # own parameters trained with the head: the features move
+    slowdown: float = 1                   # factor on the estimate of an MLP-Attn net's kernels and training
+    kappa_exponent: Callable[[float | None], int] | None = None  # p of κ = base^p from the parameter
+    kappa_top: bool = False               # the κ theory's base is λ₁/λ_r (r the parameter), not κ(G)
+
+
+MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
+MAX_TRUNCATED = 100_000
+SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the softmax
+# Trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form.
+QKV_SLOWDOWN = 20
+
+VARIANTS: Mapping[Attention, AttentionVariant] = MappingProxyType({v.kind: v for v in (
+    AttentionVariant(Attention.LINEAR, "linear", "X Xᵀ X, the paper's", "linear", kappa_exponent=lambda p: 3),
+    AttentionVariant(Attention.CENTERED, "centered", "linear minus the training set's mean attention feature: a "
+                     "different model", "centered"),  # rank ≤ n − 1: no closed-form κ
+    AttentionVariant(Attention.STACKED, "stacked:K", "K layers", "stacked:2", param="layers", default_param=1,
+                     bounds=(1, MAX_STACKED), integer=True, kappa_exponent=lambda p: 2 * int(p or 1) + 1),
+    AttentionVariant(Attention.TRUNCATED, "truncated:R", "rank-R C", "truncated:10", param="directions",
+                     default_param=10, bounds=(1, MAX_TRUNCATED), integer=True, kappa_exponent=lambda p: 3,
+                     kappa_top=True),
+    AttentionVariant(Attention.SOFTMAX, "softmax:T", "temperature T", "softmax:0.1", param="temperature",
+                     default_param=0.1, bounds=SOFTMAX_T),
+    AttentionVariant(Attention.QKV, "qkv", "trainable query/key/value", "qkv", trainable=True,
+                     slowdown=QKV_SLOWDOWN),
+)})
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     kind: Attention
     param: float | None  # k for stacked, r for truncated, T for softmax
@@ -47,12 +93,18 @@ class AttentionSpec:
     def __str__(self) -> str:
         if self.param is None:
             return self.kind.value
-        p = int(self.param) if self.kind in (Attention.STACKED, Attention.TRUNCATED) else self.param
+        p = int(self.param) if self.variant.integer else self.param
         return f"{self.kind.value}:{p}"
 
+    @property
+    def variant(self) -> AttentionVariant:
+        return VARIANTS[self.kind]
 
-_DEFAULT_PARAM = {Attention.LINEAR: None, Attention.CENTERED: None, Attention.STACKED: 1, Attention.TRUNCATED: 10,
-                  Attention.SOFTMAX: 0.1, Attention.QKV: None}
+    @property
+    def kappa_exponent(self) -> int | None:
+        """p of the κ theory (κ of the features' Gram = base^p, see ``AttentionVariant``); None: none."""
+        rule = self.variant.kappa_exponent
+        return None if rule is None else rule(self.param)
 
 
 def parse_attention(text: str) -> AttentionSpec:
@@ -64,23 +116,39 @@ def parse_attention(text: str) -> AttentionSpec:
     except ValueError:
         allowed = ", ".join(a.value for a in Attention)
         raise BadInput(f"unknown attention {text!r}; allowed: {allowed} (e.g. stacked:2, truncated:10)") from None
-    if kind in (Attention.LINEAR, Attention.CENTERED, Attention.QKV):
+    v = VARIANTS[kind]
+    if v.param is None:
         if arg:
             raise BadInput(f"attention {kind.value!r} takes no parameter, got {text!r}")
         return AttentionSpec(kind, None)
     if not arg:
-        return AttentionSpec(kind, _DEFAULT_PARAM[kind])
+        return AttentionSpec(kind, v.default_param)
     try:
         value = float(arg)
     except ValueError:
         raise BadInput(f"attention parameter in {text!r} must be a number") from None
-    if kind in (Attention.STACKED, Attention.TRUNCATED):
-        top = MAX_STACKED if kind is Attention.STACKED else MAX_TRUNCATED
-        if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:
-            raise BadInput(f"attention {text!r}: {kind.value} needs an integer in [1, {top}]")
-    elif not (math.isfinite(value) and SOFTMAX_T[0] <= value <= SOFTMAX_T[1]):
-        raise BadInput(f"attention {text!r}: softmax temperature must lie in [{SOFTMAX_T[0]:g}, {SOFTMAX_T[1]:g}]")
+    lo, hi = v.bounds
+    if v.integer:
+        if not math.isfinite(value) or value != int(value) or not lo <= value <= hi:
+            raise BadInput(f"attention {text!r}: {kind.value} needs an integer in [{lo}, {hi}]")
+    elif not (math.isfinite(value) and lo <= value <= hi):
+        raise BadInput(f"attention {text!r}: {kind.value} {v.param} must lie in [{lo:g}, {hi:g}]")
     return AttentionSpec(kind, value)
+
+
+def variant(attention: str | Attention | AttentionSpec) -> AttentionVariant:
+    """The record of an attention variant, from its text (``"stacked:2"``), kind or spec."""
+    if isinstance(attention, AttentionSpec):
+        return attention.variant
+    if isinstance(attention, Attention):
+        return VARIANTS[attention]
+    return parse_attention(attention).variant
+
+
+def attention_slowdown(attention: str, archs: tuple[str, ...] | str) -> float:
+    """The estimates' factor on an MLP-Attn net's time: the variant's ``slowdown`` where ``"attn"``
+    is among ``archs`` (one arch or several), else 1."""
+    return variant(attention).slowdown if "attn" in ((archs,) if isinstance(archs, str) else archs) else 1
 
 
 def check_init(init: str, width: int | None = None) -> str:

@@ -17,8 +17,16 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import BadInput
+
+if TYPE_CHECKING:  # annotations only: an estimate loads no torch
+    import torch
+
+    from ..data import DataSpec
+
+    Device = str | torch.device | None
 
 FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
 FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
@@ -130,7 +138,7 @@ def cgroup_free_bytes(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/se
     return None
 
 
-def free_bytes(device=None) -> int:
+def free_bytes(device: Device = None) -> int:
     """Memory a new allocation may take on ``device`` (a torch.device, a name, or None for
     the host): on CUDA the GPU's free memory plus what torch's allocator holds unused,
     else ``available_bytes``."""
@@ -148,7 +156,7 @@ class Budget:
     seconds: float = DEFAULT_SECONDS
     bytes: int | None = None  # None: 80 % of the memory free on the run's device when it starts
 
-    def limit_bytes(self, device=None) -> int:
+    def limit_bytes(self, device: Device = None) -> int:
         """The bytes a run may use: ``bytes``, else 80 % of the free host memory, and on CUDA
         of the GPU's too (a GPU run still keeps its data and results on the host)."""
         if self.bytes is not None:
@@ -164,7 +172,7 @@ UNLIMITED = Budget(seconds=math.inf, bytes=2**62)
 MAX_GIB = 1e6  # a --max-gib above a million GiB (an exbibyte) is a typo, not a machine
 
 
-def _number(value, what: str, allowed: str) -> float:
+def _number(value: Any, what: str, allowed: str) -> float:
     if isinstance(value, (bool, bytes)) or value is None:
         raise BadInput(f"{what} must be {allowed}, got {value!r}")
     try:
@@ -173,7 +181,7 @@ def _number(value, what: str, allowed: str) -> float:
         raise BadInput(f"{what} must be {allowed}, got {value!r}") from None
 
 
-def gib_limit(value, what: str = "--max-gib") -> int:
+def gib_limit(value: object, what: str = "--max-gib") -> int:
     """A memory limit given in GiB (``--max-gib``) as bytes: finite, > 0 and at most
     ``MAX_GIB``; one-line ``BadInput`` naming the value otherwise (NaN, inf, 1e300, text)."""
     allowed = f"a number of GiB > 0 and <= {MAX_GIB:g}"
@@ -183,7 +191,7 @@ def gib_limit(value, what: str = "--max-gib") -> int:
     return max(1, int(gib * GIB))
 
 
-def seconds_limit(value, what: str = "--max-seconds") -> float:
+def seconds_limit(value: object, what: str = "--max-seconds") -> float:
     """A time limit in seconds (``--max-seconds``): > 0, ``inf`` meaning no limit; one-line
     ``BadInput`` for NaN (which would compare false with every estimate), zero or less, or text."""
     allowed = "a number of seconds > 0 (inf: no limit)"
@@ -193,7 +201,7 @@ def seconds_limit(value, what: str = "--max-seconds") -> float:
     return s
 
 
-def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", device=None) -> None:
+def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", device: Device = None) -> None:
     """Refuse work over budget with one line: what it needs, the limit, and what to change.
     ``device``: where the run's arrays live (its free memory is the default limit)."""
     budget = DEFAULT_BUDGET if budget is None else budget
@@ -207,7 +215,7 @@ def check(est: Estimate, budget: Budget | None, what: str, hint: str = "", devic
                        " (the CLI's --max-seconds raises the budget)")
 
 
-def input_dim(data) -> int:
+def input_dim(data: DataSpec) -> int:
     """The input dimension a ``DataSpec`` will have, without loading it (784 for unknown files)."""
     base = str(data.dataset).split(":")[0].strip().lower()
     if base == "synthetic":
@@ -215,10 +223,7 @@ def input_dim(data) -> int:
     return INPUT_DIMS[base] if base in INPUT_DIMS else _npz_dim(str(data.dataset))  # a file's header only when asked
 
 
-QKV_SLOWDOWN = 20  # trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form
-
-
-def n_classes(data) -> int:
+def n_classes(data: DataSpec) -> int:
     """Classes a ``DataSpec`` will have, without loading it: 2 for a pair ``NAME:a-b``, the
     synthetic teacher's, 10 for MNIST, Fashion-MNIST and CIFAR-10, and a user ``.npz``'s
     distinct labels (read from its ``y``; 10 when it cannot be read, and loading says why)."""
@@ -233,7 +238,7 @@ def n_classes(data) -> int:
     return _npz_classes(str(data.dataset))
 
 
-def n_outputs(data) -> int:
+def n_outputs(data: DataSpec) -> int:
     """Network outputs for a ``DataSpec``: one (±1 targets) for two classes, one per class otherwise."""
     c = n_classes(data)
     return 1 if c == 2 else c
@@ -334,7 +339,7 @@ LIBRARY_WORKSPACE = 32 * 2**20
 FINITE_BLOCK = 2**20  # elements per block of all_finite: a 1 MiB bool temporary, not one of n x n
 
 
-def all_finite(t) -> bool:
+def all_finite(t: torch.Tensor) -> bool:
     """Whether every entry of tensor ``t`` is finite, checked in row blocks of about
     ``FINITE_BLOCK`` elements, so the check allocates at most that many bools rather than one
     per entry (an n x n kernel at n = 3000 would need 9 MB more than its step's count).
@@ -350,8 +355,8 @@ def all_finite(t) -> bool:
     return bool(ok)
 
 
-def require(need: int, device, what: str, bytes_at=None, n: int | None = None, alternative: str = "",
-            alternative_bytes: int | None = None) -> None:
+def require(need: int, device: Device, what: str, bytes_at: Callable[[int], int] | None = None,
+            n: int | None = None, alternative: str = "", alternative_bytes: int | None = None) -> None:
     """Refuse, before it allocates, a kernel step that cannot fit in the free memory of ``device``.
 
     need: the step's peak bytes, beside which ``LIBRARY_WORKSPACE`` stays free. bytes_at(k): its
@@ -376,7 +381,7 @@ def require(need: int, device, what: str, bytes_at=None, n: int | None = None, a
                    + (f"; {', or '.join(ways)}" if ways else ""))
 
 
-def largest(bytes_at, limit: int, n: int) -> int:
+def largest(bytes_at: Callable[[int], int], limit: int, n: int) -> int:
     """The largest k <= n with bytes_at(k) <= limit (0 if none); bytes_at must grow with k."""
     lo, hi = 0, n
     while lo < hi:

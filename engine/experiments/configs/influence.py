@@ -8,12 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...data import DataSpec
-from ...maths.specs import TrainSpec, factor_bytes
+from ...maths.specs import TrainSpec, attention_slowdown, factor_bytes
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.settings import normalised, validate
 from .. import options
-
 
 INFLUENCE_KERNELS = options.INFLUENCE_KERNELS
 
@@ -85,6 +84,6 @@ def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + kernel_seconds(cfg, n, nt, d, m)
            + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
-    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = attention_slowdown(cfg.attention, cfg.archs)
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
                     int(influence_bytes(cfg) + 16 * m * d))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...data import DataSpec
-from ...maths.specs import TrainSpec
+from ...maths.specs import TrainSpec, attention_slowdown
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.settings import normalised, validate
@@ -43,7 +43,6 @@ def estimate_kernels(cfg: KernelConfig) -> Estimate:
     n, d, w = cfg.data.n, B.input_dim(cfg.data), cfg.width
     seconds = (B.FIXED_S + B.attention_s(cfg.attention, n, d) + 2 * B.ntk_s(n, n, d, w)
                + B.train_s(n, d, w, cfg.train.epochs, cfg.train.batch_size, B.n_outputs(cfg.data)))
-    if cfg.attention == "qkv" and cfg.arch == "attn":
-        seconds *= B.QKV_SLOWDOWN
+    seconds *= attention_slowdown(cfg.attention, cfg.arch)
     size = 4 if cfg.storage == "float32" else 8
     return Estimate(seconds, int(size * 5 * n * n + 16 * w * d + B.head_bytes(w, n, B.n_outputs(cfg.data))))

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import AttackMethod, AttackSpec, Attention, TrainSpec, factor_bytes, parse_attention
+from ...maths.specs import AttackMethod, AttackSpec, TrainSpec, attention_slowdown, factor_bytes, parse_attention
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
@@ -75,8 +75,9 @@ class MalleabilityConfig:
         if network and self.adversarial_training:
             raise BadInput(f"reading {network[0]!r} reads nets trained on clean data; drop --adversarial-training "
                            "or use --reading ridge")
-        if network and "attn" in self.archs and parse_attention(self.attention).kind is Attention.QKV:
-            raise BadInput(f"reading {network[0]!r} needs fixed features, and attention 'qkv' trains its own; "
+        if network and "attn" in self.archs and parse_attention(self.attention).variant.trainable:
+            raise BadInput(f"reading {network[0]!r} needs fixed features, and attention "
+                           f"{parse_attention(self.attention).kind.value!r} trains its own; "
                            "use a parameter-free attention or --reading ridge")
         if "flow" in self.readings and (self.train.optimizer != "sgd" or self.train.loss == "ce"):
             raise BadInput(f"reading 'flow' follows plain SGD on MSE, not {self.train.optimizer} with loss "
@@ -147,7 +148,7 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
         if "retrain" in cfg.readings:
             per += _retrain_s(n, d, m, 1 + tracked, tr, c_out) + measured * _retrain_s(n, d, m, 1 + k, tr, c_out)
         seconds += per
-    slow = B.QKV_SLOWDOWN if cfg.attention == "qkv" and "attn" in cfg.archs else 1
+    slow = attention_slowdown(cfg.attention, cfg.archs)
     draws = max(1, len(cfg.data_seeds))
     m = max(cfg.widths)
     size = 4 if cfg.storage == "float32" else 8

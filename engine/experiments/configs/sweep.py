@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...data import DataSpec
-from ...maths.specs import TrainSpec
+from ...maths.specs import TrainSpec, attention_slowdown
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.settings import normalised, validate
@@ -57,8 +57,7 @@ def estimate_sweep(cfg: SweepConfig) -> Estimate:
     snaps = len(tr.snapshot_epochs)
     for w in cfg.widths:
         per_group += (3 + snaps) * B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) * 2 + 2 * B.eig_s(n) + 4 * B.chol_s(n)
-    if cfg.attention == "qkv" and "attn" in cfg.archs:
-        per_group *= B.QKV_SLOWDOWN
+    per_group *= attention_slowdown(cfg.attention, cfg.archs)
     seconds = B.FIXED_S + reference + groups * per_group
     memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
               + B.head_bytes(sum(cfg.widths), n + nt, c_out) + 8 * 4 * (n + nt) * c_out)  # f_NTK, solves
