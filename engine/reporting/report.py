@@ -125,13 +125,21 @@ def command(a: argparse.Namespace) -> int:
     from ..grid import driver as G
     from ..runtime.cache import Cache
 
+    failed = []
     try:
         spec = G.load_spec(a.spec)
         cache = Cache(a.cache_dir)
-        if a.run:
-            G.run_grid(spec, cache, a.data_dir, workers=a.workers, progress=None if a.quiet else G.stderr_line)
+        if a.run:  # a failed cell is named and exits 4 (as `grid` does); the tables still print
+            outcomes = G.run_grid(spec, cache, a.data_dir, workers=a.workers,
+                                  progress=None if a.quiet else G.stderr_line)
+            failed = [o for o in outcomes if o.status == "failed"]
         print(markdown(spec, cache, a.data_dir))
     except EngineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    return 0
+    except KeyboardInterrupt:
+        print("error: interrupted; finished cells are in the cache, rerun to resume", file=sys.stderr)
+        return 130
+    for o in failed:
+        print(f"failed: cell {o.cell.index} {o.cell.label}: {o.error}", file=sys.stderr)
+    return 4 if failed else 0
