@@ -89,6 +89,22 @@ RTOL_POWER_ITERATION = 1e-5
 # 12/(n³ − n) ≈ 0.007. REDRAWN: the random null, whose perturbation the test draws again.
 RTOL_SAME_RANKS = 1e-9
 RTOL_SAME_RANKS_REDRAWN = 1e-6
+# A float32 head retrained by the engine's batched masked trainer against a float64 loop written in
+# the test: the changes f − f₋ᵢ are differences of outputs of order 1, so float32 rounding of the
+# outputs (a few 1e-7) sets an absolute floor beside RTOL32.
+ATOL32_RETRAIN = 1e-6
+# The flow leave-one-out's closed form (one eigendecomposition of K) against scipy's expm and a solve:
+# K's condition number (about 1e3 on these 24 synthetic points) multiplies the solve's rounding.
+RTOL64_FLOW_CLOSED = 1e-6
+ATOL64_FLOW_CLOSED = 1e-9
+# Full-batch gradient descent on the linearised head against the continuous flow it discretises: the
+# step's error is of order η'λ_max/2 (η' = 2η/(n·c) = 0.04, λ_max ≈ 2: about 4 % of a change at most).
+RTOL_FLOW_STEP = 0.05
+ATOL_FLOW_STEP = 2e-3
+# A reordering of the training set must move the influence columns by far more than rounding.
+REL_MOVED = 1e-3
+# Brent's root of the self-consistent equation, to near float64 resolution, against the engine's solver.
+RTOL64_ROOT = 1e-14
 # Monte-Carlo mean of 40 empirical NTKs of width 4000 against K∞: each entry averages 160,000
 # Bernoulli products with a standard error below 0.0013, so this is about 4.6 standard errors.
 ATOL_MC_NTK = 0.006

@@ -18,7 +18,7 @@ from engine.experiments.configs.alignment import PRESETS, AlignmentConfig, estim
 from engine.maths import alignment as AL
 from engine.maths.specs import TrainSpec
 from engine.runtime.errors import BadInput
-from tests.conftest import ATOL64, ATOL64_EIG, MC_SIGMAS, RTOL64, RTOL64_EIG
+from tests.conftest import ATOL64, ATOL64_EIG, MC_SIGMAS, RTOL64, RTOL64_EIG, RTOL64_ROOT, RTOL64_SOLVE
 
 
 def _psd(n: int, seed: int) -> np.ndarray:
@@ -97,8 +97,8 @@ def test_power_summary_against_brute_force():
 def test_kappa_solves_the_self_consistent_equation(p, ridge):
     lam = np.arange(1, 401) ** -1.5
     k = AL.solve_kappa(lam, p, ridge)
-    ref = brentq(lambda x: ridge + np.sum(lam * x / (p * lam + x)) - x, 1e-14, ridge + lam.sum() + 1, xtol=1e-300, rtol=1e-14)
-    assert k == pytest.approx(ref, rel=1e-9)
+    ref = brentq(lambda x: ridge + np.sum(lam * x / (p * lam + x)) - x, 1e-14, ridge + lam.sum() + 1, xtol=1e-300, rtol=RTOL64_ROOT)
+    assert k == pytest.approx(ref, rel=RTOL64_SOLVE)
 
 
 def test_theory_matches_monte_carlo_kernel_ridge_on_a_gaussian_process():

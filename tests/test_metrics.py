@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from conftest import ATOL64
 from engine.maths.metrics import excess_interval, gap_interval
 
 
@@ -19,7 +20,7 @@ def test_the_gap_is_the_difference_of_the_two_excesses_and_its_ratio_needs_a_non
     b = [_unit(rng, 0.2, 0.05) for _ in range(3)]
     gap = gap_interval(a, b, n_boot=400)
     ea, eb = excess_interval(a, n_boot=10)[0], excess_interval(b, n_boot=10)[0]
-    assert gap.difference == pytest.approx(ea - eb, abs=1e-12)
+    assert gap.difference == pytest.approx(ea - eb, abs=ATOL64)
     assert gap.low < gap.difference < gap.high and gap.low > 0
     assert gap.ratio == pytest.approx(ea / eb) and gap.ratio_low < gap.ratio < gap.ratio_high
     nil = [(np.zeros(30, bool), np.zeros(30, bool), np.zeros(30, bool))] * 3   # an excess of exactly 0

@@ -102,7 +102,7 @@ def test_qkv_spectrum_is_that_of_the_seed_zero_attention():
 
 def test_qkv_malleability_rows_follow_the_stored_influences():
     """The flip rate is the share of top-τ points whose stored influence changed sign."""
-    cfg = MalleabilityConfig(data=SYN, archs=("attn",), attention="qkv", width=8, seeds=(0,), tau=0.5,
+    cfg = MalleabilityConfig(data=SYN, archs=("attn",), attention="qkv", widths=(8,), seeds=(0,), tau=0.5,
                              eps=(0.3,), train=TrainSpec(epochs=2), attack=AttackSpec(steps=2))
     res = run_malleability(cfg)
     row = res.frames["rows"].iloc[0]
