@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.grid import driver as G
-from engine.grid import spec as S
-from engine.grid.loopback import free_port, session_pids
 from engine.cli import main
 from engine.experiments.registry import EXPERIMENTS
+from engine.grid import driver as G, spec as S
+from engine.grid.loopback import free_port, session_pids
 from engine.runtime.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]

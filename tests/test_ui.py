@@ -16,8 +16,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.data import DataSpec, store_npz
-from engine.runtime.errors import EngineError
 from engine.reporting import export
+from engine.runtime.errors import EngineError
 from tests.conftest import steady_app_state
 from ui.common import Shared, display_name, fit_sizes, upload_problem
 
