@@ -15,14 +15,34 @@ import streamlit as st
 st.set_page_config(page_title="Influence malleability in linearized attention", page_icon="🧲",
                    layout="wide")
 with st.spinner("Loading the engine…"):  # only the first run after a server start waits here (torch)
-    from engine.runtime.budget import duration
     from engine.data import DataSpec
+    from engine.runtime.budget import duration
     from engine.runtime.settings import meta
     from ui import configs, links
-    from ui.common import (ARCH_CHOICES, ARCH_LABELS, ATTENTION_CHOICES, DEVICE_CHOICES, PAIR_EXAMPLES,
-                           WIDTH_CHOICES, Shared, available_names, data_dir, dataset_infos, device_note,
-                           ensure_entry, fetch_ui, link_problems, linked_data, machine_speed, page_nav,
-                           plain, synthetic_note, upload_ui, uploaded_names, usable)
+    from ui.common import (
+        ARCH_CHOICES,
+        ARCH_LABELS,
+        ATTENTION_CHOICES,
+        DEVICE_CHOICES,
+        PAIR_EXAMPLES,
+        WIDTH_CHOICES,
+        Shared,
+        available_names,
+        data_dir,
+        dataset_infos,
+        device_note,
+        ensure_entry,
+        fetch_ui,
+        link_problems,
+        linked_data,
+        machine_speed,
+        page_nav,
+        plain,
+        synthetic_note,
+        upload_ui,
+        uploaded_names,
+        usable,
+    )
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
 links.remember_asked()  # the link's page settings before any widget takes (or drops) them

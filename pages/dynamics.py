@@ -7,14 +7,14 @@ from dataclasses import replace
 import streamlit as st
 
 from engine.experiments import dynamics
-from engine.reporting import plots
-from engine.experiments.dynamics import run_dynamics
-from engine.experiments.configs.dynamics import DynamicsConfig
-from engine.experiments.registry import preset
-from engine.experiments.coord_check import run_coord_check
 from engine.experiments.configs.coord_check import CoordCheckConfig
-from engine.runtime.errors import EngineError
+from engine.experiments.configs.dynamics import DynamicsConfig
+from engine.experiments.coord_check import run_coord_check
+from engine.experiments.dynamics import run_dynamics
+from engine.experiments.registry import preset
 from engine.maths.specs import TrainSpec
+from engine.reporting import plots
+from engine.runtime.errors import EngineError
 from ui import configs, render
 from ui.common import ARCH_LABELS, available_names, plain, require, shared
 from ui.retrain import section as retrain_section

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from engine.grid import driver as G
-from engine.grid import spec as S
+from engine.grid import driver as G, spec as S
 from engine.runtime.budget import duration
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import JobState

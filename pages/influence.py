@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from engine.reporting import plots
-from engine.experiments.influence import run_influence
 from engine.experiments.configs.influence import InfluenceConfig
+from engine.experiments.influence import run_influence
 from engine.maths.specs import TrainSpec
+from engine.reporting import plots
 from ui import configs, render
 from ui.common import plain, require, shared
 from ui.retrain import section as retrain_section

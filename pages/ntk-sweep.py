@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.reporting import plots
+from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.kernels import run_kernels
 from engine.experiments.sweep import run_ntk_sweep
-from engine.experiments.configs.sweep import SweepConfig
 from engine.maths.specs import TrainSpec
+from engine.reporting import plots
 from ui import configs, render
-from ui.links import NTK_METRIC_LABELS
 from ui.common import ARCH_LABELS, plain, require, shared
+from ui.links import NTK_METRIC_LABELS
 from ui.runner import obtain_planned
 
 BOUND = configs.BOUND

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.reporting import plots
-from engine.experiments.scaling import run_scaling
 from engine.experiments.configs.scaling import ScalingConfig
+from engine.experiments.scaling import run_scaling
 from engine.maths.specs import TrainSpec
+from engine.reporting import plots
 from ui import configs, render
 from ui.common import ATTENTION_CHOICES, shared
 from ui.runner import obtain_planned
@@ -76,7 +76,7 @@ if not res.frames["widths"]["monotone"].all():
     st.warning("At some κ the distance met the target at a smaller width and missed it again at a larger one: "
                "the criterion is not monotone in width there (marked ×), so read those widths with care.")
 fit = res.frames["fit"].copy()
-fit.insert(0, "model", [plots.model_label(a, t) for a, t in zip(fit["arch"], fit["attention"])])
+fit.insert(0, "model", [plots.model_label(a, t) for a, t in zip(fit["arch"], fit["attention"], strict=True)])
 if (fit["exponent"].dropna() < -0.005).any():  # below what the table shows as -0.00
     st.warning("A fitted exponent is negative: the width needed falls with κ over this range, against every "
                "bound; check the interval, the seeds and the non-monotone points before reading it.")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from engine.reporting import plots
-from engine.experiments.spectrum import run_spectrum
 from engine.experiments.configs.spectrum import SpectrumConfig
+from engine.experiments.spectrum import run_spectrum
+from engine.reporting import plots
 from ui import configs, render
 from ui.common import plain, shared
 from ui.runner import obtain_planned

@@ -251,7 +251,8 @@ def test_metric_slots_hold_one_metric_each():
         from ui import render
 
         for slot, (label, value) in zip(render.metric_slots(3), [("κ(G)", 1), ("κ(G)³ (theory, linear)", 2),
-                                                                 ("κ of attention Gram (linear, measured)", 3)]):
+                                                                 ("κ of attention Gram (linear, measured)", 3)],
+                                            strict=True):
             slot.metric(label, value)
 
     at = AppTest.from_function(script).run()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import streamlit as st
 
-from engine.runtime.cache import DEFAULT_CACHE_DIR, Cache
 from engine.data import DataSpec, available_datasets, check_npz_sizes, parse_dataset, resolve_data_dir
 from engine.maths.specs import VARIANTS
+from engine.runtime.cache import DEFAULT_CACHE_DIR, Cache
 from engine.runtime.device import resolve_device
 from engine.runtime.errors import EngineError
 from engine.runtime.jobs import JobManager

@@ -22,8 +22,8 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from engine.data import DataSpec
-from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.configs.malleability import MalleabilityConfig
+from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.registry import preset
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting.protocols import KERNEL_METRICS, Variant

@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from engine.reporting import export, fit
 from engine.maths import gates
+from engine.reporting import export, fit
 
 PAGE_WIDTH_PX = 450  # a half-width column at 1280 px (about 400 px): titles wrap and legends stack for it
 WIDE_PX = 1000       # a chart across the page

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import multiprocessing
 import os
-import math
 import shutil
 import socket
 import tempfile
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ..experiments.registry import EXPERIMENTS
 from ..runtime.budget import Budget
 from ..runtime.cache import ENGINE_DIR, code_fingerprint, tree_fingerprint
-from ..experiments.registry import EXPERIMENTS
 from ..runtime.errors import BadInput, Cancelled, EngineError
 from .spec import Cell
 

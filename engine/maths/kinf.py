@@ -25,7 +25,6 @@ from ..runtime.errors import BadInput
 from .ntk import require_kernel, storage_dtype
 from .tiles import SERIAL_WORK, one_thread, row_blocks, serial, tile_ranges
 
-
 _KINF_BLOCK = {"cpu": 2**21, "cuda": 2**26}  # entries per block at most: cache-sized on CPU, large on GPU
 _KINF_TILE = 512        # CPU tile rows at most, and _KINF_COLS columns: few GEMM calls (each one waits
 _KINF_COLS = 2048       # for every thread on a busy machine), buffers of 8 MiB at most

@@ -18,14 +18,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from .flow import KernelFlow, flow_rates
 from ..runtime.errors import BadInput
+from .flow import KernelFlow, flow_rates
 from .influence import loo_influence
-from .specs import INFLUENCE_TARGETS, TrainSpec
 from .models import TwoLayerReLU
 from .ridge import kernel_regression
+from .specs import INFLUENCE_TARGETS, TrainSpec
 from .training import CancelFlag, optimise, resolve_loss, targets
-
 
 # ---------------------------------------------------------------- the batched masked trainer
 
@@ -41,7 +40,7 @@ def head_outputs(H: torch.Tensor, heads: Sequence[TwoLayerReLU], frozen: torch.T
     """
     R = torch.relu(H) if frozen is None else H.masked_fill(~frozen, 0.0)
     out = []
-    for part, head in zip(R.split([h.width for h in heads], dim=1), heads):
+    for part, head in zip(R.split([h.width for h in heads], dim=1), heads, strict=True):
         if getattr(head, "init", "gaussian") == "antisymmetric":
             half = head.width // 2
             o = (part[:, :half] - part[:, half:]) @ head.a[:half]

@@ -18,7 +18,6 @@ from typing import Iterator
 
 import torch
 
-
 _SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (serial)
 _GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
 SERIAL_WORK = 2**29   # kernels with fewer GEMM multiply-adds (~30 ms on one core) run on one thread whole

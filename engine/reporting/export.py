@@ -341,8 +341,7 @@ def ntk_figure(result, metric: str | None = None) -> go.Figure:
 
 def malleability_figure(result, metric: str | None = None) -> go.Figure:
     """Flip rates per attack and architecture at the largest ε (a ``malleability`` result)."""
-    from . import plots
-    from . import tables
+    from . import plots, tables
 
     cfg = result.config
     summary = tables.percent(result.frames["summary"], ["flip_rate", "pair_flip_rate"])

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-
-
 # ---------------------------------------------------------------- fitting a chart to its canvas
 
 TITLE_GAP_PX = 12   # from the canvas's top edge to the title's

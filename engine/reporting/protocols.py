@@ -36,13 +36,13 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from ..experiments.configs.sweep import SweepConfig
-from ..experiments.configs.malleability import MalleabilityConfig
 from ..experiments.configs.influence import INFLUENCE_KERNELS
-from .rule import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
-from .plots import ARCH_LABELS
-from .tables import pm
+from ..experiments.configs.malleability import MalleabilityConfig
+from ..experiments.configs.sweep import SweepConfig
 from ..maths.specs import OPTIMIZERS
+from .plots import ARCH_LABELS
+from .rule import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
+from .tables import pm
 
 VERDICTS = FLIP_OUTCOMES  # holds, fails, did not train, uninformative
 FACTOR = FLIP_FACTOR    # the "far more" of both claims: at least twice

@@ -16,7 +16,6 @@ from ...runtime.errors import BadInput
 from ...runtime.settings import normalised, setting, validate
 from .. import options
 
-
 KERNELS = ("entk", "kinf")   # the trained net's empirical NTK (what the engine reports), K∞
 LOOS = ("ridge", "flow")     # kernel ridge regression's exact leave-one-out; kernel gradient descent's
 MAX_K = 200                  # points per pick: 2k + 1 heads per width are trained in one batched model

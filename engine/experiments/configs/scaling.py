@@ -16,7 +16,6 @@ from ...runtime.errors import BadInput
 from ...runtime.settings import normalised, setting, validate
 from .. import options
 
-
 MEASURES = ("trained", "init", "movement")
 METRICS = ("frobenius", "whitened")
 

@@ -12,6 +12,17 @@ the shared labels and layout of ``style``; every public name is re-exported here
 write ``plots.spectrum_fig``.
 """
 
+from .alignment import (
+    KERNEL_DASH,
+    alignment_width_data,
+    alignment_width_fig,
+    curve_data,
+    curve_fig,
+    power_data,
+    power_fig,
+    training_data,
+    training_fig,
+)
 from .influence import (
     before_after_fig,
     compare_bars_fig,
@@ -51,8 +62,6 @@ from .kernels import (
     width_needed_fig,
 )
 from .readings import READING_LABELS, excess_width_data, excess_width_fig
-from .alignment import (KERNEL_DASH, alignment_width_data, alignment_width_fig, curve_data, curve_fig, power_data,
-                        power_fig, training_data, training_fig)
 from .regime import (
     PARAM_COLORS,
     REGIME_LABELS,
