@@ -200,7 +200,7 @@ def _resume_cases():
         found = re.search(r"(relu|attn) m=\d+", stage)
         return found and found.group(0)
 
-    by_seed = (["relu seed 0", "relu seed 1"], {"attn seed 0", "attn seed 1"})
+    by_seed = (['{"arch": "relu", "seed": 0}', '{"arch": "relu", "seed": 1}'], {"attn seed 0", "attn seed 1"})
     return [
         ("ntk-sweep", SweepConfig(data=syn, train=TrainSpec(epochs=3), widths=(16, 64), seeds=(0, 1)), seeds,
          *by_seed),
@@ -215,7 +215,8 @@ def _resume_cases():
          seeds, *by_seed),
         ("scaling", ScalingConfig(n=16, d=8, kappas=(2.0,), min_width=16, max_width=32, per_octave=1, seeds=(0, 1),
                                   train=TrainSpec(epochs=2)), widths,
-         ["κ = 2, relu  m = 16", "κ = 2, relu  m = 32"], {"attn linear m = 16", "attn linear m = 32"}),
+         ['{"arch": "relu", "attention": null, "kappa": 2.0, "width": 16}',
+          '{"arch": "relu", "attention": null, "kappa": 2.0, "width": 32}'], {"attn linear m = 16", "attn linear m = 32"}),
     ]
 
 

@@ -20,7 +20,7 @@ import torch
 from ..runtime.cache import Result
 from ..maths.models import Net
 from ..maths.kinf import infinite_ntk
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 from ..maths.metrics import loglog_slope, summarize
 from ..maths.training import loss_fn, predict_labels, resolve_loss
 from ..maths.flow import KernelFlow, flow_rates, lin_gap, linearised_head, stack_heads, train_pair
@@ -141,8 +141,9 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
-        rows += resumable(stage, lambda: _dynamics_group(cfg, p, ref, arch, seed, (j, len(groups)), progress,
-                                                         cancel))["rows"]
+        rows += resumable({"arch": arch, "seed": seed}, lambda: _dynamics_group(cfg, p, ref, arch, seed, (j, len(groups)), progress,
+                                                         cancel), shape(rows=list),
+                          nan_ok=("k_inf_gap",))["rows"]  # NaN by definition where K∞'s prediction is zero
     tick(progress, cancel, 1.0, "done")
     frame = pd.DataFrame(rows)
     summary = summarize(frame, ["arch", "attention", "width", "epoch"], METRICS)

@@ -31,7 +31,7 @@ from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, 
 from ..runtime.cache import Result
 from .configs.influence import InfluenceConfig
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
-from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
+from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
 
 
 def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev) -> Net:
@@ -144,8 +144,9 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
-        unit = resumable(f"{arch} seed {seed}", lambda arch=arch, seed=seed, lo=lo, hi=hi: _influence_unit(
-            cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel))
+        unit = resumable({"arch": arch, "seed": seed}, lambda arch=arch, seed=seed, lo=lo, hi=hi: _influence_unit(
+            cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel),
+            shape(I=(np.ndarray, type(None)), aggregate=np.ndarray, row=dict))
         if unit["I"] is not None:  # the first seed's only
             arrays[f"{arch}_I"] = unit["I"]
         agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),

@@ -67,7 +67,7 @@ from ..runtime.errors import BadInput
 from ..maths.models import Net
 from ..maths.ntk import empirical_ntk_features
 from ..maths.kinf import infinite_ntk
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 from ..maths.training import predict_labels, resolve_loss
 from ..maths.loo import KernelLOO, flow_loo, head_outputs, kernel_loo, stopping_ridge, train_masked
 from ..maths.metrics import rank_correlation, summarize
@@ -134,7 +134,9 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         span = j / len(groups), (j + 1) / len(groups)
-        unit = resumable(f"{arch} seed {seed}", lambda: _retrain_unit(cfg, p, arch, seed, kinf, span, progress, cancel))
+        unit = resumable({"arch": arch, "seed": seed}, lambda: _retrain_unit(cfg, p, arch, seed, kinf, span, progress, cancel),
+                         shape(rows=list, changes=list, gap=float, stopping_ridge=(float, type(None))),
+                         nan_ok=("retrain_spearman", "retrain_pearson", "retrain_rel_error"))  # NaN: nothing varied
         rows += unit["rows"]
         changes += [pd.DataFrame(part) for part in unit["changes"]]
         gap, stop[arch] = max(gap, unit["gap"]), unit["stopping_ridge"]

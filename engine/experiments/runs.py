@@ -14,14 +14,14 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import torch
 
 from ..data import DataSpec, Sample, load_sample
 from ..runtime.device import resolve_device
-from ..runtime.cache import checkpoints
+from ..runtime.cache import canonical, checkpoints, code_fingerprint
 from ..runtime.errors import BadInput, Cancelled
 from ..maths.training import n_outputs, targets
 
@@ -36,26 +36,92 @@ def tick(progress: Progress | None, cancel, frac: float, stage: str) -> None:
         progress(min(max(frac, 0.0), 1.0), stage)
 
 
-def resumable(unit: str, compute: Callable[[], dict]) -> dict:
+def unit_name(unit: dict | str) -> str:
+    """The exact key of a unit: the sorted JSON of its own parameters (floats as ``repr``, so
+    κ 4 and 4.000001 never share a checkpoint), or a string used as it is."""
+    return unit if isinstance(unit, str) else json.dumps(canonical(unit), sort_keys=True, ensure_ascii=False)
+
+
+def shape(**types) -> Callable[[dict], None]:
+    """A unit validator: the value is a dict with exactly these keys, each an instance of its
+    type(s) (``list`` of row dicts, ``float``, ``np.ndarray``, ``torch.Tensor``, ``type(None)``...)."""
+    def check(value: dict) -> None:
+        if set(value) != set(types):
+            raise BadInput(f"a unit holds keys {sorted(value)}; expected {sorted(types)}")
+        for k, t in types.items():
+            if not isinstance(value[k], t) or (isinstance(value[k], bool) and t in (int, float)):
+                raise BadInput(f"a unit's {k!r} is {type(value[k]).__name__}; expected {t}")
+            if k == "rows" and not all(isinstance(r, dict) for r in value[k]):
+                raise BadInput(f"a unit's {k!r} holds something other than row dicts")
+    return check
+
+
+def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[dict], None] | None = None,
+              nan_ok: Collection[str] = ()) -> dict:
     """One independent unit of a run (an architecture and seed, say): computed, or read back
     from the checkpoint an earlier, cancelled run of the same config left in the cache.
 
-    ``compute()`` returns JSON-able pieces: row dicts, numbers, and numpy arrays or torch
-    tensors (kept as .npy bytes, so every bit and dtype survives; tensors come back on the
-    CPU). The pieces always pass through that encoding, checkpointed or not, so a resumed
-    run's result is bit for bit that of one that never stopped. A unit must not depend on
+    ``unit``: the unit's own parameters as a dict (``{"kappa": 4.000001, "arch": "mlp"}``),
+    keyed exactly by ``unit_name``. ``compute()`` returns a dict of JSON-able pieces: row
+    dicts, numbers, and numpy arrays or torch tensors (kept as .npy bytes, so every bit and
+    dtype survives; tensors come back on the CPU). The pieces always pass through that
+    encoding, checkpointed or not, so a resumed run's result is bit for bit that of one that
+    never stopped. ``check(value)`` (e.g. ``shape(rows=list, gap=float)``) raises on a value
+    of the wrong structure; with the built-in test that every float and float array is finite
+    except under a key in ``nan_ok`` (a null not computed, say), it is applied to the fresh
+    value (a failure is a one-line ``BadInput``; nothing is cached) and to a read-back one
+    (a failure drops the checkpoint with one warning line and recomputes the unit). A stored
+    unit also carries its name, the run's key and the code fingerprint, checked on read, so
+    another unit's or another config's values are never taken. A unit must not depend on
     the units before it (its own seed, its own nets)."""
-    kept = checkpoints()
-    value = kept.get(unit) if kept is not None else None
-    if value is not None:
+    name, kept = unit_name(unit), checkpoints()
+    stored = kept.get(name) if kept is not None else None
+    if stored is not None:
         try:
-            return _decode_arrays(value)
-        except (ValueError, TypeError, KeyError):  # a damaged array: recomputed, never trusted
-            pass
-    value = json.loads(json.dumps(compute(), default=_encode_array))
+            if not (isinstance(stored, dict) and set(stored) == {"unit", "run", "code", "value"}):
+                raise ValueError("not a checkpoint envelope")
+            if (stored["unit"], stored["run"], stored["code"]) != (name, kept.key, code_fingerprint()):
+                raise ValueError("it belongs to another unit, run or code")
+            value = _decode_arrays(stored["value"])
+            _validate(value, check, nan_ok)
+            return value
+        except Exception as exc:  # any damaged or foreign unit is recomputed, never trusted
+            kept.drop(name, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+    encoded = json.loads(json.dumps(compute(), default=_encode_array))
+    value = _decode_arrays(encoded)
+    try:
+        _validate(value, check, nan_ok)
+    except (BadInput, ValueError, TypeError) as exc:
+        raise BadInput(f"unit {name} computed an invalid value: {exc}") from None
     if kept is not None:
-        kept.put(unit, value)
-    return _decode_arrays(value)
+        kept.put(name, {"unit": name, "run": kept.key, "code": code_fingerprint(), "value": encoded})
+    return value
+
+
+def _validate(value, check, nan_ok: Collection[str]) -> None:
+    if not isinstance(value, dict):
+        raise BadInput(f"a unit's value is {type(value).__name__}; expected a dict")
+    _finite(value, "", frozenset(nan_ok))
+    if check is not None:
+        check(value)
+
+
+def _finite(value, where: str, nan_ok: frozenset) -> None:
+    # every measured number finite, except under a key the unit declares may be NaN
+    if where.rsplit(".", 1)[-1] in nan_ok:
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, f"{where}.{k}" if where else str(k), nan_ok)
+    elif isinstance(value, list):
+        for v in value:
+            _finite(v, where, nan_ok)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"non-finite value {value} in {where or 'the unit'}")
+    elif isinstance(value, (np.ndarray, torch.Tensor)):
+        a = value.numpy() if isinstance(value, torch.Tensor) else value
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            raise BadInput(f"non-finite values in array {where or 'the unit'}")
 
 
 def _encode_array(obj) -> dict:
@@ -69,13 +135,27 @@ def _encode_array(obj) -> dict:
             "npy": base64.b64encode(buf.getvalue()).decode("ascii")}
 
 
+def _load_npy(text: str) -> np.ndarray:
+    # the header's size is checked against the bytes before anything is allocated
+    raw = base64.b64decode(text, validate=True)
+    f = io.BytesIO(raw)
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shp, fortran, dtype = read(f)
+    if dtype.hasobject or math.prod(shp) * dtype.itemsize != len(raw) - f.tell():
+        raise ValueError(f"an array header declares {shp} of {dtype} over {len(raw) - f.tell()} bytes")
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
 def _decode_arrays(value):
     if isinstance(value, list):
         return [_decode_arrays(v) for v in value]
     if not isinstance(value, dict):
         return value
     if set(value) == {"__array__", "npy"}:
-        array = np.load(io.BytesIO(base64.b64decode(value["npy"])), allow_pickle=False)
+        if value["__array__"] not in ("tensor", "ndarray") or not isinstance(value["npy"], str):
+            raise ValueError("a damaged array")
+        array = _load_npy(value["npy"])
         return torch.from_numpy(array) if value["__array__"] == "tensor" else array
     return {k: _decode_arrays(v) for k, v in value.items()}
 

@@ -27,7 +27,8 @@ from ..maths.specs import parse_attention
 from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import relative_distance, whitened_distance
-from .runs import Progress, experiment_run, resumable, tick, to_device
+from ..runtime.errors import BadInput
+from .runs import Progress, experiment_run, resumable, shape, tick, to_device
 from ..maths.metrics import loglog_slope
 from ..maths.training import n_outputs, train
 from .configs.scaling import ScalingConfig, measured_models, width_grid
@@ -128,8 +129,12 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
             label = attention if arch == "attn" else None
             for w in grid:
                 unit, frac, done = f"κ = {kappa:g}, {arch} {label or ''} m = {w}", done / total, done + 1
-                dists = resumable(unit, lambda: _distances(cfg, arch, attention, w, X, y, c, dev, K_inf, cancel,
-                                                           (progress, frac, unit)))
+                key = {"kappa": float(kappa), "arch": arch, "attention": label, "width": w}  # exact: κ's repr
+                dists = resumable(key, lambda: {"distances": _distances(
+                    cfg, arch, attention, w, X, y, c, dev, K_inf, cancel, (progress, frac, unit))},
+                    shape(distances=list))["distances"]
+                if len(dists) != len(cfg.seeds) or not all(isinstance(d, float) for d in dists):
+                    raise BadInput(f"unit {unit} holds {len(dists)} distances for {len(cfg.seeds)} seeds")
                 for seed, dist in zip(cfg.seeds, dists):
                     evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
                                   "seed": seed, "distance": dist})

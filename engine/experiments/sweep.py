@@ -19,7 +19,7 @@ from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 from ..maths.gates import passes_gate
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 from ..maths.metrics import summarize
 from ..maths.training import accuracy, n_outputs, predict_labels, train_many
 from .configs.sweep import SweepConfig
@@ -145,7 +145,9 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
-        part = resumable(stage, lambda: _sweep_group(cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel))
+        part = resumable({"arch": arch, "seed": seed}, lambda: _sweep_group(cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel),
+                         shape(rows=list, losses=list, trajectory=list),
+                         nan_ok=("trained", "function_dist_rel"))  # NaN by definition: no epochs, a zero norm
         rows += part["rows"]
         losses += part["losses"]
         trajectory += part["trajectory"]

@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
+import errno
 import functools
 import hashlib
 import io
@@ -318,8 +319,15 @@ class Cache:
         try:
             yield
         except sqlite3.Error as exc:
+            if "full" in str(exc).lower():  # SQLITE_FULL: the disk, not the database, is at fault
+                raise CacheError(f"cache folder {self.directory} is on a full disk ({exc}); "
+                                 f"free some space there and retry") from None
             raise CacheError(f"cache database {self.directory / DB_NAME} failed: {exc}; "
                              f"move it aside and retry") from None
+        except OSError as exc:  # a value file beside the database: a full disk, a quota, a lost mount
+            what = "is on a full disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "cannot be written"
+            raise CacheError(f"cache folder {self.directory} {what} ({exc.strerror or exc}); free some "
+                             f"space there (or choose another with --cache-dir) and retry") from None
 
 
 CHECKPOINT_PREFIX = "checkpoint:"  # checkpoint rows' keys: prefix, the run's key, ":", the unit
@@ -333,24 +341,49 @@ class Checkpoints:
     interrupted run of the same key (same config, data and code), else None; values are
     JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
 
-    def __init__(self, cache: Cache, key: str):
+    def __init__(self, cache: Cache, key: str, on_corrupt: Callable[[str], None] | None = None):
         self.cache, self.key = cache, key
+        self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4))
 
     def _unit_key(self, unit: str) -> str:
         return f"{CHECKPOINT_PREFIX}{self.key}:{unit}"
 
+    def _read(self, row: str):
+        # a row's JSON, or ValueError for anything damaged: a pickle, a file outside the
+        # folder, bad JSON, nesting too deep to parse, a row too large to hold
+        try:
+            with self.cache._errors():
+                blob = self.cache._store.get(row)
+            return None if blob is None else json.loads(bytes(blob))
+        except (Refused, ValueError, TypeError, RecursionError, MemoryError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
+
     def _units(self) -> list[str]:
-        with self.cache._errors():
-            blob = self.cache._store.get(f"{CHECKPOINT_PREFIX}{self.key}")
-        return [] if blob is None else json.loads(bytes(blob))
+        index = f"{CHECKPOINT_PREFIX}{self.key}"
+        try:
+            units = self._read(index)
+            if units is not None and not (isinstance(units, list) and all(isinstance(u, str) for u in units)):
+                raise ValueError(f"it holds {type(units).__name__}, not a list of unit names")
+        except ValueError as exc:  # the units' own rows stay: each is found by its name
+            self._say(f"dropped damaged checkpoint index of run {self.key[:12]}: {exc}")
+            with self.cache._errors():
+                self.cache._store.delete(index)
+            return []
+        return units or []
 
     def get(self, unit: str):
-        with self.cache._errors():
-            blob = self.cache._store.get(self._unit_key(unit))
+        """The JSON stored for `unit`, or None; a damaged row is dropped with one warning line."""
         try:
-            return None if blob is None else json.loads(bytes(blob))
-        except (ValueError, TypeError):  # a damaged checkpoint is recomputed, never trusted
+            return self._read(self._unit_key(unit))
+        except ValueError as exc:
+            self.drop(unit, str(exc))
             return None
+
+    def drop(self, unit: str, why: str) -> None:
+        """Delete `unit`'s checkpoint (damaged or foreign: `why`), with one warning line."""
+        self._say(f"dropped damaged checkpoint {unit} of run {self.key[:12]}: {why}; recomputing it")
+        with self.cache._errors():
+            self.cache._store.delete(self._unit_key(unit))  # SQL delete; RawDisk.remove unlinks only own files
 
     def put(self, unit: str, value) -> None:
         units = self._units()
@@ -385,7 +418,7 @@ def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | 
     hit = cache._read(key, kind, on_corrupt)
     if hit is not None:
         return hit
-    kept = Checkpoints(cache, key)
+    kept = Checkpoints(cache, key, on_corrupt)
     token = _current.set(kept)
     try:
         result = compute()

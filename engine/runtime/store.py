@@ -63,6 +63,15 @@ class RawDisk(diskcache.Disk):
         kind = type(value).__name__ if mode == diskcache.core.MODE_RAW else _MODES.get(mode, mode)
         raise Refused(f"it is stored as {kind}, not raw bytes")
 
+    def _write(self, full_path, iterator, mode, encoding=None):
+        # a value file cut short (a full disk, say) is removed before the error goes on
+        try:
+            return super()._write(full_path, iterator, mode, encoding)
+        except BaseException:
+            if os.path.isfile(full_path):
+                os.remove(full_path)
+            raise
+
     def remove(self, file_path):
         if self._own(file_path) is not None:  # a row naming any other path loses only its row
             super().remove(file_path)
