@@ -64,6 +64,17 @@ def qkv_note(s: Shared) -> str:
     return text if sweep.allowed else f"{text} {sweep.note}"
 
 
+def _trainable(attention: str) -> bool:
+    """Whether the typed attention variant trains its own parameters (its record says; a typo is not)."""
+    from engine.maths.specs import parse_attention
+    from engine.runtime.errors import BadInput
+
+    try:
+        return parse_attention(attention).variant.trainable
+    except BadInput:
+        return False
+
+
 def _link_seen() -> None:
     """A changed control: the link's refused values are no longer what the page shows."""
     st.session_state.pop("link.problems", None)
@@ -128,7 +139,7 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     s, error, note = usable(s)
     if note:
         sizes_slot.info(note, icon=":material/info:")
-    if s.attention.startswith("qkv") and "attn" in s.archs:
+    if _trainable(s.attention) and "attn" in s.archs:
         qkv_slot.caption(qkv_note(s))
     st.caption(f"Task: **{plain(s.label)}**")  # the URL's classes and file names are shown as typed
     with st.expander("Your own data"):

@@ -12,6 +12,8 @@ flip rates: a difference counts only beyond the spread over seeds and draws.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,21 +21,23 @@ import pandas as pd
 from ..runtime.errors import BadInput
 from .kinf import _blas_threads  # numpy's BLAS on one thread: beside torch's threads it would oversubscribe
 
+ArrayLike = Any  # numpy arrays, nested lists or (CPU or CUDA) torch tensors: _np turns each into numpy
 
-def _np(x) -> np.ndarray:
+
+def _np(x: ArrayLike) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     return np.asarray(x, dtype=np.float64)
 
 
-def _targets(Y, n: int) -> np.ndarray:
+def _targets(Y: ArrayLike, n: int) -> np.ndarray:
     Y = _np(Y).reshape(n, -1)
     if not np.isfinite(Y).all():
         raise BadInput("targets hold NaN or inf; allowed: finite numbers")
     return Y
 
 
-def _square(K) -> np.ndarray:
+def _square(K: ArrayLike) -> np.ndarray:
     K = _np(K)
     if K.ndim != 2 or K.shape[0] != K.shape[1]:
         raise BadInput(f"a kernel is a square (n, n) matrix, got shape {K.shape}")
@@ -44,7 +48,7 @@ def _square(K) -> np.ndarray:
 
 # ---------------------------------------------------------------- kernel–target alignment
 
-def centered_alignment(K, Y) -> float:
+def centered_alignment(K: ArrayLike, Y: ArrayLike) -> float:
     """Centred kernel–target alignment A(K, YYᵀ) = ⟨K_c, (YYᵀ)_c⟩_F / (‖K_c‖_F ‖(YYᵀ)_c‖_F).
 
     K (n, n); Y (n,) or (n, c). M_c = H M H with H = I − 11ᵀ/n (Cortes et al. 2012). In [−1, 1];
@@ -62,7 +66,7 @@ def centered_alignment(K, Y) -> float:
 
 # ---------------------------------------------------------------- spectral alignment
 
-def eigh_desc(K) -> tuple[np.ndarray, np.ndarray]:
+def eigh_desc(K: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues (n,) in decreasing order and eigenvectors (n, n) as columns, of symmetric K."""
     K = _square(K)
     with _blas_threads(1):
@@ -81,7 +85,7 @@ def _tie_groups(s: np.ndarray, rtol: float) -> list[slice]:
     return groups
 
 
-def mode_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
+def mode_power(s: np.ndarray, V: np.ndarray, Y: ArrayLike, rtol: float = 1e-9) -> np.ndarray:
     """Share of ‖Y‖_F² on each eigenvector, (n,), summing to 1, in the order of ``s`` (decreasing).
 
     Within a run of tied eigenvalues (equal within ``rtol`` of λ_max) the eigenvectors are not
@@ -98,13 +102,13 @@ def mode_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
     return p
 
 
-def cumulative_power(s, V, Y, rtol: float = 1e-9) -> np.ndarray:
+def cumulative_power(s: np.ndarray, V: np.ndarray, Y: ArrayLike, rtol: float = 1e-9) -> np.ndarray:
     """C(k) = Σ_{i≤k} ‖v_iᵀ Y‖² / ‖Y‖_F², k = 1 … n, (n,), eigenvectors in decreasing eigenvalue
     order (``eigh_desc``); ties as in ``mode_power``. C(n) = 1 for a complete basis."""
     return np.cumsum(mode_power(s, V, Y, rtol))
 
 
-def power_summary(C, level: float = 0.9) -> dict:
+def power_summary(C: np.ndarray, level: float = 0.9) -> dict:
     """One-number summaries of a cumulative power curve C (n,): ``k_at`` the smallest k with
     C(k) ≥ level, and ``auc_log`` the area under C against log k over [1, n], divided by log n
     (1: all power on the top eigenvector; about 1/ln n for power spread evenly)."""
@@ -127,7 +131,7 @@ def log_grid(n: int, points: int = 60) -> np.ndarray:
 
 # ---------------------------------------------------------------- learning curves
 
-def population(s, V, Y, N: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def population(s: np.ndarray, V: np.ndarray, Y: ArrayLike, N: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Population eigenvalues λ_k = s_k / N (the kernel's operator on the empirical measure of
     its N points) and target weights w_k = ‖v_kᵀ Y‖² / N (the target's squared coefficient on
     the normalised eigenfunction √N v_k, summed over outputs): Σ w_k = mean_i ‖Y_i‖²."""
@@ -137,7 +141,7 @@ def population(s, V, Y, N: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(s, 0, None) / N, np.sum((V.T @ Y) ** 2, axis=1) / N
 
 
-def solve_kappa(lam, p: float, ridge_abs: float, iters: int = 200) -> float:
+def solve_kappa(lam: np.ndarray, p: float, ridge_abs: float, iters: int = 200) -> float:
     """κ solving κ = λ + Σ_k λ_k κ / (p λ_k + κ), by bisection (the right side minus κ falls
     in κ), for eigenvalues lam ≥ 0, p samples and absolute ridge λ ≥ 0 (κ > 0 needs λ > 0 or
     p below the number of positive eigenvalues)."""
@@ -145,7 +149,7 @@ def solve_kappa(lam, p: float, ridge_abs: float, iters: int = 200) -> float:
     if p <= 0 or ridge_abs < 0:
         raise BadInput(f"the learning-curve theory needs p > 0 and ridge ≥ 0, got p = {p}, ridge = {ridge_abs}")
 
-    def g(k):  # positive below the root
+    def g(k: float) -> float:  # positive below the root
         return ridge_abs + float(np.sum(lam * k / (p * lam + k))) - k
 
     lo, hi = 0.0, ridge_abs + float(lam.sum()) + 1e-300  # g(hi) ≤ 0 since each term is < λ_k
@@ -157,7 +161,7 @@ def solve_kappa(lam, p: float, ridge_abs: float, iters: int = 200) -> float:
     return 0.5 * (lo + hi)
 
 
-def theory_error(lam, w, p: float, ridge_abs: float) -> float:
+def theory_error(lam: np.ndarray, w: np.ndarray, p: float, ridge_abs: float) -> float:
     """Predicted test error E_g(p) = 1/(1−γ) Σ_k κ² w_k / (p λ_k + κ)², γ = Σ_k p λ_k² / (p λ_k + κ)²
     (Canatar et al. 2021, eq. 4 without label noise; w_k = η_k w̄_k² in their notation), in the
     units of ``w`` (mean squared error summed over outputs)."""
@@ -167,12 +171,12 @@ def theory_error(lam, w, p: float, ridge_abs: float) -> float:
     return float(np.sum(k ** 2 * w / (p * lam + k) ** 2) / (1.0 - gamma))
 
 
-def theory_curve(lam, w, ns, ridge_abs: float) -> np.ndarray:
+def theory_curve(lam: np.ndarray, w: np.ndarray, ns: Sequence[int], ridge_abs: float) -> np.ndarray:
     """``theory_error`` at each training-set size in ``ns``, (len(ns),)."""
     return np.array([theory_error(lam, w, float(p), ridge_abs) for p in ns])
 
 
-def measured_curve(K, Y, ns, ridge_abs: float, trials: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def measured_curve(K: ArrayLike, Y: ArrayLike, ns: Sequence[int], ridge_abs: float, trials: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Kernel ridge on ``trials`` samples of each size p in ``ns``, drawn with replacement from the
     N points of K (the population the theory's λ_k, w_k describe), tested on all N points:
     mean and sd over trials of mean_i ‖f(x_i) − Y_i‖², each (len(ns),). ``ridge_abs`` is added
