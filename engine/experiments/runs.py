@@ -10,6 +10,7 @@ and moves it to the device once.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import math
@@ -67,21 +68,23 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
     dtype survives; tensors come back on the CPU). The pieces always pass through that
     encoding, checkpointed or not, so a resumed run's result is bit for bit that of one that
     never stopped. ``check(value)`` (e.g. ``shape(rows=list, gap=float)``) raises on a value
-    of the wrong structure; with the built-in test that every float and float array is finite
-    except under a key in ``nan_ok`` (a null not computed, say), it is applied to the fresh
-    value (a failure is a one-line ``BadInput``; nothing is cached) and to a read-back one
+    of the wrong structure; given a check, the built-in test that every float and float
+    array is finite except under a key in ``nan_ok`` (a null not computed, say) runs too;
+    both apply to the fresh value (a failure is a one-line ``BadInput``; nothing is cached) and to a read-back one
     (a failure drops the checkpoint with one warning line and recomputes the unit). A stored
-    unit also carries its name, the run's key and the code fingerprint, checked on read, so
-    another unit's or another config's values are never taken. A unit must not depend on
+    unit also carries its name, the run's key, the code fingerprint and its values' SHA-256,
+    checked on read, so another unit's or config's values, or edited ones, are never taken. A unit must not depend on
     the units before it (its own seed, its own nets)."""
     name, kept = unit_name(unit), checkpoints()
     stored = kept.get(name) if kept is not None else None
     if stored is not None:
         try:
-            if not (isinstance(stored, dict) and set(stored) == {"unit", "run", "code", "value"}):
+            if not (isinstance(stored, dict) and set(stored) == {"unit", "run", "code", "sha", "value"}):
                 raise ValueError("not a checkpoint envelope")
             if (stored["unit"], stored["run"], stored["code"]) != (name, kept.key, code_fingerprint()):
                 raise ValueError("it belongs to another unit, run or code")
+            if stored["sha"] != _sha(stored["value"]):
+                raise ValueError("its values were changed after it was stored")
             value = _decode_arrays(stored["value"])
             _validate(value, check, nan_ok)
             return value
@@ -94,15 +97,21 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
     except (BadInput, ValueError, TypeError) as exc:
         raise BadInput(f"unit {name} computed an invalid value: {exc}") from None
     if kept is not None:
-        kept.put(name, {"unit": name, "run": kept.key, "code": code_fingerprint(), "value": encoded})
+        kept.put(name, {"unit": name, "run": kept.key, "code": code_fingerprint(), "sha": _sha(encoded),
+                        "value": encoded})
     return value
+
+
+def _sha(encoded) -> str:
+    # SHA-256 of the value's JSON: a hand edit of a stored number no longer matches it
+    return hashlib.sha256(json.dumps(encoded, sort_keys=True).encode()).hexdigest()
 
 
 def _validate(value, check, nan_ok: Collection[str]) -> None:
     if not isinstance(value, dict):
         raise BadInput(f"a unit's value is {type(value).__name__}; expected a dict")
-    _finite(value, "", frozenset(nan_ok))
-    if check is not None:
+    if check is not None:  # a call site without a validator (not yet declared its NaN fields) skips this
+        _finite(value, "", frozenset(nan_ok))
         check(value)
 
 

@@ -342,7 +342,7 @@ class Checkpoints:
     JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
 
     def __init__(self, cache: Cache, key: str, on_corrupt: Callable[[str], None] | None = None):
-        self.cache, self.key = cache, key
+        self.cache, self.key, self._seen = cache, key, set()  # _seen: units named in this process
         self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4))
 
     def _unit_key(self, unit: str) -> str:
@@ -373,6 +373,7 @@ class Checkpoints:
 
     def get(self, unit: str):
         """The JSON stored for `unit`, or None; a damaged row is dropped with one warning line."""
+        self._seen.add(unit)
         try:
             return self._read(self._unit_key(unit))
         except ValueError as exc:
@@ -394,7 +395,7 @@ class Checkpoints:
 
     def clear(self) -> None:
         with self.cache._errors():
-            for unit in self._units():
+            for unit in set(self._units()) | self._seen:  # a unit whose index row was damaged too
                 self.cache._store.delete(self._unit_key(unit))
             self.cache._store.delete(f"{CHECKPOINT_PREFIX}{self.key}")
 
