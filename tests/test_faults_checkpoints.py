@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import math
 import os

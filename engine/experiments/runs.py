@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 from ..data import DataSpec, Sample, load_sample
-from ..runtime.device import resolve_device
-from ..runtime.cache import canonical, checkpoints, code_fingerprint
-from ..runtime.errors import BadInput, Cancelled
 from ..maths.training import n_outputs, targets
+from ..runtime.cache import canonical, checkpoints, code_fingerprint
+from ..runtime.device import resolve_device
+from ..runtime.errors import BadInput, Cancelled
 
 Progress = Callable[[float, str], None]
 

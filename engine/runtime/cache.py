@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import diskcache
 
-from ..data.spec import DataSpec
 from ..data.folders import expand_path, user_cache_dir
+from ..data.spec import DataSpec
 from .errors import CacheCorrupt, CacheError, CacheWarning
-from .store import RawDisk, Refused, db_damage, open_folder, set_aside
+from .store import CHECKPOINT_PREFIX, Checkpoints, RawDisk, Refused, db_damage, open_folder, set_aside  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # numpy and pandas are imported where a result is encoded or decoded: keys need neither
     import numpy as np
@@ -325,79 +325,13 @@ class Cache:
             raise CacheError(f"cache database {self.directory / DB_NAME} failed: {exc}; "
                              f"move it aside and retry") from None
         except OSError as exc:  # a value file beside the database: a full disk, a quota, a lost mount
-            what = "is on a full disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "cannot be written"
-            raise CacheError(f"cache folder {self.directory} {what} ({exc.strerror or exc}); free some "
-                             f"space there (or choose another with --cache-dir) and retry") from None
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheError(f"cache folder {self.directory} is on a full disk ({exc.strerror}); free some "
+                                 f"space there (or choose another with --cache-dir) and retry") from None
+            raise CacheError(f"cache folder {self.directory} cannot be written: {exc.strerror or exc}") from None
 
 
-CHECKPOINT_PREFIX = "checkpoint:"  # checkpoint rows' keys: prefix, the run's key, ":", the unit
 _current: contextvars.ContextVar[Checkpoints | None] = contextvars.ContextVar("checkpoints", default=None)
-
-
-class Checkpoints:
-    """The finished units of one run, kept in its cache as JSON until the whole result is stored.
-
-    ``get(unit)`` is what ``put(unit, value)`` stored for that unit by this or an earlier,
-    interrupted run of the same key (same config, data and code), else None; values are
-    JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
-
-    def __init__(self, cache: Cache, key: str, on_corrupt: Callable[[str], None] | None = None):
-        self.cache, self.key, self._seen = cache, key, set()  # _seen: units named in this process
-        self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4))
-
-    def _unit_key(self, unit: str) -> str:
-        return f"{CHECKPOINT_PREFIX}{self.key}:{unit}"
-
-    def _read(self, row: str):
-        # a row's JSON, or ValueError for anything damaged: a pickle, a file outside the
-        # folder, bad JSON, nesting too deep to parse, a row too large to hold
-        try:
-            with self.cache._errors():
-                blob = self.cache._store.get(row)
-            return None if blob is None else json.loads(bytes(blob))
-        except (Refused, ValueError, TypeError, RecursionError, MemoryError) as exc:
-            raise ValueError(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
-
-    def _units(self) -> list[str]:
-        index = f"{CHECKPOINT_PREFIX}{self.key}"
-        try:
-            units = self._read(index)
-            if units is not None and not (isinstance(units, list) and all(isinstance(u, str) for u in units)):
-                raise ValueError(f"it holds {type(units).__name__}, not a list of unit names")
-        except ValueError as exc:  # the units' own rows stay: each is found by its name
-            self._say(f"dropped damaged checkpoint index of run {self.key[:12]}: {exc}")
-            with self.cache._errors():
-                self.cache._store.delete(index)
-            return []
-        return units or []
-
-    def get(self, unit: str):
-        """The JSON stored for `unit`, or None; a damaged row is dropped with one warning line."""
-        self._seen.add(unit)
-        try:
-            return self._read(self._unit_key(unit))
-        except ValueError as exc:
-            self.drop(unit, str(exc))
-            return None
-
-    def drop(self, unit: str, why: str) -> None:
-        """Delete `unit`'s checkpoint (damaged or foreign: `why`), with one warning line."""
-        self._say(f"dropped damaged checkpoint {unit} of run {self.key[:12]}: {why}; recomputing it")
-        with self.cache._errors():
-            self.cache._store.delete(self._unit_key(unit))  # SQL delete; RawDisk.remove unlinks only own files
-
-    def put(self, unit: str, value) -> None:
-        units = self._units()
-        with self.cache._errors():
-            self.cache._store.set(self._unit_key(unit), json.dumps(value).encode())
-            if unit not in units:
-                self.cache._store.set(f"{CHECKPOINT_PREFIX}{self.key}", json.dumps(units + [unit]).encode())
-
-    def clear(self) -> None:
-        with self.cache._errors():
-            for unit in set(self._units()) | self._seen:  # a unit whose index row was damaged too
-                self.cache._store.delete(self._unit_key(unit))
-            self.cache._store.delete(f"{CHECKPOINT_PREFIX}{self.key}")
 
 
 def checkpoints() -> Checkpoints | None:

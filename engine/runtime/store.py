@@ -4,10 +4,12 @@
 ``db_damage`` says what is wrong with a database file that SQLite cannot read, and
 ``set_aside`` moves it away so that a fresh one starts and nothing else is lost.
 ``RawDisk`` reads rows only as bytes: a row that would need unpickling is refused.
+``Checkpoints`` keeps a run's finished units as JSON rows; a damaged one is dropped, never read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -15,11 +17,11 @@ import stat
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import diskcache
 
 from .errors import CacheError, CacheWarning
-
 
 # ---------------------------------------------------------------- rows read only as bytes
 
@@ -75,6 +77,77 @@ class RawDisk(diskcache.Disk):
     def remove(self, file_path):
         if self._own(file_path) is not None:  # a row naming any other path loses only its row
             super().remove(file_path)
+
+
+# ---------------------------------------------------------------- checkpoints of a run
+
+CHECKPOINT_PREFIX = "checkpoint:"  # checkpoint rows' keys: prefix, the run's key, ":", the unit
+
+
+class Checkpoints:
+    """The finished units of one run, kept in its cache as JSON until the whole result is stored.
+
+    ``get(unit)`` is what ``put(unit, value)`` stored for that unit by this or an earlier,
+    interrupted run of the same key (same config, data and code), else None; values are
+    JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
+
+    def __init__(self, cache, key: str, on_corrupt: Callable[[str], None] | None = None):
+        self.cache, self.key, self._seen = cache, key, set()  # _seen: units named in this process
+        self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=5))
+
+    def _unit_key(self, unit: str) -> str:
+        return f"{CHECKPOINT_PREFIX}{self.key}:{unit}"
+
+    def _read(self, row: str):
+        # a row's JSON, or ValueError for anything damaged: a pickle, a file outside the
+        # folder, bad JSON, nesting too deep to parse, a row too large to hold
+        try:
+            with self.cache._errors():
+                blob = self.cache._store.get(row)
+            return None if blob is None else json.loads(bytes(blob))
+        except (Refused, ValueError, TypeError, RecursionError, MemoryError) as exc:
+            raise ValueError(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}") from None
+
+    def _units(self) -> list[str]:
+        index = f"{CHECKPOINT_PREFIX}{self.key}"
+        try:
+            units = self._read(index)
+            if units is not None and not (isinstance(units, list) and all(isinstance(u, str) for u in units)):
+                raise ValueError(f"it holds {type(units).__name__}, not a list of unit names")
+        except ValueError as exc:  # the units' own rows stay: each is found by its name
+            self._say(f"dropped damaged checkpoint index of run {self.key[:12]}: {exc}")
+            with self.cache._errors():
+                self.cache._store.delete(index)
+            return []
+        return units or []
+
+    def get(self, unit: str):
+        """The JSON stored for `unit`, or None; a damaged row is dropped with one warning line."""
+        self._seen.add(unit)
+        try:
+            return self._read(self._unit_key(unit))
+        except ValueError as exc:
+            self.drop(unit, str(exc))
+            return None
+
+    def drop(self, unit: str, why: str) -> None:
+        """Delete `unit`'s checkpoint (damaged or foreign: `why`), with one warning line."""
+        self._say(f"dropped damaged checkpoint {unit} of run {self.key[:12]}: {why}; recomputing it")
+        with self.cache._errors():
+            self.cache._store.delete(self._unit_key(unit))  # SQL delete; RawDisk.remove unlinks only own files
+
+    def put(self, unit: str, value) -> None:
+        units = self._units()
+        with self.cache._errors():
+            self.cache._store.set(self._unit_key(unit), json.dumps(value).encode())
+            if unit not in units:
+                self.cache._store.set(f"{CHECKPOINT_PREFIX}{self.key}", json.dumps(units + [unit]).encode())
+
+    def clear(self) -> None:
+        with self.cache._errors():
+            for unit in set(self._units()) | self._seen:  # a unit whose index row was damaged too
+                self.cache._store.delete(self._unit_key(unit))
+            self.cache._store.delete(f"{CHECKPOINT_PREFIX}{self.key}")
 
 
 # ---------------------------------------------------------------- the folder and its database
