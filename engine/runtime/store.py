@@ -17,11 +17,14 @@ import stat
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import diskcache
 
 from .errors import CacheError, CacheWarning
+
+if TYPE_CHECKING:  # the cache module imports this one
+    from .cache import Cache
 
 # ---------------------------------------------------------------- rows read only as bytes
 
@@ -91,14 +94,15 @@ class Checkpoints:
     interrupted run of the same key (same config, data and code), else None; values are
     JSON-able (lists of row dicts), so floats come back bit for bit and nothing is unpickled."""
 
-    def __init__(self, cache, key: str, on_corrupt: Callable[[str], None] | None = None):
-        self.cache, self.key, self._seen = cache, key, set()  # _seen: units named in this process
+    def __init__(self, cache: Cache, key: str, on_corrupt: Callable[[str], None] | None = None):
+        self.cache, self.key = cache, key
+        self._seen: set[str] = set()  # units named in this process
         self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=5))
 
     def _unit_key(self, unit: str) -> str:
         return f"{CHECKPOINT_PREFIX}{self.key}:{unit}"
 
-    def _read(self, row: str):
+    def _read(self, row: str) -> Any:
         # a row's JSON, or ValueError for anything damaged: a pickle, a file outside the
         # folder, bad JSON, nesting too deep to parse, a row too large to hold
         try:
@@ -121,7 +125,7 @@ class Checkpoints:
             return []
         return units or []
 
-    def get(self, unit: str):
+    def get(self, unit: str) -> Any:
         """The JSON stored for `unit`, or None; a damaged row is dropped with one warning line."""
         self._seen.add(unit)
         try:
@@ -136,7 +140,7 @@ class Checkpoints:
         with self.cache._errors():
             self.cache._store.delete(self._unit_key(unit))  # SQL delete; RawDisk.remove unlinks only own files
 
-    def put(self, unit: str, value) -> None:
+    def put(self, unit: str, value: Any) -> None:
         units = self._units()
         with self.cache._errors():
             self.cache._store.set(self._unit_key(unit), json.dumps(value).encode())
