@@ -209,7 +209,7 @@ def _resume_cases():
         ("influence", InfluenceConfig(data=syn, train=TrainSpec(epochs=3), width=16, seeds=(0, 1)), seeds, *by_seed),
         ("malleability", MalleabilityConfig(data=syn, train=TrainSpec(epochs=3), widths=(16,), seeds=(0, 1),
                                             attacks=("fgsm",), eps=(0.1,)), cells,
-         ["relu width 16 draw 0"], {"attn m=16"}),
+         ['{"arch": "relu", "draw": 0, "width": 16}'], {"attn m=16"}),
         ("retrain-loo", RetrainConfig(data=syn, train=TrainSpec(epochs=2, batch_size=20, optimizer="sgd", loss="mse",
                                                                  weight_decay=0.0), widths=(16, 32), seeds=(0, 1), k=2),
          seeds, *by_seed),

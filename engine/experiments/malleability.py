@@ -70,9 +70,13 @@ from .influence import (
 )
 from .readings import ReadOut, Trained, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
-from .runs import Prepared, Progress, experiment_run, prepare, resumable, sub_progress, tick
+from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
 
 ROW_METRICS = F.METRICS
+# Row fields that are NaN by definition where they were not measured: a null with nulls off or one
+# seed (or a seed-free reading), the excess then, ρ of a constant influence vector, an intervention's ρ.
+NAN_OK = ("null_seed_flip_rate", "null_seed_spearman", "null_random_flip_rate", "null_random_spearman",
+          "flip_excess", "flip_excess_low", "flip_excess_high", "spearman")
 
 
 def attack_spec(cfg: MalleabilityConfig, method: str, eps: float, seed: int) -> AttackSpec:
@@ -167,9 +171,10 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter,
     cells = [(a, w) for a in cfg.archs for w in cfg.widths]
     for k, (arch, width) in enumerate(cells):
         span = k / len(cells), (k + 1) / len(cells)
-        unit = resumable(f"{arch} width {width} draw {cfg.data.seed}",
+        unit = resumable({"arch": arch, "width": width, "draw": cfg.data.seed},
                          lambda arch=arch, width=width, span=span: measure_cell(cfg, p, arch, width, inputs, loss,
-                                                                               span, progress, cancel))
+                                                                               span, progress, cancel),
+                         shape(rows=list, flips=list, inter=list, examples=dict), nan_ok=NAN_OK)
         rows += unit["rows"]
         flips += [tuple(f) for f in unit["flips"]]
         inter += unit["inter"]
