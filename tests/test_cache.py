@@ -10,9 +10,16 @@ import pandas as pd
 import pytest
 
 import engine.runtime.cache as cache_mod
-from engine.runtime.cache import (ENGINE_VERSION, Cache, Result, cached_run, code_fingerprint, config_key,
-                          tree_fingerprint)
 from engine.data import DataSpec, data_fingerprint
+from engine.runtime.cache import (
+    ENGINE_VERSION,
+    Cache,
+    Result,
+    cached_run,
+    code_fingerprint,
+    config_key,
+    tree_fingerprint,
+)
 from engine.runtime.errors import CacheCorrupt
 
 SYNTH = DataSpec(dataset="synthetic", n=8, n_test=4)

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 # ---- cache
-
 from diskcache.core import MODE_BINARY, MODE_PICKLE
 
-from engine.runtime.cache import Cache, CacheWarning, Result, config_key
 from engine.data import DataSpec
+from engine.runtime.cache import Cache, CacheWarning, Result, config_key
 from engine.runtime.errors import CacheError
 
 ROOT = os.geteuid() == 0

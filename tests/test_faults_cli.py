@@ -30,9 +30,9 @@ TINY = ("--n", "4", "--n-test", "2")  # every case fails before or at its first 
 
 def private_cache(folder: Path) -> Path:
     """A cache folder holding one stored result, so that "unchanged" also means "nothing dropped"."""
-    from engine.runtime.cache import Cache, Result
     from engine.data import DataSpec
     from engine.experiments.configs.spectrum import SpectrumConfig
+    from engine.runtime.cache import Cache, Result
 
     folder.mkdir(mode=0o700, parents=True)
     c = Cache(folder)
@@ -216,8 +216,7 @@ def _duplicates(n: int = 4):
 
 @pytest.mark.parametrize("step", ["kernel_regression", "influence_matrix", "whitened_distance"])
 def test_each_factorisation_names_itself_n_and_the_ridge(step):
-    from engine.maths import influence
-    from engine.maths import ridge
+    from engine.maths import influence, ridge
     from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
@@ -232,8 +231,7 @@ def test_each_factorisation_names_itself_n_and_the_ridge(step):
 
 @pytest.mark.parametrize("step", ["kernel_regression", "influence_matrix", "whitened_distance"])
 def test_each_factorisation_refuses_a_non_finite_kernel(step):
-    from engine.maths import influence
-    from engine.maths import ridge
+    from engine.maths import influence, ridge
     from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
@@ -248,8 +246,7 @@ def test_each_factorisation_refuses_a_non_finite_kernel(step):
 
 @pytest.mark.parametrize("ridge", [float("nan"), float("inf"), 0.0, -1.0])
 def test_ridges_that_are_no_ridge_are_one_line(ridge):
-    from engine.maths import influence
-    from engine.maths import ridge
+    from engine.maths import influence, ridge
     from engine.runtime.errors import BadInput
 
     K, K_test, Y = _duplicates()
@@ -270,8 +267,8 @@ def test_a_good_kernel_still_factors():
 
 
 def test_a_spectrum_of_non_finite_rows_is_one_line():
-    from engine.runtime.errors import BadInput
     from engine.maths.spectral import gram_spectrum
+    from engine.runtime.errors import BadInput
 
     F = torch.ones(5, 3, dtype=torch.float64)
     F[2, 1] = float("inf")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.runtime.errors import BadInput
 from engine.grid.spec import MAX_CELLS, MAX_DEPTH, MAX_SPEC_BYTES, load_spec, parse_spec
+from engine.runtime.errors import BadInput
 from test_faults_cli import private_cache, refused
 from test_grid import FAST, RAY_ENV, SLOW, cli, write
 

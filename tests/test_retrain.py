@@ -13,21 +13,19 @@ import scipy.linalg
 import scipy.stats
 import torch
 
-from engine.reporting import export
-from engine.reporting import plots
-from engine.runtime.budget import Estimate
 from engine.data import DataSpec
-from engine.maths.training import BATCH_SEED_OFFSET
-from engine.runtime.errors import BadInput
-from engine.maths.influence import influence_matrix
-from engine.maths.models import Net, TwoLayerReLU
-from engine.maths.ntk import empirical_ntk_features
+from engine.experiments.configs.retrain import PRESETS, RetrainConfig
 from engine.experiments.registry import EXPERIMENTS, estimate
 from engine.experiments.retrain import agreement, picks, run_retrain_loo
-from engine.experiments.configs.retrain import PRESETS, RetrainConfig
+from engine.maths.influence import influence_matrix
 from engine.maths.loo import best_other, flow_loo, head_outputs, kernel_loo, score, train_masked
-from engine.maths.training import OPTIMIZER_FNS, targets, train
+from engine.maths.models import Net, TwoLayerReLU
+from engine.maths.ntk import empirical_ntk_features
 from engine.maths.specs import TrainSpec
+from engine.maths.training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, targets, train
+from engine.reporting import export, plots
+from engine.runtime.budget import Estimate
+from engine.runtime.errors import BadInput
 from reference import loo_changes
 from tests.conftest import ATOL64, ATOL64_EXPM, RTOL64, RTOL64_EXPM, RTOL64_SAME
 

@@ -9,14 +9,14 @@ import torch
 
 from conftest import RTOL32, RTOL64, RTOL64_SAME, RTOL64_SOLVE
 from engine.data import DataSpec, load_sample
-from engine.runtime.errors import BadInput
+from engine.experiments.configs.scaling import ScalingConfig, width_grid
+from engine.experiments.scaling import fit_exponent, run_scaling, theory_exponent, width_needed
+from engine.maths.kinf import infinite_ntk
 from engine.maths.models import Net
 from engine.maths.ntk import empirical_ntk
-from engine.maths.kinf import infinite_ntk
-from engine.experiments.scaling import fit_exponent, run_scaling, theory_exponent, width_needed
-from engine.experiments.configs.scaling import ScalingConfig, width_grid
-from engine.maths.training import n_outputs, train
 from engine.maths.specs import TrainSpec
+from engine.maths.training import n_outputs, train
+from engine.runtime.errors import BadInput
 
 FAST = TrainSpec(epochs=5)
 
