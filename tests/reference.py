@@ -154,3 +154,12 @@ def attack(f, X, method, norm, eps, steps=1, alpha=None, mu=1.0, move=None, box=
     iterates.append(Xp)
     losses.append(f(Xp)[0])
     return iterates[int(np.argmax(losses))], iterates, losses
+
+
+def gap_columns(relu, attn) -> dict:
+    """Hand-made gap columns (as ``engine.experiments.flips.with_gaps`` adds them): the difference of
+    the excesses with the interval from the two intervals' ends, the ratio where 2L-ReLU's low end > 0."""
+    (r, rlo, rhi), (a, alo, ahi) = relu, attn
+    ratio = (a / r, alo / rhi, ahi / rlo) if rlo > 0 else (math.nan,) * 3
+    return dict(zip(("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high"),
+                    (a - r, alo - rhi, ahi - rlo, *ratio), strict=True))

@@ -11,6 +11,7 @@ import pytest
 
 from engine.maths import gates
 from engine.reporting import paper, report, rule as FR
+from reference import gap_columns
 
 NOTES = Path(__file__).resolve().parents[2] / "shared" / "paper" / "NOTES.md"
 
@@ -150,15 +151,6 @@ def test_ntk_trends():
     assert paper.verdict_attn_diverges(bad, "mnist").status == "disagrees"
     one = _sweep(relu=(1.0,), attn=(1.0,), widths=(16,))
     assert paper.verdict_relu_converges(one, "mnist").status == "not measured"
-
-
-def gap_columns(relu, attn) -> dict:
-    """Hand-made gap columns (as ``engine.experiments.flips.with_gaps`` adds them): the difference of
-    the excesses with the interval from the two intervals' ends, the ratio where 2L-ReLU's low end > 0."""
-    (r, rlo, rhi), (a, alo, ahi) = relu, attn
-    ratio = (a / r, alo / rhi, ahi / rlo) if rlo > 0 else (math.nan,) * 3
-    return dict(zip(("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high"),
-                    (a - r, alo - rhi, ahi - rlo, *ratio), strict=True))
 
 
 def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, nulls=(0.0, 0.0)):

@@ -16,20 +16,12 @@ from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.malleability import run_malleability
 from engine.maths.specs import OPTIMIZERS, TrainSpec
 from engine.reporting import protocols as P
+from reference import gap_columns
 from tests.test_app import app, env, settle  # noqa: F401  (env is a fixture)
 from ui import links as L
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "app.py", *sorted((ROOT / "pages").glob("*.py"))]
-
-
-def gap_columns(relu, attn) -> dict:
-    """Hand-made gap columns (as ``engine.experiments.flips.with_gaps`` adds them): the difference of
-    the excesses with the interval from the two intervals' ends, the ratio where 2L-ReLU's low end > 0."""
-    (r, rlo, rhi), (a, alo, ahi) = relu, attn
-    ratio = (a / r, alo / rhi, ahi / rlo) if rlo > 0 else (math.nan,) * 3
-    return dict(zip(("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high"),
-                    (a - r, alo - rhi, ahi - rlo, *ratio), strict=True))
 
 
 def _flips(relu, attn, trained=(1.0, 1.0), attack="pgd", eps=0.3, seeds=3) -> pd.DataFrame:
