@@ -44,7 +44,7 @@ def alignment_width_fig(data: pd.DataFrame) -> go.Figure:
                                  line=dict(color=ARCH_COLORS.get(arch), dash=KERNEL_DASH.get(kernel, "solid")),
                                  hovertemplate="m = %{x}<br>A = %{y:.3f}<extra></extra>"))
     fig.update_xaxes(type="log", title="hidden width m (units)")
-    fig.update_yaxes(title="centred alignment A(K, YYᵀ) (unitless, −1 … 1)")
+    fig.update_yaxes(title="alignment A(K, YYᵀ)")
     return _layout(fig)
 
 
