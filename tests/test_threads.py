@@ -89,14 +89,14 @@ def test_overlapping_blas_limits_restore_exactly(two_threads):
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
 
     def first():
-        with kinf._blas_threads(1):
+        with kinf.blas_threads(1):
             first_in.set()
             second_in.wait(timeout=1.0)  # never set with the lock: the second waits for this one
         first_out.set()
 
     def second():
         first_in.wait()
-        with kinf._blas_threads(1):
+        with kinf.blas_threads(1):
             second_in.set()
             first_out.wait(timeout=60)
 

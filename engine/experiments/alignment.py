@@ -20,7 +20,7 @@ from ..maths import alignment as AL
 from ..maths.kinf import infinite_ntk
 from ..maths.metrics import summarize
 from ..maths.models import Net
-from ..maths.ntk import empirical_ntk
+from ..maths.ntk import empirical_ntk, empirical_ntk_at
 from ..maths.ridge import kernel_regression, relative_distance
 from ..maths.training import accuracy, n_outputs, predict_labels, train_many
 from ..runtime.cache import Result
@@ -84,18 +84,6 @@ def _kinf_unit(cfg: AlignmentConfig, p: Prepared, arch: str, draw: int) -> dict:
             "power": [{**key, **r} for r in power], "curves": [{**key, **r} for r in curve]}
 
 
-def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """The net's eNTK on X with weights W put in place for the call (snapshots hold W only)."""
-    current = net.mlp.W.detach().clone()
-    with torch.no_grad():
-        net.mlp.W.copy_(W)
-    try:
-        return empirical_ntk(net, X)
-    finally:
-        with torch.no_grad():
-            net.mlp.W.copy_(current)
-
-
 def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K_inf: torch.Tensor,
            at: tuple[float, float], progress: Progress | None, cancel) -> dict:
     """One draw, architecture and seed, every width: the unit a cancelled run resumes from."""
@@ -130,7 +118,7 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
                      "test_acc": accuracy(net, p.Xt, p.yt), "train_acc": accuracy(net, p.X, p.y),
                      "kernel_dist_trained": relative_distance(K, K_inf), "final_loss": tr.losses[-1]})
         for e, W_e in sorted(tr.snapshots.items()):  # parameter-free attention: W is all that moves
-            K_e = _kernel_with(net, W_e, p.X)
+            K_e = empirical_ntk_at(net, W_e, p.X)
             training.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
                              "alignment": AL.centered_alignment(K_e, Y),
                              "kernel_dist": relative_distance(K_e, K_inf)})

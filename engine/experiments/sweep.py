@@ -15,7 +15,7 @@ import torch
 
 from ..runtime.cache import Result
 from ..maths.models import Net
-from ..maths.ntk import empirical_ntk
+from ..maths.ntk import empirical_ntk, empirical_ntk_at
 from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 from ..maths.gates import passes_gate
@@ -30,18 +30,6 @@ SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitene
                  "function_dist", "function_dist_rel", "function_dist_rms", "f_norm", "f_ntk_norm",
                  "test_acc", "train_acc", "test_acc_ntk", "test_acc_kernel", "trained", "weight_movement",
                  "final_loss")
-
-
-def _kernel_with(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """The net's empirical NTK on X with weights W put in place for the call."""
-    current = net.mlp.W.detach().clone()
-    with torch.no_grad():
-        net.mlp.W.copy_(W)
-    try:
-        return empirical_ntk(net, X)
-    finally:
-        with torch.no_grad():
-            net.mlp.W.copy_(current)
 
 
 def kernel_metrics(net: Net, p: Prepared, K_inf: torch.Tensor, K_inf_t: torch.Tensor, ridge: float,
@@ -113,7 +101,7 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int,
                    for e, v in enumerate(tr.losses)]
         if net.fixed_features:  # snapshots hold W only; trainable attention moves too
             trajectory += [{"arch": arch, "width": width, "seed": seed, "epoch": e,
-                            "kernel_dist": relative_distance(_kernel_with(net, W_e, X), K_inf)}
+                            "kernel_dist": relative_distance(empirical_ntk_at(net, W_e, X), K_inf)}
                            for e, W_e in sorted(tr.snapshots.items())]
     return {"rows": rows, "losses": losses, "trajectory": trajectory}
 

@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "specs": ["ARCHS", "INITS", "STORAGE", "DEFAULT_TARGET", "INFLUENCE_TARGETS", "Attention", "AttackMethod",
               "AttackSpec", "TrainSpec", "parse_attention"],
     "models": ["Net", "TwoLayerReLU", "attention_features", "features"],
-    "ntk": ["NTKMethod", "empirical_ntk", "empirical_ntk_features"],
+    "ntk": ["NTKMethod", "empirical_ntk", "empirical_ntk_at", "empirical_ntk_features"],
     "counts": ["count_dtype", "count_path_report", "exact_counts"],
     "kinf": ["infinite_ntk"],
     "ridge": ["kernel_regression", "prediction_gap", "relative_distance", "whitened_distance"],

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..runtime.errors import BadInput
-from .kinf import _blas_threads  # numpy's BLAS on one thread: beside torch's threads it would oversubscribe
+from .kinf import blas_threads  # numpy's BLAS on one thread: beside torch's threads it would oversubscribe
 
 ArrayLike = Any  # numpy arrays, nested lists or (CPU or CUDA) torch tensors: _np turns each into numpy
 
@@ -69,7 +69,7 @@ def centered_alignment(K: ArrayLike, Y: ArrayLike) -> float:
 def eigh_desc(K: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues (n,) in decreasing order and eigenvectors (n, n) as columns, of symmetric K."""
     K = _square(K)
-    with _blas_threads(1):
+    with blas_threads(1):
         s, V = np.linalg.eigh((K + K.T) / 2)
     return s[::-1].copy(), V[:, ::-1].copy()
 
@@ -187,7 +187,7 @@ def measured_curve(K: ArrayLike, Y: ArrayLike, ns: Sequence[int], ridge_abs: flo
     if trials < 1:
         raise BadInput(f"trials must be >= 1, got {trials}")
     rng = np.random.default_rng(seed)
-    with _blas_threads(1):
+    with blas_threads(1):
         return _measure(K, Y, ns, ridge_abs, trials, rng)
 
 

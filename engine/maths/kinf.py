@@ -146,7 +146,7 @@ _BLAS_LOCK = threading.Lock()  # threadpoolctl's limit is process-wide: two over
 
 
 @contextlib.contextmanager
-def _blas_threads(threads: int) -> Iterator[None]:
+def blas_threads(threads: int) -> Iterator[None]:
     """A context in which scipy's BLAS runs on ``threads`` threads (threadpoolctl), as torch's
     own ops do: its default is every core, which beside torch's threads would oversubscribe a
     worker given a share of the machine. One such context at a time in the process, so that
@@ -165,7 +165,7 @@ def _syrk_kernel(A: torch.Tensor, rA2: torch.Tensor, rB: torch.Tensor) -> torch.
     n = A.shape[0]
     K = torch.empty(n, n, dtype=torch.float64)
     An, F = A.contiguous().numpy(), K.numpy().T
-    with _blas_threads(torch.get_num_threads()):
+    with blas_threads(torch.get_num_threads()):
         out = blas.dsyrk(0.5, An.T, trans=1, lower=0, c=F, beta=0.0, overwrite_c=1)
     if out is not F:  # f2py copied (it does not for a Fortran-ordered float64 c): keep its result
         F[...] = out
