@@ -20,11 +20,11 @@ import json
 import math
 import sys
 
-from .runtime import budget as B
 from . import doctor
-from .reporting import report
-from .runtime.errors import EngineError
 from .experiments.registry import EXPERIMENTS, NESTED, Experiment, get
+from .reporting import report
+from .runtime import budget as B
+from .runtime.errors import EngineError
 from .runtime.settings import add_arguments, from_args
 
 

@@ -101,7 +101,7 @@ def test_a_larger_range_keeps_the_widths_found_and_the_evaluations():
     shared = ev_l.loc[ev_s.index]
     assert (shared.distance.to_numpy() == ev_s.distance.to_numpy()).all()  # bit for bit
     found = 0
-    for (_, s), (_, g) in zip(small.frames["widths"].iterrows(), large.frames["widths"].iterrows()):
+    for (_, s), (_, g) in zip(small.frames["widths"].iterrows(), large.frames["widths"].iterrows(), strict=True):
         assert (s.arch, s.kappa) == (g.arch, g.kappa)
         if pd.isna(s.width_needed):
             continue

@@ -8,20 +8,20 @@ ntk + SGD: Δh ∝ m^-1/2 (lazy), Δf flat; ntk + Adam: Δh flat, Δf ∝ m^+1/2
 
 from __future__ import annotations
 
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime.cache import Result
+from ..maths.flow import batch_steps, stack_heads
+from ..maths.metrics import loglog_slope, summarize
 from ..maths.models import Net
 from ..maths.specs import TrainSpec
-from .runs import Progress, experiment_run, prepare, tick
-from ..maths.metrics import loglog_slope, summarize
 from ..maths.training import per_model_loss, resolve_loss
-from ..maths.flow import batch_steps, stack_heads
+from ..runtime.cache import Result
 from .configs.coord_check import CoordCheckConfig
-
+from .runs import Progress, experiment_run, prepare, tick
 
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
 COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of (Δf, Δh)
@@ -35,6 +35,19 @@ COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of 
 def theory_slopes(param: str, optimizer: str) -> dict[str, float]:
     """Log-log slopes against width of Δf and Δh for a parametrisation and optimiser."""
     return COORD_THEORY[(param, "sgd" if optimizer == "sgd" else "adam")]
+
+
+def _stacked_loss_fn(phi: torch.Tensor, W: torch.Tensor, A: torch.Tensor, weights: torch.Tensor | None,
+                     y: torch.Tensor, loss_name: str, c: int, k: int,
+                     n_out: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``loss_of(idx)`` for ``batch_steps``: the summed (or ``weights``-weighted) loss of the k
+    stacked heads relu(φ Wᵀ) A on the rows idx (φ (n, d), W (Σm, d), A (Σm, k · n_out))."""
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        out = (torch.relu(phi[idx] @ W.T) @ A).reshape(-1, k, n_out)
+        per = per_model_loss(out, y[idx], loss_name, c)
+        return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
+
+    return loss_of
 
 
 @experiment_run("coord-check")
@@ -64,17 +77,12 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
         with torch.no_grad():
             phi, phi_t = nets[0].features(X), nets[0].features(Xt)
         W0, A, weights = stack_heads(nets, spec)
-        k, n_out = len(nets), p.n_out
+        n_out = p.n_out
         W = torch.nn.Parameter(W0.clone())
         with torch.no_grad():
             H0_t = phi_t @ W0.T
             F0_t = torch.relu(H0_t) @ A
-
-        def loss_of(idx):
-            out = (torch.relu(phi[idx] @ W.T) @ A).reshape(-1, k, n_out)
-            per = per_model_loss(out, y[idx], loss_name, c)
-            return per.sum() if weights is None else (per * weights.to(per.dtype)).sum()
-
+        loss_of = _stacked_loss_fn(phi, W, A, weights, y, loss_name, c, len(nets), n_out)
         for _, step, _ in batch_steps([W], loss_of, X.shape[0], spec, seed, dev, cancel):
             with torch.no_grad():
                 dH = phi_t @ (W - W0).T

@@ -12,19 +12,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime.cache import Result
-from ..maths.models import Net
-from ..maths.kinf import infinite_ntk
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
-from ..maths.metrics import loglog_slope, summarize
-from ..maths.training import loss_fn, predict_labels, resolve_loss
 from ..maths.flow import KernelFlow, flow_rates, lin_gap, linearised_head, stack_heads, train_pair
+from ..maths.kinf import infinite_ntk
+from ..maths.metrics import loglog_slope, summarize
+from ..maths.models import Net
+from ..maths.training import loss_fn, predict_labels, resolve_loss
+from ..runtime.cache import Result
 from .configs.dynamics import DynamicsConfig, record_epochs
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 
 METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "train_acc", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
@@ -140,9 +141,9 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     rows, ref = [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
-        stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
-        rows += resumable({"arch": arch, "seed": seed}, lambda: _dynamics_group(cfg, p, ref, arch, seed, (j, len(groups)), progress,
-                                                         cancel), shape(rows=list),
+        # the unit ticks its own stage: one read back reports nothing, since it is not computed again
+        unit = partial(_dynamics_group, cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel)
+        rows += resumable({"arch": arch, "seed": seed}, unit, shape(rows=list),
                           nan_ok=("k_inf_gap",))["rows"]  # NaN by definition where K∞'s prediction is zero
     tick(progress, cancel, 1.0, "done")
     frame = pd.DataFrame(rows)

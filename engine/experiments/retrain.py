@@ -56,22 +56,23 @@ from __future__ import annotations
 import copy
 import math
 import time
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime.cache import Result
-from ..runtime.errors import BadInput
-from ..maths.models import Net
-from ..maths.ntk import empirical_ntk_features
 from ..maths.kinf import infinite_ntk
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
-from ..maths.training import predict_labels, resolve_loss
 from ..maths.loo import KernelLOO, flow_loo, head_outputs, kernel_loo, stopping_ridge, train_masked
 from ..maths.metrics import rank_correlation, summarize
+from ..maths.models import Net
+from ..maths.ntk import empirical_ntk_features
+from ..maths.training import predict_labels, resolve_loss
+from ..runtime.cache import Result
+from ..runtime.errors import BadInput
 from .configs.retrain import RetrainConfig
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 
 PICKS = ("top", "random")
 RANDOM_SEED_OFFSET = 15485863  # the random pick's generator: seed + this, apart from init and batch order
@@ -134,7 +135,8 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         span = j / len(groups), (j + 1) / len(groups)
-        unit = resumable({"arch": arch, "seed": seed}, lambda: _retrain_unit(cfg, p, arch, seed, kinf, span, progress, cancel),
+        compute = partial(_retrain_unit, cfg, p, arch, seed, kinf, span, progress, cancel)
+        unit = resumable({"arch": arch, "seed": seed}, compute,
                          shape(rows=list, changes=list, gap=float, stopping_ridge=(float, type(None))),
                          nan_ok=("retrain_spearman", "retrain_pearson", "retrain_rel_error"))  # NaN: nothing varied
         rows += unit["rows"]
@@ -217,7 +219,7 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
 
     # 3. every retraining (and a copy of each full run) as one batched model
     batch_heads, keep_rows = [], []
-    for head, pts in zip(heads, points):
+    for head, pts in zip(heads, points, strict=True):
         keep = torch.ones(1 + len(pts), n, dtype=torch.bool, device=dev)
         keep[torch.arange(1, 1 + len(pts), device=dev), pts] = False
         batch_heads += [head] * (1 + len(pts))
@@ -230,7 +232,7 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
     seconds = (time.perf_counter() - t0) / len(sizes)
     units = np.cumsum([0, *[h.width for h in batch_heads]])
     first = 0
-    for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds)):
+    for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds, strict=True)):
         seg = slice(int(offsets[i]), int(offsets[i + 1]))
         group = slice(int(units[first]), int(units[first + 1 + len(pts)]))
         with torch.no_grad():

@@ -15,23 +15,24 @@ values, with a 95 % interval from a bootstrap over seeds.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..runtime.cache import Result
 from ..data import DataSpec, load_sample
-from ..maths.models import Net
-from ..maths.specs import parse_attention
-from ..maths.ntk import empirical_ntk
 from ..maths.kinf import infinite_ntk
-from ..maths.ridge import relative_distance, whitened_distance
-from ..runtime.errors import BadInput
-from .runs import Progress, experiment_run, resumable, shape, tick, to_device
 from ..maths.metrics import loglog_slope
+from ..maths.models import Net
+from ..maths.ntk import empirical_ntk
+from ..maths.ridge import relative_distance, whitened_distance
+from ..maths.specs import parse_attention
 from ..maths.training import n_outputs, train
+from ..runtime.cache import Result
+from ..runtime.errors import BadInput
 from .configs.scaling import ScalingConfig, measured_models, width_grid
+from .runs import Progress, experiment_run, resumable, shape, tick, to_device
 
 BOOTSTRAP = 400   # resamples of the seeds for the exponent's interval
 
@@ -61,7 +62,7 @@ def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
     """Slope and intercept of log width against log κ over the found widths (None: < 2 κ).
 
     A width of None or NaN (how a pandas column holds None) is censored and left out."""
-    pts = [(k, w) for k, w in zip(kappas, widths) if w is not None and not pd.isna(w)]
+    pts = [(k, w) for k, w in zip(kappas, widths, strict=True) if w is not None and not pd.isna(w)]
     if len({k for k, _ in pts}) < 2:
         return None, None
     return loglog_slope([k for k, _ in pts], [w for _, w in pts])
@@ -84,8 +85,9 @@ def _distance(cfg, K, K_ref) -> float:
     return relative_distance(K, K_ref)
 
 
-def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report) -> list[float]:
-    """The distance of each seed's net at one width (``report``: progress, fraction, stage)."""
+def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report) -> dict[str, list[float]]:
+    """One resumable unit: ``distances``, that of each seed's net at one width (``report``:
+    progress, fraction, stage)."""
     tick(report[0], cancel, report[1], report[2])
     out = []
     for seed in cfg.seeds:
@@ -97,7 +99,7 @@ def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report)
         train(net, X, y, c, cfg.train, seed, cancel=cancel)
         Kt = empirical_ntk(net, X)
         out.append(_distance(cfg, Kt, K_inf if cfg.measure == "trained" else K0))
-    return out
+    return {"distances": out}
 
 
 @experiment_run("scaling")
@@ -130,12 +132,11 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
             for w in grid:
                 unit, frac, done = f"κ = {kappa:g}, {arch} {label or ''} m = {w}", done / total, done + 1
                 key = {"kappa": float(kappa), "arch": arch, "attention": label, "width": w}  # exact: κ's repr
-                dists = resumable(key, lambda: {"distances": _distances(
-                    cfg, arch, attention, w, X, y, c, dev, K_inf, cancel, (progress, frac, unit))},
-                    shape(distances=list))["distances"]
+                dists = resumable(key, partial(_distances, cfg, arch, attention, w, X, y, c, dev, K_inf, cancel,
+                                               (progress, frac, unit)), shape(distances=list))["distances"]
                 if len(dists) != len(cfg.seeds) or not all(isinstance(d, float) for d in dists):
                     raise BadInput(f"unit {unit} holds {len(dists)} distances for {len(cfg.seeds)} seeds")
-                for seed, dist in zip(cfg.seeds, dists):
+                for seed, dist in zip(cfg.seeds, dists, strict=True):
                     evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
                                   "seed": seed, "distance": dist})
             rows.append({"arch": arch, "attention": label, "kappa": float(kappa),

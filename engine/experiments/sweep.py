@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 
 import pandas as pd
 import torch
 
-from ..runtime.cache import Result
+from ..maths.gates import passes_gate
+from ..maths.kinf import infinite_ntk
+from ..maths.metrics import summarize
 from ..maths.models import Net
 from ..maths.ntk import empirical_ntk, empirical_ntk_at
-from ..maths.kinf import infinite_ntk
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
-from ..maths.gates import passes_gate
-from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
-from ..maths.metrics import summarize
 from ..maths.training import accuracy, n_outputs, predict_labels, train_many
+from ..runtime.cache import Result
 from .configs.sweep import SweepConfig
-
+from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 
 SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
                  "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
@@ -75,7 +75,7 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int,
     results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
     tick(progress, cancel, (j + 0.8) / n_groups, f"{stage}: kernels after training")
     seconds = (time.perf_counter() - t0) / len(cfg.widths)
-    for width, net, m0, tr in zip(cfg.widths, nets, init, results):
+    for width, net, m0, tr in zip(cfg.widths, nets, init, results, strict=True):
         tick(progress, cancel, (j + 0.9) / n_groups, f"{stage}: kernels at width {width}")
         mt = kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge, "trained")
         with torch.no_grad():
@@ -132,9 +132,9 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
     rows, losses, trajectory, ref = [], [], [], {}
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
-        stage = f"{arch} seed {seed}"  # a unit read back reports nothing: it is not computed again
-        part = resumable({"arch": arch, "seed": seed}, lambda: _sweep_group(cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel),
-                         shape(rows=list, losses=list, trajectory=list),
+        # the unit ticks its own stage: one read back reports nothing, since it is not computed again
+        unit = partial(_sweep_group, cfg, p, ref, arch, seed, (j, len(groups)), progress, cancel)
+        part = resumable({"arch": arch, "seed": seed}, unit, shape(rows=list, losses=list, trajectory=list),
                          nan_ok=("trained", "function_dist_rel"))  # NaN by definition: no epochs, a zero norm
         rows += part["rows"]
         losses += part["losses"]

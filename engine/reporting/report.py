@@ -31,6 +31,16 @@ def _cell(text) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
+def _flips(v: dict, a: str) -> str:
+    """Net ``a``'s flip rate of the verdict ``v`` with its seed and random nulls."""
+    return f"{_cell_pct(v[f'{a}_flip'])} ({_cell_pct(v[f'{a}_null_seed'])} / {_cell_pct(v[f'{a}_null_random'])})"
+
+
+def _excess(v: dict, a: str) -> str:
+    """Net ``a``'s excess flip rate of the verdict ``v`` with its 95 % interval."""
+    return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
+
+
 def readme_tables(results) -> str:
     """The README's flip-rate tables in Markdown, from malleability results.
 
@@ -62,21 +72,13 @@ def readme_tables(results) -> str:
                 lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
                 continue
             n = v["n_seeds"]
-
-            def flips(a):
-                return (f"{_cell_pct(v[f'{a}_flip'])} ({_cell_pct(v[f'{a}_null_seed'])} / "
-                        f"{_cell_pct(v[f'{a}_null_random'])})")
-
-            def excess(a):
-                return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
-
             acc = (f"{_cell_pct(v['relu_test_acc'])} ({_cell_pct(v['relu_test_acc_kernel'])}) / "
                    f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
             trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
                                  f" of {n}" for a in ("relu", "attn"))
-            lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {flips('relu')} | {flips('attn')} | "
-                         f"{excess('relu')} | {excess('attn')} | {acc} | {trained} | **{v['outcome']}**: "
-                         f"{v['why']} |")
+            lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {_flips(v, 'relu')} | "
+                         f"{_flips(v, 'attn')} | {_excess(v, 'relu')} | {_excess(v, 'attn')} | {acc} | {trained} | "
+                         f"**{v['outcome']}**: {v['why']} |")
     rule = RULE_WORDS.replace("**", "")
     return "\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over seeds; verdict: {rule}\n"
 

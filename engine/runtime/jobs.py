@@ -36,9 +36,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .speed import record_run, speed_factor
 from .cache import Result, config_key
 from .errors import Cancelled, EngineError
+from .speed import record_run, speed_factor
 
 
 class JobState(str, enum.Enum):
@@ -306,8 +306,8 @@ def _estimate(config, device) -> tuple[float | None, str]:
     """The engine's estimate of ``config`` in reference seconds and the device type the run goes
     to; (None, "cpu") for a config the registry does not know (a grid run, a test's)."""
     try:
-        from .device import device_type
         from ..experiments.registry import estimate
+        from .device import device_type
 
         return float(estimate(config).seconds), device_type(device)
     except Exception:  # no estimate is no reason to fail a run
