@@ -39,7 +39,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeAlias, overload
 
 import diskcache
 
@@ -51,6 +51,10 @@ from .store import CHECKPOINT_PREFIX, Checkpoints, RawDisk, Refused, db_damage, 
 if TYPE_CHECKING:  # numpy and pandas are imported where a result is encoded or decoded: keys need neither
     import numpy as np
     import pandas as pd
+    from _typeshed import DataclassInstance
+
+    # What a result is keyed by: an experiment's frozen config dataclass, or a JSON-able dict.
+    Config: TypeAlias = DataclassInstance | dict[str, Any]
 
 ENGINE_VERSION = "0.1.0"  # a human label; keys use code_fingerprint()
 _CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> the checkout
@@ -65,7 +69,13 @@ DB_NAME = "cache.db"    # diskcache's database file inside the folder
 
 # ---------------------------------------------------------------- keys
 
-def canonical(obj) -> object:
+@overload
+def canonical(obj: DataclassInstance | dict) -> dict[str, Any]: ...
+@overload
+def canonical(obj: object) -> object: ...
+
+
+def canonical(obj: object) -> object:
     """A JSON-able, order-independent form of dataclasses, enums, tuples and numbers."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
@@ -100,7 +110,7 @@ def code_fingerprint() -> str:
     return tree_fingerprint(ENGINE_DIR)
 
 
-def _data_specs(obj, path: str = "") -> Iterator[tuple[str, DataSpec]]:
+def _data_specs(obj: object, path: str = "") -> Iterator[tuple[str, DataSpec]]:
     # every DataSpec inside a config, with the dotted field path that leads to it
     if isinstance(obj, DataSpec):
         yield path or "config", obj
@@ -115,7 +125,7 @@ def _data_specs(obj, path: str = "") -> Iterator[tuple[str, DataSpec]]:
             yield from _data_specs(v, f"{path}[{i}]")
 
 
-def provenance_of(config, data_dir=None, allow_download: bool = True) -> dict:
+def provenance_of(config: Config, data_dir: str | os.PathLike | None = None, allow_download: bool = True) -> dict:
     """How a result of `config` is made: code fingerprint, engine label, data fingerprints."""
     from ..data.load import data_fingerprint  # the readers load torch and torchvision: only when a key is made
 
@@ -124,13 +134,13 @@ def provenance_of(config, data_dir=None, allow_download: bool = True) -> dict:
                      for where, spec in _data_specs(config)}}
 
 
-def _key(kind: str, config, provenance: dict) -> str:
+def _key(kind: str, config: Config, provenance: dict) -> str:
     text = json.dumps({"kind": kind, "config": canonical(config), "code": provenance["code"],
                        "data": provenance["data"]}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def config_key(kind: str, config, data_dir: str | os.PathLike | None = None,
+def config_key(kind: str, config: Config, data_dir: str | os.PathLike | None = None,
                allow_download: bool = False) -> str:
     """SHA-256 (hex) of (kind, canonical config, code fingerprint, fingerprint of every
     DataSpec's data as read from `data_dir`). Raises what ``data_fingerprint`` raises; a
@@ -153,7 +163,7 @@ def _jsonable(v):
     raise TypeError(f"cannot store {type(v).__name__} in a cache entry")
 
 
-def _encode(values, name: str, members: dict) -> dict:
+def _encode(values: pd.Index | pd.Series, name: str, members: dict[str, np.ndarray]) -> dict:
     # one column or index: numpy numbers as a .npy member (bit-exact), the rest as JSON
     import numpy as np
     import pandas as pd
@@ -168,7 +178,7 @@ def _encode(values, name: str, members: dict) -> dict:
     return {"json": items, "dtype": str(dtype), "name": values.name}
 
 
-def _decode(desc: dict, z, as_index: bool):
+def _decode(desc: dict, z: Mapping[str, np.ndarray], as_index: bool) -> pd.Index | pd.Series:
     import pandas as pd
 
     if "range" in desc:
@@ -181,7 +191,7 @@ def _decode(desc: dict, z, as_index: bool):
             else pd.Series(data, dtype=dtype, copy=False))
 
 
-def _frame_head(df: pd.DataFrame, i: int, members: dict) -> dict:
+def _frame_head(df: pd.DataFrame, i: int, members: dict[str, np.ndarray]) -> dict:
     import pandas as pd
 
     if isinstance(df.index, pd.MultiIndex) or isinstance(df.columns, pd.MultiIndex):
@@ -191,7 +201,7 @@ def _frame_head(df: pd.DataFrame, i: int, members: dict) -> dict:
             "data": [_encode(df.iloc[:, j], f"f{i}_{j}", members) for j in range(df.shape[1])]}
 
 
-def _frame(desc: dict, z) -> pd.DataFrame:
+def _frame(desc: dict, z: Mapping[str, np.ndarray]) -> pd.DataFrame:
     import pandas as pd
 
     index, columns = _decode(desc["index"], z, True), _decode(desc["columns"], z, True)
@@ -215,7 +225,7 @@ class Result:
         """The ``.npz`` blob; float64 arrays and columns round-trip bit for bit."""
         import numpy as np
 
-        members = {}
+        members: dict[str, np.ndarray] = {}
         for k, v in self.arrays.items():
             v = np.ascontiguousarray(v)
             if v.dtype.hasobject:  # np.savez would pickle it
@@ -227,7 +237,8 @@ class Result:
                 "provenance": self.provenance}
         text = json.dumps(head, default=_jsonable)  # floats as repr(): exact; NaN as NaN
         buf = io.BytesIO()
-        np.savez(buf, __head__=np.frombuffer(text.encode(), dtype=np.uint8), **members)
+        # allow_pickle=False: numpy refuses object arrays too; passed by name, mypy sees **members cannot fill it
+        np.savez(buf, allow_pickle=False, __head__=np.frombuffer(text.encode(), dtype=np.uint8), **members)
         return buf.getvalue()
 
     @classmethod
@@ -267,24 +278,24 @@ class Cache:
         except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
             raise CacheError(f"cache database {db} cannot be opened: {exc}") from None
 
-    def get(self, kind: str, config, on_corrupt: Callable[[str], None] | None = None,
+    def get(self, kind: str, config: Config, on_corrupt: Callable[[str], None] | None = None,
             data_dir: str | os.PathLike | None = None) -> Result | None:
         """The stored result for (kind, config), or None. A corrupt entry is reported
         through `on_corrupt` (default: a ``CacheWarning``), deleted, and read as a miss."""
         return self._read(config_key(kind, config, data_dir), kind, on_corrupt)
 
-    def put(self, result: Result, config, data_dir: str | os.PathLike | None = None) -> None:
+    def put(self, result: Result, config: Config, data_dir: str | os.PathLike | None = None) -> None:
         """Store `result` under its key; sets its ``config`` and ``provenance`` first."""
         provenance = provenance_of(config, data_dir)
         result.config, result.provenance = canonical(config), provenance
         self._write(_key(result.kind, config, provenance), result)
 
-    def set_raw(self, kind: str, config, blob, data_dir: str | os.PathLike | None = None) -> None:
+    def set_raw(self, kind: str, config: Config, blob: object, data_dir: str | os.PathLike | None = None) -> None:
         """Store an arbitrary value under a config's key (tests use it to corrupt entries)."""
         with self._errors():
             self._store.set(config_key(kind, config, data_dir), blob)
 
-    def __contains__(self, item) -> bool:
+    def __contains__(self, item: tuple) -> bool:
         """``(kind, config)`` or ``(kind, config, data_dir)`` in cache."""
         with self._errors():
             return config_key(*item) in self._store
@@ -296,7 +307,7 @@ class Cache:
     def close(self) -> None:
         self._store.close()
 
-    def _read(self, key: str, kind: str, on_corrupt) -> Result | None:
+    def _read(self, key: str, kind: str, on_corrupt: Callable[[str], None] | None) -> Result | None:
         try:
             with self._errors():
                 blob = self._store.get(key)
@@ -339,7 +350,7 @@ def checkpoints() -> Checkpoints | None:
     return _current.get()
 
 
-def cached_run(kind: str, config, compute: Callable[[], Result], cache: Cache | None,
+def cached_run(kind: str, config: Config, compute: Callable[[], Result], cache: Cache | None,
                on_corrupt: Callable[[str], None] | None = None,
                data_dir: str | os.PathLike | None = None) -> Result:
     """The cached result for (kind, config, data as read from `data_dir`), or compute, store

@@ -28,17 +28,23 @@ from __future__ import annotations
 
 import atexit
 import enum
+import os
 import threading
 import time
 import traceback
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .cache import Result, config_key
 from .errors import Cancelled, EngineError
 from .speed import record_run, speed_factor
+
+if TYPE_CHECKING:  # torch only for the device's type: a job manager never loads it
+    import torch
+
+    from .cache import Config
 
 
 class JobState(str, enum.Enum):
@@ -165,13 +171,13 @@ class JobManager:
         _MANAGERS.add(self)
 
     @staticmethod
-    def key(kind: str, config, data_dir=None) -> str:
+    def key(kind: str, config: Config, data_dir: str | os.PathLike | None = None) -> str:
         """The job identity, ``config_key(kind, config, data_dir)``; raises what that raises
         (e.g. ``DataMissing`` when the data cannot be fingerprinted)."""
         return config_key(kind, config, data_dir)
 
-    def submit(self, kind: str, config, fn: Callable[..., Result], label: str = "", *,
-               data_dir=None, **kwargs) -> Job:
+    def submit(self, kind: str, config: Config, fn: Callable[..., Result], label: str = "", *,
+               data_dir: str | os.PathLike | None = None, **kwargs: Any) -> Job:
         """Start ``fn(config, progress=, cancel=, [data_dir=], **kwargs)`` unless the same key is live or done.
 
         data_dir: part of the job's identity (``config_key``'s data fingerprint) and passed
@@ -196,7 +202,7 @@ class JobManager:
             thread.start()
             return job
 
-    def get(self, kind: str, config, data_dir=None) -> Job | None:
+    def get(self, kind: str, config: Config, data_dir: str | os.PathLike | None = None) -> Job | None:
         return self._jobs.get(config_key(kind, config, data_dir))
 
     def get_key(self, key: str) -> Job | None:
@@ -247,7 +253,7 @@ class JobManager:
         if job.state is JobState.QUEUED:
             self._finish(job, JobState.CANCELLED, error="cancelled before it started")
 
-    def _thread(self, job: Job, fn, config, kwargs) -> None:
+    def _thread(self, job: Job, fn: Callable[..., Result], config: Config, kwargs: dict[str, Any]) -> None:
         while not self._slots.acquire(timeout=0.1):  # queued; wake now and then to notice a cancel
             if job.done:
                 return
@@ -260,7 +266,7 @@ class JobManager:
         finally:
             self._slots.release()
 
-    def _run(self, job: Job, fn, config, kwargs) -> None:
+    def _run(self, job: Job, fn: Callable[..., Result], config: Config, kwargs: dict[str, Any]) -> None:
         reference, device = _estimate(config, kwargs.get("device", "cpu"))
         if reference is not None:
             job.estimate_s = reference * _speed(device)
@@ -302,7 +308,7 @@ class JobManager:
             del self._jobs[job.key]
 
 
-def _estimate(config, device) -> tuple[float | None, str]:
+def _estimate(config: Config, device: str | torch.device) -> tuple[float | None, str]:
     """The engine's estimate of ``config`` in reference seconds and the device type the run goes
     to; (None, "cpu") for a config the registry does not know (a grid run, a test's)."""
     try:
