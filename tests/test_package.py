@@ -80,7 +80,6 @@ def test_lint_runs_hadolint_ruff_and_mypy_the_same_in_make_and_pre_commit():
                                  "no_implicit_optional"))
 
 
-@pytest.mark.xfail(strict=True, reason="the gate lands once `make lint` is clean over the whole tree (issue 31)")
 def test_ci_runs_the_static_checks_before_the_tests():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "make lint" in ci and ci.index("make lint") < ci.index("make test-all")
