@@ -27,6 +27,9 @@ from ._lazy import attach
 # imported before one). On a VM a fresh 128 MB kernel then faults in 25 ms instead of 80-110
 # with 4 KiB pages: a sixth of K∞ at n = 4000. THP_MEM_ALLOC_ENABLE=0 turns it off.
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# torch's OpenMP threads sleep while they wait instead of spinning against other work on a
+# shared machine (read when torch loads; engine.runtime.cores says why and what it measured).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     "maths": "*",

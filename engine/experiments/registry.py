@@ -79,6 +79,7 @@ class Experiment:
         """Resolve the device, refuse work over ``budget`` before it starts, then read the cached
         result or compute it and store it (see ``engine.runtime.cache.cached_run``)."""
         from ..runtime.cache import cached_run
+        from ..runtime.cores import for_run
         from ..runtime.device import resolve_device
 
         if type(cfg) is not self.config:  # MalleabilityConfig is an InfluenceConfig, but not that run's
@@ -87,7 +88,11 @@ class Experiment:
 
         def compute() -> Result:
             B.check(self.estimate(cfg), budget, self.what, self.hint, device=dev)
-            return self.runner.compute(cfg, data_dir, dev, progress, cancel)
+            with for_run(dev.type) as threads:  # the cores free now, in this thread only
+                result = self.runner.compute(cfg, data_dir, dev, progress, cancel)
+            if threads is not None:
+                result.meta.setdefault("threads", threads.as_dict())
+            return result
 
         return cached_run(self.name, cfg, compute, cache, data_dir=data_dir)
 

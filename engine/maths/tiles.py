@@ -10,13 +10,11 @@ also set the count every thread started meanwhile takes for its lifetime.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import glob
-import os
 from typing import Iterator
 
 import torch
+
+from ..runtime.cores import limit_own_threads, restore_own_threads
 
 _SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (serial)
 _GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
@@ -63,54 +61,11 @@ class serial:
 
     def __enter__(self):
         if not self.off:
-            self.saved = _limit_own_threads(1)
+            self.saved = limit_own_threads(1)
 
     def __exit__(self, *exc):
         if not self.off:
-            _restore_own_threads(self.saved)
-
-
-@functools.cache
-def _own_thread_setters():
-    """(omp_set_num_threads, MKL_Set_Num_Threads_Local or None) of torch's own libraries, which
-    set the calling thread's count only; None where they are not found (then ``serial`` falls
-    back to ``torch.set_num_threads``, which every thread started meanwhile inherits)."""
-    try:
-        lib = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.*"))
-        handle = ctypes.CDLL(lib[0])  # already loaded: its symbols and its libgomp's
-        omp = handle.omp_set_num_threads
-    except (IndexError, OSError, AttributeError):
-        return None
-    mkl = getattr(handle, "MKL_Set_Num_Threads_Local", None)  # the C entry (the lower-case one takes a pointer)
-    n = torch.get_num_threads()
-    omp(n + 1)  # torch's count follows this OpenMP runtime only if it is the one torch uses
-    follows = torch.get_num_threads() == n + 1
-    omp(n)
-    return (omp, mkl) if follows else None
-
-
-def _limit_own_threads(threads: int) -> tuple[int, int | None]:
-    """Run the calling thread's torch ops on ``threads`` threads; returns what restores it."""
-    before = torch.get_num_threads()
-    setters = _own_thread_setters()
-    if setters is None:
-        torch.set_num_threads(threads)
-        return before, None
-    omp, mkl = setters
-    omp(threads)
-    return before, (mkl(threads) if mkl is not None else None)  # MKL's previous local count (0: none)
-
-
-def _restore_own_threads(saved: tuple[int, int | None]) -> None:
-    before, mkl_before = saved
-    setters = _own_thread_setters()
-    if setters is None:
-        torch.set_num_threads(before)
-        return
-    omp, mkl = setters
-    omp(before)
-    if mkl is not None:
-        mkl(mkl_before)
+            restore_own_threads(self.saved)
 
 
 def one_thread() -> serial:

@@ -1,0 +1,133 @@
+"""A run's thread count (engine.runtime.cores): the cores this process may use (affinity,
+cgroup quota) less those other work keeps busy, at least one; applied to the run's thread only,
+restored after, recorded in the result; OpenMP waits passively once the engine is imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.data import DataSpec
+from engine.runtime import cores
+from engine.runtime.errors import BadInput
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("files, want", [
+    ({"cpu.max": "200000 100000\n"}, 2.0),
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({}, None),
+])
+def test_cgroup_quota_reads_v2_and_v1(tmp_path, files, want):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cores.cgroup_quota(tmp_path) == want
+
+
+@pytest.mark.parametrize("had, usable, busy, want", [
+    (4, 4, 0.0, 4), (4, 4, 1.6, 2), (4, 4, 2.4, 2), (4, 4, 3.9, 1), (4, 4, 7.0, 1),
+    (1, 4, 0.0, 1),        # never more than the thread had (a grid worker's share, OMP_NUM_THREADS)
+    (8, 2, 0.0, 2),        # never more than the usable cores
+    (4, 4, None, 4),       # load unknown: the usable cores
+])
+def test_choose_takes_the_free_cores(monkeypatch, had, usable, busy, want):
+    monkeypatch.delenv("ENGINE_THREADS", raising=False)
+    choice = cores.choose(had, usable=usable, busy=busy, look=False)
+    assert choice.threads == want and choice.usable == usable and choice.busy == busy
+
+
+def test_engine_threads_fixes_the_count_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv("ENGINE_THREADS", "3")
+    assert cores.choose(8, usable=2, busy=2.0).threads == 3
+    monkeypatch.setenv("ENGINE_THREADS", "two")
+    with pytest.raises(BadInput, match=r"ENGINE_THREADS='two'.*whole number"):
+        cores.choose(2)
+
+
+def test_usable_cores_follow_the_affinity():
+    assert cores.usable_cores() <= len(os.sched_getaffinity(0))
+    code = "from engine.runtime import cores; print(cores.usable_cores())"
+    p = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 and "taskset" in p.stderr:
+        pytest.skip(f"taskset unavailable: {p.stderr.strip()}")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "1"
+
+
+def test_busy_cores_sees_a_spinning_process():
+    """A process spinning on one of our cores is seen as (about) one busy core; the lower
+    bound only, since other work (a parallel test worker) may add to it."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        seen = cores.busy_cores(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert seen is not None and seen >= 0.6, seen
+
+
+def test_for_run_limits_the_calling_thread_only_and_restores_it(monkeypatch):
+    monkeypatch.setenv("ENGINE_THREADS", "1")
+    before = torch.get_num_threads()
+    seen = {}
+
+    def job():
+        had = torch.get_num_threads()
+        with cores.for_run("cpu") as choice:
+            seen["inside"] = torch.get_num_threads()
+            seen["choice"] = choice
+            started.set()
+            other_done.wait(timeout=30)
+        seen["after"] = torch.get_num_threads()
+        seen["had"] = had
+
+    def other():
+        started.wait(timeout=30)
+        seen["other"] = torch.get_num_threads()
+        other_done.set()
+
+    started, other_done = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=job), threading.Thread(target=other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert seen["inside"] == 1 and seen["choice"].threads == 1
+    assert seen["after"] == seen["had"]
+    assert seen["other"] == before  # a thread beside the run keeps the process's count
+    with cores.for_run("cuda") as choice:
+        assert choice is None
+
+
+def test_a_computed_result_records_its_threads(monkeypatch):
+    from engine.experiments.registry import EXPERIMENTS
+
+    monkeypatch.setenv("ENGINE_THREADS", "1")
+    exp = EXPERIMENTS["spectrum"]
+    res = exp.run(exp.config(data=DataSpec(dataset="synthetic", n=40, n_test=1)))
+    assert res.meta["threads"] == {"threads": 1, "usable": cores.usable_cores(), "busy": None,
+                                   "why": "ENGINE_THREADS"}
+
+
+def test_the_engine_makes_openmp_wait_passively_unless_told_otherwise():
+    code = "import os, engine; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert p.stdout.strip() == "PASSIVE", p.stderr
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
+    assert p.stdout.strip() == "ACTIVE", p.stderr
