@@ -8,8 +8,10 @@ import streamlit as st
 
 from engine.experiments.configs.influence import InfluenceConfig
 from engine.experiments.influence import run_influence
+from engine.experiments.recipes import READINGS
 from engine.maths.specs import TrainSpec
 from engine.reporting import plots
+from engine.runtime.errors import EngineError
 from ui import configs, render
 from ui.common import plain, require, shared
 from ui.retrain import section as retrain_section
@@ -32,6 +34,50 @@ def controls_ui() -> tuple[int, int, float, str]:
     return int(width), int(epochs), float(ridge), target
 
 
+def readings_ui(width: int, epochs: int, ridge: float, target: str) -> tuple[tuple[str, ...], int]:
+    """The readings besides ridge that this training supports (flow needs plain SGD on MSE), and
+    how many of the top points they read."""
+    others, refused = [], []
+    for name in READINGS[1:]:
+        try:
+            configs.influence_config(s, width, epochs, ridge, target, readings=("ridge", name))
+            others.append(name)
+        except EngineError as exc:
+            refused.append(plain(exc))
+    c1, c2 = st.columns([3, 1])
+    chosen = c1.multiselect("Also read by", others, default=[], key="influence.readings", **BOUND,
+                            format_func=lambda r: plots.READING_LABELS[r],
+                            help=configs.help_of(InfluenceConfig, "readings")
+                            + (" Not offered here: " + " ".join(refused) if refused else ""))
+    points = configs.number(c2, "Points read", InfluenceConfig, "read_points", "influence.read_points",
+                            value=QUICK.read_points, step=5, hi=200)
+    return ("ridge", *[r for r in others if r in chosen]), int(points)
+
+
+def readings_section(res, cfg) -> None:
+    """The top points read again by flow and by retraining, beside their ridge influence."""
+    rows = res.frames["readings"]
+    st.header("The same points read by the network")
+    st.markdown(
+        f"The {cfg.read_points} training points of largest |ridge influence| per architecture, read again: "
+        + "; ".join(f"**{plots.READING_LABELS[r]}**: exact for {plain(rows[rows.reading == r].exact_for.iloc[0])}"
+                    for r in cfg.readings if r != "ridge")
+        + ". Ridge is the kernel's answer; retraining is the network's own leave-one-out (the head retrained from "
+        "the same initialisation and batches without each point). Where they part, the images above show the "
+        "kernel's view, not the network's.")
+    data = plots.against_ridge_data(res.frames["aggregate"], int(res.meta["shown_seed"]))
+    render.chart(plots.against_ridge_fig(data, cfg.attention), data, "readings against ridge", config=res.config,
+                 how_to_read="Each marker is one training point: its influence averaged over the test points by ridge "
+                 "(x) and by the other reading (y). On the dotted line the readings agree; across it they disagree "
+                 "in sign.")
+    st.dataframe(rows, hide_index=True, use_container_width=True,
+                 column_config={"rho_vs_ridge": st.column_config.NumberColumn("ρ vs ridge", format="%.2f"),
+                                "sign_agreement_vs_ridge": st.column_config.NumberColumn(
+                                    "same sign as ridge", format="%.2f",
+                                    help="share of (test point, training point) influences of the same sign"),
+                                "reading_test_acc": st.column_config.NumberColumn("retrained test acc", format="%.3f")})
+
+
 def pick_ui(n_test: int) -> tuple[int, int]:
     c1, c2 = st.columns(2)
     i = c1.number_input("Test image", 0, max(0, n_test - 1), 0, key="influence.test", **BOUND,
@@ -46,12 +92,14 @@ st.markdown(
     "The influence of training point i on a test point x is the exact leave-one-out change of NTK "
     "kernel ridge regression with the trained net's empirical kernel K_m: I = f(x) − f₋ᵢ(x) = "
     "[k(x, X) M]_i · α_i / M_ii with M = (K_m + λI)⁻¹ and α = M y, on the output chosen below "
-    "(the test point's own class by default). **Positive** means the point pushes that output up "
+    "(the test point's own class by default): the **ridge** reading; \"Also read by\" adds the kernel's "
+    "gradient flow and the network's own retraining at the top points. **Positive** means the point pushes that output up "
     "(removing it would lower it), **negative** that it pushes it down. "
     f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 width, epochs, ridge, target = controls_ui()
-cfg = configs.influence_config(s, width, epochs, ridge, target)
+readings, read_points = readings_ui(width, epochs, ridge, target)
+cfg = configs.influence_config(s, width, epochs, ridge, target, readings, read_points)
 res = obtain_planned(run_influence, cfg, f"Influence at m = {width}", button="Compute influences")
 if res is None:
     st.stop()
@@ -87,6 +135,9 @@ for arch in archs:
                  how_to_read="Top row: training images with the largest positive influence (removing one would lower the "
                  "outputs most); bottom row: the most negative; the number under each index is its influence.")
 
+if "readings" in res.frames:
+    readings_section(res, cfg)
+
 st.header("Distribution of influence")
 c1, c2 = st.columns(2)
 with c1:
@@ -98,7 +149,8 @@ with c1:
                  "few points decide the prediction.")
 with c2:
     if "aggregate" in res.frames:
-        data = plots.influence_hist_data(res.frames["aggregate"])
+        agg = res.frames["aggregate"]
+        data = plots.influence_hist_data(agg[agg["reading"] == "ridge"] if "reading" in agg else agg)
         render.chart(plots.influence_hist_fig(data, title="Influence averaged over all test points",
                                              attention=cfg.attention),
                      data, "aggregate influence", config=res.config,

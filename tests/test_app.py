@@ -335,3 +335,13 @@ def test_each_readme_protocol_is_one_click_on_the_malleability_page(env):
     trained = preset("malleability", "trained")
     assert at.number_input(key="mall.epochs").value == trained.train.epochs
     assert at.multiselect(key="mall.readings").value == ["ridge"] and not at.exception
+
+
+def test_influence_reads_its_top_points_by_retraining_too(env):
+    view = {**SMALL, "influence.readings": ["retraining (network)"], "influence.read_points": "5", "influence.epochs": "10"}
+    at = run_if_waiting(open_page(app(view), "pages/influence.py"))
+    check_page(at, "influence with the retrain reading")
+    assert any(h.value == "The same points read by the network" for h in at.header)
+    rows = at.dataframe[-1].value
+    assert list(rows.reading) == ["retrain"] * len(rows) and set(rows.points) == {5}
+    assert "flow" not in at.multiselect(key="influence.readings").options  # Adam: flow is not offered

@@ -219,3 +219,49 @@ def test_flow_reading_is_what_retraining_a_linear_model_gives():
     flow = flow_loo(K, K_t, p.Y, p.yt, points, cfg.train, zero, zero[: phi_t.shape[0]]).scored("true", p.yt)
     np.testing.assert_allclose(retrained.numpy(), flow.numpy(), rtol=RTOL_FLOW_STEP, atol=ATOL_FLOW_STEP)
     assert float(flow.abs().max()) > 1e-2  # the changes are not all nil: the comparison says something
+
+
+def test_influence_reads_its_top_points_by_flow_and_by_retraining():
+    """The Influence run's other readings: at the top ``read_points`` by |ridge aggregate|, the
+    retrain reading is the by-hand retraining without each point, and the agreement row is
+    scipy's Spearman ρ and numpy's sign agreement of the stored columns."""
+    import scipy.stats
+
+    from engine.experiments.configs.influence import InfluenceConfig
+    from engine.experiments.influence import run_influence
+
+    cfg = InfluenceConfig(data=SYN, width=32, train=LAZY, init="antisymmetric", attention="centered", seeds=(0,),
+                          archs=("relu",), readings=("ridge", "flow", "retrain"), read_points=4)
+    res = run_influence(cfg)
+    agg, rows = res.frames["aggregate"], res.frames["readings"]
+    ridge = agg[agg.reading == "ridge"].sort_values("train_index").influence.to_numpy()
+    top = np.sort(np.argsort(-np.abs(ridge), kind="stable")[:4])
+    assert set(rows.reading) == {"flow", "retrain"}
+    for name in ("flow", "retrain"):
+        mine = agg[agg.reading == name]
+        np.testing.assert_array_equal(np.sort(mine.train_index.to_numpy()), top)
+        np.testing.assert_array_equal(res.arrays[f"relu_points_{name}"], top)
+        row = rows[rows.reading == name].iloc[0]
+        I_r, I_0 = res.arrays[f"relu_I_{name}"], res.arrays["relu_I"][:, top]
+        assert row.rho_vs_ridge == pytest.approx(scipy.stats.spearmanr(ridge[top], I_r.mean(axis=0)).statistic)
+        assert row.sign_agreement_vs_ridge == pytest.approx(float((np.sign(I_r) == np.sign(I_0)).mean()))
+        assert row.objective_match  # lazy SGD on MSE: every reading's own training
+    p, t, X, Xt = _trained(MalleabilityConfig(data=SYN, widths=(32,), train=LAZY, init="antisymmetric",
+                                              attention="centered", seeds=(0,), space="raw"), "relu")
+    with torch.no_grad():
+        phi, phi_t = t.net32.features(p.X), t.net32.features(p.Xt)
+    full = _retrain_by_hand(t, phi, phi_t, p.y, p.c, torch.ones(p.y.numel(), dtype=torch.bool), LAZY, 0)
+    keep = torch.ones(p.y.numel(), dtype=torch.bool)
+    keep[int(top[0])] = False
+    D = full - _retrain_by_hand(t, phi, phi_t, p.y, p.c, keep, LAZY, 0)
+    own = D[torch.arange(D.shape[0]), p.yt].numpy()
+    np.testing.assert_allclose(res.arrays["relu_I_retrain"][:, 0], own, rtol=RTOL32, atol=ATOL32_RETRAIN)
+
+
+def test_influence_refuses_flow_under_adam_and_more_points_than_it_has():
+    from engine.experiments.configs.influence import InfluenceConfig
+
+    with pytest.raises(BadInput, match="reading 'flow' follows plain SGD on MSE, not adam"):
+        InfluenceConfig(readings=("ridge", "flow"))
+    with pytest.raises(BadInput, match="--read-points 400 exceeds the 300 training points"):
+        InfluenceConfig(readings=("ridge", "retrain"), read_points=400)

@@ -179,11 +179,14 @@ def kernel_config(s: Shared, arch: str, width: int, epochs: int | None = None) -
 
 
 def influence_config(s: Shared, width: int | None = None, epochs: int | None = None,
-                     ridge: float | None = None, target: str | None = None) -> InfluenceConfig:
+                     ridge: float | None = None, target: str | None = None,
+                     readings: tuple[str, ...] | None = None, read_points: int | None = None) -> InfluenceConfig:
     q = QUICK["influence"]
     return replace(q, data=s.data(), archs=tuple(s.archs), width=int(width or q.width), attention=s.attention,
                    seeds=(int(s.seed),), train=replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs)),
-                   ridge=q.ridge if ridge is None else ridge, target=target or q.target)
+                   ridge=q.ridge if ridge is None else ridge, target=target or q.target,
+                   readings=q.readings if readings is None else tuple(readings),
+                   read_points=q.read_points if read_points is None else int(read_points))
 
 
 def malleability_config(s: Shared, epochs: int | None = None, steps: int | None = None, norm: str | None = None,

@@ -23,6 +23,7 @@ from ..maths.attacks import attack
 from ..maths.gates import passes_gate
 from ..maths.influence import aggregate, influence_matrix
 from ..maths.kinf import infinite_ntk
+from ..maths.metrics import rank_correlation
 from ..maths.models import Net, normalize_rows
 from ..maths.ntk import empirical_ntk
 from ..maths.ridge import kernel_regression
@@ -128,7 +129,12 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     Arrays (first seed): ``{arch}_I`` (n_test, n) float64 on ``cfg.target`` under
     ``cfg.influence_kernel`` (see ``engine.maths.influence`` for the sign), ``X`` (n, d) and
     ``X_test`` float32 raw inputs, ``y``, ``y_test``. Frame ``aggregate``: arch, seed,
-    train_index, label, influence (mean over test points). Frame ``summary``: arch, seed,
+    reading, train_index, label, influence (mean over test points; ``ridge`` at every training point,
+    each other reading of ``cfg.readings`` at the top ``cfg.read_points`` by |ridge aggregate|, whose
+    first-seed columns are ``{arch}_I_{reading}`` (n_test, p) at ``{arch}_points_{reading}``). Frame
+    ``readings`` (when there is one besides ridge): arch, seed, reading, points, rho_vs_ridge (Spearman
+    of the aggregates), sign_agreement_vs_ridge (share of entries of the same sign), reading_test_acc
+    (the retrained full head's), exact_for, objective_match. Frame ``summary``: arch, seed,
     test_acc, train_acc, test_acc_ntk (K∞ ridge on the same features), test_acc_kernel (ridge
     with the trained net's own K_m: what this width supports), trained (the training gate,
     ``engine.maths.gates.passes_gate``), sgd_lr_limit, influence_scale (mean |aggregate influence|),
@@ -140,17 +146,24 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     X, Xt = p.X.to(attack_dtype(reading)), p.Xt.to(attack_dtype(reading))
     arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
               "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
-    agg_rows, summary, ntk_acc = [], [], {}
+    agg_rows, summary, agree, ntk_acc = [], [], [], {}
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
         unit = resumable({"arch": arch, "seed": seed}, lambda arch=arch, seed=seed, lo=lo, hi=hi: _influence_unit(
-            cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel),
-            shape(I=(np.ndarray, type(None)), aggregate=np.ndarray, row=dict))
+                             cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel),
+                         shape(I=(np.ndarray, type(None)), aggregate=np.ndarray, row=dict, readings=dict),
+                         nan_ok=("reading_test_acc", "rho_vs_ridge"))
         if unit["I"] is not None:  # the first seed's only
             arrays[f"{arch}_I"] = unit["I"]
-        agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "train_index": np.arange(sample.n),
+        agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "reading": "ridge", "train_index": np.arange(sample.n),
                                       "label": sample.y.numpy(), "influence": unit["aggregate"]}))
+        for name, got in unit["readings"].items():
+            if got["I"] is not None:
+                arrays[f"{arch}_I_{name}"], arrays[f"{arch}_points_{name}"] = got["I"], got["points"]
+            agg_rows.append(pd.DataFrame({"arch": arch, "seed": seed, "reading": name, "train_index": got["points"],
+                                          "label": sample.y.numpy()[got["points"]], "influence": got["aggregate"]}))
+            agree.append({"arch": arch, "seed": seed, "reading": name, **got["row"]})
         summary.append({"arch": arch, "seed": seed, **unit["row"],
                         "influence_scale": float(np.abs(unit["aggregate"]).mean()),
                         "influence_kernel": cfg.influence_kernel, "kernel_precision": kernel_precision(reading),
@@ -159,23 +172,53 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     meta = {"image_shape": list(sample.image_shape) if sample.image_shape else None,
             "class_names": list(sample.class_names), "source": sample.source, "target": cfg.target,
             "storage": cfg.storage, "shown_seed": cfg.seeds[0], "influence_kernel": cfg.influence_kernel,
-            "precision": cfg.precision}
-    return Result("influence", {}, {"aggregate": pd.concat(agg_rows, ignore_index=True),
-                                           "summary": pd.DataFrame(summary)}, arrays, meta)
+            "precision": cfg.precision,
+            "readings": list(cfg.readings), "read_points": cfg.read_points}
+    frames = {"aggregate": pd.concat(agg_rows, ignore_index=True), "summary": pd.DataFrame(summary)}
+    if agree:
+        frames["readings"] = pd.DataFrame(agree)
+    return Result("influence", {}, frames, arrays, meta)
 
 
 def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, progress, cancel) -> dict:
-    """One (arch, seed) of ``run_influence``: the trained net's influence (first seed only),
-    its aggregate and its summary row. ``ntk_acc`` keeps the K∞ baseline per arch (it depends
-    on neither seed nor training)."""
+    """One (arch, seed) of ``run_influence``: the trained net's ridge influence (first seed only),
+    its aggregate and its summary row, and each other reading of ``cfg.readings`` at the top
+    ``cfg.read_points`` by |ridge aggregate| (``readings``: {name: points, I (first seed), aggregate,
+    row}). ``ntk_acc`` keeps the K∞ baseline per arch (it depends on neither seed nor training)."""
     lo, hi = span
     r = reading_of(cfg)
-    net32 = fit_net(net_recipe(cfg, arch, cfg.width, seed), p.X, p.y, p.c, p.device,
-                    progress=sub_progress(progress, lo, lo + 0.9 * (hi - lo), f"training {arch} seed {seed}"),
+    recipe = net_recipe(cfg, arch, cfg.width, seed)
+    net32 = fit_net(recipe, p.X, p.y, p.c, p.device,
+                    progress=sub_progress(progress, lo, lo + 0.8 * (hi - lo), f"training {arch} seed {seed}"),
                     cancel=cancel)
-    tick(progress, cancel, lo + 0.9 * (hi - lo), f"influence of {arch} seed {seed}")
+    tick(progress, cancel, lo + 0.8 * (hi - lo), f"influence of {arch} seed {seed}")
     if arch not in ntk_acc:
         ntk_acc[arch] = ntk_accuracy(net_recipe(cfg, arch, cfg.width, 0), r, X, Xt, p.Y, p.yt, p.c, p.device)
-    I, row, _ = clean_run(r, net32, at_precision(r, net32), p.X, p.Xt, X, Xt, p, ntk_acc[arch])
-    return {"I": I.cpu().numpy() if seed == cfg.seeds[0] else None, "aggregate": aggregate(I).cpu().numpy(),
-            "row": row}
+    net = at_precision(r, net32)
+    I, row, kernels = clean_run(r, net32, net, p.X, p.Xt, X, Xt, p, ntk_acc[arch])
+    agg = aggregate(I)
+    first = seed == cfg.seeds[0]
+    others = [name for name in cfg.readings if name != "ridge"]
+    readings = {}
+    if others:
+        from .readings import Trained, read  # that module reads through this one's kernels and nets
+
+        tick(progress, cancel, lo + 0.85 * (hi - lo), f"reading {arch} seed {seed} by {', '.join(others)}")
+        points = torch.sort(torch.argsort(agg.abs(), descending=True)[:cfg.read_points]).values
+        trained = Trained(recipe, net32, net, fresh_net(recipe, p.X, p.c, p.device).mlp.W.detach())
+        for name in others:
+            out = read(reading_of(cfg, name), trained, p, X, Xt, points, kernels=kernels, cancel=cancel)
+            readings[name] = {"points": points.cpu().numpy(), "aggregate": out.agg.cpu().numpy(),
+                              "I": out.I.cpu().numpy() if first else None,
+                              "row": agreement(I[:, points], agg[points], out, reading_of(cfg, name), recipe, p.c)}
+    return {"I": I.cpu().numpy() if first else None, "aggregate": agg.cpu().numpy(), "row": row,
+            "readings": readings}
+
+
+def agreement(I_ridge: torch.Tensor, agg_ridge: torch.Tensor, out, r: Reading, recipe: NetRecipe, c: int) -> dict:
+    """How a reading's influence at its points agrees with ridge's: Spearman ρ of the aggregates, the
+    share of (test point, training point) entries of the same sign, and what the reading is exact for."""
+    same = (torch.sign(out.I) == torch.sign(I_ridge.to(out.I.dtype))).double().mean()
+    return {"points": int(out.points.numel()), "rho_vs_ridge": rank_correlation(agg_ridge.cpu(), out.agg.cpu()),
+            "sign_agreement_vs_ridge": float(same), "reading_test_acc": out.test_acc,
+            "exact_for": r.exact_for(), "objective_match": r.matches(recipe.train, resolve_loss(recipe.train, c))}

@@ -135,6 +135,30 @@ def influence_kernel():
                    "an attack)", flag="--influence-kernel", choices=INFLUENCE_KERNELS)
 
 
+def readings(default: tuple[str, ...] = ("ridge",)):
+    """How influence is read (``engine.experiments.recipes.READINGS``); each reading its own rows."""
+    from .recipes import READINGS
+
+    return setting(default, "how influence is read, each reading its own rows: ridge = exact kernel-ridge leave-one-out "
+                   "on the influence kernel (the paper's); flow = that kernel's gradient descent for the net's own "
+                   "SGD steps (needs sgd and MSE); retrain = the network's own leave-one-out, the head retrained "
+                   "from the same initialisation and batches without each point read (parameter-free attention)",
+                   flag="--reading", choices=READINGS)
+
+
+def check_readings(cfg) -> None:
+    """Refuse readings a config's training cannot support: flow follows plain SGD on MSE only, and
+    the network's readings (flow, retrain) need features that training does not move."""
+    network = [r for r in cfg.readings if r != "ridge"]
+    if network and "attn" in cfg.archs and parse_attention(cfg.attention).variant.trainable:
+        raise BadInput(f"reading {network[0]!r} needs fixed features, and attention "
+                       f"{parse_attention(cfg.attention).kind.value!r} trains its own; "
+                       "use a parameter-free attention or --reading ridge")
+    if "flow" in cfg.readings and (cfg.train.optimizer != "sgd" or cfg.train.loss == "ce"):
+        raise BadInput(f"reading 'flow' follows plain SGD on MSE, not {cfg.train.optimizer} with loss "
+                       f"{cfg.train.loss}: use --optimizer sgd --loss mse, or drop flow from --reading")
+
+
 def storage():
     """The precision kernels are stored in (solves always run in float64)."""
     return setting("float64", "precision kernels are stored in: float64, or float32 for kernels that do not "

@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...data import DataSpec
 from ...maths.specs import TrainSpec, attention_slowdown, factor_bytes
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
-from ...runtime.settings import normalised, validate
+from ...runtime.errors import BadInput
+from ...runtime.settings import normalised, setting, validate
 from .. import options
 
 INFLUENCE_KERNELS = options.INFLUENCE_KERNELS
@@ -30,6 +32,10 @@ class InfluenceConfig:
     ridge: float = options.ridge()  # of the influence's kernel regression and of the K∞ baseline
     target: str = options.influence_target()
     influence_kernel: str = options.influence_kernel()
+    readings: tuple[str, ...] = options.readings()
+    read_points: int = setting(20, "training points the flow and retrain readings read: the top by |ridge "
+                               "influence| (retrain trains one more head per point)", flag="--read-points",
+                               lo=1, hi=2000)
     storage: str = options.storage()
     precision: str = options.precision()
 
@@ -37,6 +43,9 @@ class InfluenceConfig:
         normalised(self)
         validate(self)
         options.check_init_widths(self.init, self.width)
+        options.check_readings(self)
+        if self.read_points > self.data.n:
+            raise BadInput(f"--read-points {self.read_points} exceeds the {self.data.n} training points")
 
 
 # ``trained``: nets that train to their kernel baseline on the README's MNIST setting (n = 500,
@@ -80,10 +89,26 @@ def kernel_seconds(cfg, n, nt, d, m) -> float:
     return s * (2.0 if cfg.precision == "float64" else 1.0)
 
 
+def retrain_seconds(n: int, d: int, m: int, heads: int, tr: TrainSpec, c_out: int) -> float:
+    """``heads`` heads of width m trained as one batched model, with their head-by-head readout."""
+    steps = tr.epochs * math.ceil(n / tr.batch_size)
+    return B.train_s(n, d, heads * m, tr.epochs, tr.batch_size, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
+
+
+def flow_seconds(n: int, nt: int, points: int) -> float:
+    """The flow reading at ``points`` training points: an eigendecomposition of K without each."""
+    return points * (B.eig_s(n) + B.gemm_s(nt, n, n, True))
+
+
 def estimate_influence(cfg: InfluenceConfig) -> Estimate:
     n, nt, d, m = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.width
     per = (B.train_s(n, d, m, cfg.train.epochs, cfg.train.batch_size) + kernel_seconds(cfg, n, nt, d, m)
            + B.chol_s(n) + B.attention_s(cfg.attention, n + nt, d))
+    if "flow" in cfg.readings:
+        per += flow_seconds(n, nt, cfg.read_points)
+    if "retrain" in cfg.readings:
+        per += retrain_seconds(n, d, m, 1 + cfg.read_points, cfg.train, B.n_outputs(cfg.data))
     slow = attention_slowdown(cfg.attention, cfg.archs)
+    heads = 1 + cfg.read_points if "retrain" in cfg.readings else 0  # the batched retraining's weights and activations
     return Estimate(B.FIXED_S + slow * len(cfg.archs) * len(cfg.seeds) * per,
-                    int(influence_bytes(cfg) + 16 * m * d))
+                    int(influence_bytes(cfg) + 16 * m * d + 12 * heads * m * (d + max(cfg.train.batch_size, nt))))

@@ -5,18 +5,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import AttackMethod, AttackSpec, TrainSpec, attention_slowdown, factor_bytes, parse_attention
+from ...maths.specs import AttackMethod, AttackSpec, TrainSpec, attention_slowdown, factor_bytes
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
 from ...runtime.settings import normalised, setting, validate
 from .. import options
 from ..recipes import READINGS
-from .influence import QUICK_TRAINED, TRAINED, kernel_seconds
+from .influence import QUICK_TRAINED, TRAINED, flow_seconds, kernel_seconds, retrain_seconds
 from .retrain import LAZY_SGD
 
 PERTURB = ("top", "all")
@@ -37,12 +36,7 @@ class MalleabilityConfig:
     ridge: float = options.ridge()  # of the ridge reading's kernel regression and of the K∞ baseline
     target: str = options.influence_target()
     influence_kernel: str = options.influence_kernel()
-    readings: tuple[str, ...] = setting(("ridge",), "how influence is read, each a row: ridge = exact kernel-ridge "
-                                        "leave-one-out on the influence kernel (the paper's); flow = that kernel's "
-                                        "gradient descent for the net's own SGD steps (needs sgd and MSE); retrain = "
-                                        "the network's own leave-one-out, retraining the head without each tracked "
-                                        "point, on the clean and on the attacked data (parameter-free attention)",
-                                        flag="--reading", choices=READINGS)
+    readings: tuple[str, ...] = options.readings()
     storage: str = options.storage()
     precision: str = options.precision()
     attack: AttackSpec = AttackSpec()     # norm, steps, step size, random start, momentum
@@ -75,13 +69,7 @@ class MalleabilityConfig:
         if network and self.adversarial_training:
             raise BadInput(f"reading {network[0]!r} reads nets trained on clean data; drop --adversarial-training "
                            "or use --reading ridge")
-        if network and "attn" in self.archs and parse_attention(self.attention).variant.trainable:
-            raise BadInput(f"reading {network[0]!r} needs fixed features, and attention "
-                           f"{parse_attention(self.attention).kind.value!r} trains its own; "
-                           "use a parameter-free attention or --reading ridge")
-        if "flow" in self.readings and (self.train.optimizer != "sgd" or self.train.loss == "ce"):
-            raise BadInput(f"reading 'flow' follows plain SGD on MSE, not {self.train.optimizer} with loss "
-                           f"{self.train.loss}: use --optimizer sgd --loss mse, or drop flow from --reading")
+        options.check_readings(self)
 
     @property
     def n_tracked(self) -> int:
@@ -117,12 +105,6 @@ PRESETS = {
 }
 
 
-def _retrain_s(n: int, d: int, m: int, heads: int, tr: TrainSpec, c_out: int) -> float:
-    """``heads`` heads of width m trained as one batched model, with their head-by-head readout."""
-    steps = tr.epochs * math.ceil(n / tr.batch_size)
-    return B.train_s(n, d, heads * m, tr.epochs, tr.batch_size, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
-
-
 def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     n, nt, d, tr = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data), cfg.train
     c_out, k = B.n_outputs(cfg.data), cfg.n_tracked
@@ -144,9 +126,9 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
         if cfg.interventions:
             per += 3 * (B.train_s(n, d, m, tr.epochs, tr.batch_size) + kernel) + cfg.attack.steps * grad_step
         if "flow" in cfg.readings:  # an eigendecomposition of K without each point
-            per += (tracked + measured * k) * (B.eig_s(n) + B.gemm_s(nt, n, n, True))
+            per += flow_seconds(n, nt, tracked + measured * k)
         if "retrain" in cfg.readings:
-            per += _retrain_s(n, d, m, 1 + tracked, tr, c_out) + measured * _retrain_s(n, d, m, 1 + k, tr, c_out)
+            per += retrain_seconds(n, d, m, 1 + tracked, tr, c_out) + measured * retrain_seconds(n, d, m, 1 + k, tr, c_out)
         seconds += per
     slow = attention_slowdown(cfg.attention, cfg.archs)
     draws = max(1, len(cfg.data_seeds))

@@ -61,7 +61,7 @@ from .kernels import (
     width_needed_data,
     width_needed_fig,
 )
-from .readings import READING_LABELS, excess_width_data, excess_width_fig
+from .readings import READING_LABELS, against_ridge_data, against_ridge_fig, excess_width_data, excess_width_fig
 from .regime import (
     PARAM_COLORS,
     REGIME_LABELS,
@@ -101,7 +101,7 @@ __all__ = [
     "matrix_data", "MAX_SIDE", "METRICS", "model_label", "paper_trend_data", "paper_trend_fig",
     "PARAM_COLORS", "PRACTICAL_LOG10", "pretty_formula", "regime_epoch_data", "regime_epoch_fig",
     "REGIME_LABELS", "regime_width_data", "regime_width_fig", "KERNEL_LABELS", "LOO_LABELS", "RETRAIN_LABELS",
-    "retrain_width_data", "retrain_width_fig", "READING_LABELS", "excess_width_data", "excess_width_fig",
+    "retrain_width_data", "retrain_width_fig", "READING_LABELS", "against_ridge_data", "against_ridge_fig", "excess_width_data", "excess_width_fig",
     "scaling_data", "scaling_fig",
     "spectrum_data", "spectrum_fig", "spread", "SUPERSCRIPTS", "trajectory_data", "trajectory_fig",
     "width_needed_data", "width_needed_fig",

@@ -60,3 +60,33 @@ def excess_width_fig(data: pd.DataFrame, attention: str | None = None) -> go.Fig
     out = styled(fig, "width m", "flip excess over the larger null (% points)", logx=True)
     width_ticks(out, widths)
     return out
+
+
+def against_ridge_data(aggregate: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """One row per (architecture, reading other than ridge, point read) of an influence run's
+    ``aggregate`` frame at ``seed``: the point's ridge aggregate beside the reading's."""
+    d = aggregate[aggregate["seed"] == seed]
+    ridge = d[d["reading"] == "ridge"][["arch", "train_index", "influence"]].rename(columns={"influence": "ridge"})
+    other = d[d["reading"] != "ridge"].rename(columns={"influence": "read"})
+    return other.merge(ridge, on=["arch", "train_index"], how="left")[
+        ["arch", "reading", "train_index", "label", "ridge", "read"]].reset_index(drop=True)
+
+
+def against_ridge_fig(data: pd.DataFrame, attention: str | None = None) -> go.Figure:
+    """Each point read: its ridge influence (x) against the other reading's (y), a colour per
+    architecture and a marker per reading, with the y = x line (the readings agree on it)."""
+    fig = go.Figure()
+    symbols = {"flow": "circle-open", "retrain": "diamond"}
+    for (arch, reading), g in data.groupby(["arch", "reading"], sort=False):
+        fig.add_trace(go.Scatter(x=g["ridge"], y=g["read"], mode="markers", text=g["train_index"],
+                                 name=f"{arch_label(arch, attention)}, {READING_LABELS.get(reading, reading)}",
+                                 marker={"color": ARCH_COLORS.get(arch), "symbol": symbols.get(reading, "circle"),
+                                         "size": 9},
+                                 hovertemplate="training point %{text}<br>ridge %{x:.3g}<br>read %{y:.3g}"))
+    if len(data):
+        lo = float(np.nanmin(data[["ridge", "read"]].to_numpy()))
+        hi = float(np.nanmax(data[["ridge", "read"]].to_numpy()))
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x (readings agree)",
+                                 line={"color": "grey", "dash": "dot"}))
+    return styled(fig, "ridge leave-one-out influence (kernel)", "the same point's influence, other reading",
+                  "Each point's influence read two ways")
