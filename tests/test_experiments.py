@@ -250,6 +250,7 @@ def test_a_cancelled_run_resumes_from_its_finished_units_and_gives_the_same_resu
     resumed = exp.run(cfg, cache=cache, progress=lambda f, s: stages.append(s))
     assert {unit_of(s) for s in stages} - {None} == rerun  # 2L-ReLU was read back, not computed again
     assert not any(str(k).startswith(CHECKPOINT_PREFIX) for k in cache._store.iterkeys())  # stored: dropped
+    assert resumed.meta["resumed_units"] == len(kept_units)  # so its time never feeds the speed factor
 
     fresh = exp.run(cfg, cache=None)
     for frame_name, frame in fresh.frames.items():

@@ -191,11 +191,11 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     reference = EXPERIMENTS["spectrum"].estimate(cfg).seconds
     monkeypatch.setattr(speed, "SPEED_MIN_RUN_S", 0.0)
     monkeypatch.setattr(speed, "SPEED_MIN", 1e-9)      # a 0.2 s fake run is far faster than the estimate
-    clock = {"cached": False}
+    clock = {"cached": False, "meta": {}}
 
     def run(cfg, progress=None, cancel=None, **kwargs):
         time.sleep(0.2)
-        return Result("spectrum", {}, cached=clock["cached"])
+        return Result("spectrum", {}, cached=clock["cached"], meta=dict(clock["meta"]))
 
     m = JobManager()
     job = m.submit("spectrum", cfg, run, device="cpu")
@@ -211,6 +211,10 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     clock["cached"] = True
     assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
     assert speed.speed_factor("cpu") == factor          # a cache read says nothing of speed
+    m.forget(job.key)
+    clock.update(cached=False, meta={"resumed_units": 2})
+    assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
+    assert speed.speed_factor("cpu") == factor          # nor does a run that resumed an earlier one's units
     m.shutdown()
 
 

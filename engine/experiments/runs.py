@@ -87,6 +87,7 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
                 raise ValueError("its values were changed after it was stored")
             value = _decode_arrays(stored["value"])
             _validate(value, check, nan_ok)
+            kept.resumed += 1
             return value
         except Exception as exc:  # any damaged or foreign unit is recomputed, never trusted
             kept.drop(name, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")

@@ -370,6 +370,8 @@ def cached_run(kind: str, config: Config, compute: Callable[[], Result], cache: 
         result = compute()
     finally:
         _current.reset(token)
+    if kept.resumed:  # part of the work was an earlier run's: this run's time is not the whole run's
+        result.meta["resumed_units"] = kept.resumed
     result.config, result.provenance = canonical(config), provenance
     cache._write(key, result)
     kept.clear()

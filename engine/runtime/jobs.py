@@ -282,7 +282,8 @@ class JobManager:
             self._finish(job, JobState.FAILED, error=f"{type(exc).__name__}: {line}",
                          detail=traceback.format_exc())
         else:
-            if reference is not None and not getattr(result, "cached", False):  # a cache read says nothing of speed
+            # a cache read says nothing of speed, and a resumed run did only part of what its estimate counts
+            if reference is not None and not getattr(result, "cached", False) and not result.meta.get("resumed_units"):
                 record_run(reference, time.perf_counter() - t0, device)
             job.result = result
             job.frac, job.stage = 1.0, "done"

@@ -97,6 +97,7 @@ class Checkpoints:
     def __init__(self, cache: Cache, key: str, on_corrupt: Callable[[str], None] | None = None):
         self.cache, self.key = cache, key
         self._seen: set[str] = set()  # units named in this process
+        self.resumed = 0  # units taken from an earlier run (their time is not this run's)
         self._say = on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=5))
 
     def _unit_key(self, unit: str) -> str:
