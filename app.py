@@ -2,7 +2,8 @@
 
 Run with ``make run`` (or ``streamlit run app.py``). Every sidebar control keeps its value
 across pages (``persist_state="session"``) and lives in the URL's query parameters
-(``bind="query-params"``), so a view can be shared as a link.
+(``bind="query-params"``; the data set by hand, see ``_data_from_link``), so a view can be
+shared as a link.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
         Shared,
         available_names,
         data_dir,
+        data_label,
         dataset_infos,
+        default_missing,
         device_note,
         ensure_entry,
         fetch_ui,
@@ -50,6 +53,7 @@ machine_speed()  # once per server: this machine's speed now scales every estima
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
 QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice
+N_MIN, N_TEST_MIN = 10, 1  # the sidebar's smallest n and number of test points
 
 
 def qkv_note(s: Shared) -> str:
@@ -80,6 +84,65 @@ def _link_seen() -> None:
     st.session_state.pop("link.problems", None)
 
 
+def _data_picked() -> None:
+    """A data set picked in the sidebar: neither the link's nor the default's absence is news now."""
+    st.session_state.pop("data.link_note", None)
+    st.session_state["data.asked"] = True
+
+
+def _data_from_link(names: list[str]) -> None:
+    """On the session's first run, select the data set the link's ``data`` names (an upload by
+    its stored name, ``mine-0123456789abcdef.npz``). The data set list is not bound to the URL
+    like the other controls: it shows an upload by the name it was uploaded under, and a bound
+    widget puts what it shows in the URL, which would lose the content hash that identifies it."""
+    wanted = st.query_params.get("data")
+    if "data" in st.session_state or not wanted:
+        return
+    st.session_state["data.asked"] = True  # the default's absence is not this link's business
+    match = next((v for v in names if Path(v).name == wanted), None)
+    if match is not None:
+        st.session_state["data"] = match
+
+
+def _data_to_link(base: str, names: list[str]) -> None:
+    """Keep the URL's ``data`` at the data set shown (an upload's stored name); none for the
+    first one offered, as a bound control leaves out its default."""
+    want = None if base == names[0] else Path(base).name
+    if st.query_params.get("data") != want:
+        if want is None:
+            del st.query_params["data"]
+        else:
+            st.query_params["data"] = want
+
+
+def _sizes_before_widgets(base: str) -> None:
+    """Set n and the test points before their widgets are drawn: to what ``_fit_sizes_to_data``
+    asked for on the previous run, or back to what was asked before that once another data set
+    is picked (while they still read what they were lowered to)."""
+    fitted = st.session_state.get("data.fitted")
+    if "data.sizes" in st.session_state:
+        st.session_state["n"], st.session_state["n_test"] = st.session_state.pop("data.sizes")
+    elif fitted and fitted["base"] != base:
+        if (st.session_state.get("n"), st.session_state.get("n_test")) == fitted["used"]:
+            st.session_state["n"], st.session_state["n_test"] = fitted["asked"]
+        st.session_state.pop("data.fitted")
+
+
+def _fit_sizes_to_data(base: str, asked: tuple[int, int], used: Shared, note: str | None) -> str | None:
+    """Lower the n and test-point widgets to what an uploaded file lets runs use (``usable``), so
+    the sidebar shows the n the runs use; returns the line that says so while they read that."""
+    fitted = st.session_state.get("data.fitted")
+    if fitted and (fitted["base"], fitted["used"]) != (base, asked):
+        st.session_state.pop("data.fitted")  # n or the data set changed since: the line is old
+        fitted = None
+    widgets = (max(used.n, N_MIN), max(used.n_test, N_TEST_MIN))  # a file of a few rows: the note says the rest
+    if widgets != asked:
+        st.session_state["data.sizes"] = widgets
+        st.session_state["data.fitted"] = dict(base=base, asked=asked, used=widgets, note=note)
+        st.rerun()  # the widgets are drawn already; _sizes_before_widgets sets them on the rerun
+    return note or (fitted or {}).get("note")
+
+
 def sidebar_ui() -> tuple[Shared, str | None]:
     """Draw the shared controls; returns their values and a warning about the link, if any."""
     names = available_names() + uploaded_names()
@@ -87,8 +150,8 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     if link_note:
         st.session_state["data.link_note"] = link_note
     names = available_names() + uploaded_names()  # with a linked upload kept on this server
-    problems = link_problems({"n": ("training points n", (10, int(meta(DataSpec, "n").hi)), 200),
-                              "n_test": ("test points", (1, int(meta(DataSpec, "n_test").hi)), 100),
+    problems = link_problems({"n": ("training points n", (N_MIN, int(meta(DataSpec, "n").hi)), 200),
+                              "n_test": ("test points", (N_TEST_MIN, int(meta(DataSpec, "n_test").hi)), 100),
                               "seed": ("seed", (0, int(meta(DataSpec, "seed").hi)), 0),
                               "widths": ("widths", WIDTH_CHOICES, [16, 64, 256, 1024]),
                               # the URL carries the labels the widget shows (2L-ReLU), not the raw options
@@ -98,18 +161,25 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     if problems:  # kept for this session: the widgets drop the values, so the next run would not see them
         st.session_state["link.problems"] = problems
     st.header("Data and models")
-    base = st.selectbox("Data set", names, key="data", **BOUND, format_func=lambda v: Path(v).name,
-                        on_change=lambda: st.session_state.pop("data.link_note", None),
+    _data_from_link(names)
+    if st.session_state.get("data.select") in names:  # a file just uploaded (ui.common.upload_ui)
+        st.session_state["data"] = st.session_state.pop("data.select")
+        _data_picked()
+    labels = {v: data_label(v) for v in names}  # worked out here: the widget may format values after the run
+    base = st.selectbox("Data set", names, key="data", persist_state="session", format_func=lambda v: labels.get(v, v),
+                        on_change=_data_picked,
                         help="The first available of mnist, fashion-mnist, cifar10; synthetic needs no files.")
+    _data_to_link(base, names)
+    _sizes_before_widgets(base)
     classes = st.text_input("Classes", "all", key="classes", **BOUND,
                             help=f"`all`, or two classes `a-b` for a binary task, e.g. "
                                  f"`{PAIR_EXAMPLES.get(base, '0-1')}` (indices or names).")
     c1, c2 = st.columns(2)
-    n = c1.number_input("Training points n", 10, int(meta(DataSpec, "n").hi), 200, step=50, key="n", **BOUND,
+    n = c1.number_input("Training points n", N_MIN, int(meta(DataSpec, "n").hi), 200, step=50, key="n", **BOUND,
                         on_change=_link_seen,
                         help=meta(DataSpec, "n").help + "; each run says before it starts whether it fits "
                              "this machine's memory and time")
-    n_test = c2.number_input("Test points", 1, int(meta(DataSpec, "n_test").hi), 100, step=50, key="n_test",
+    n_test = c2.number_input("Test points", N_TEST_MIN, int(meta(DataSpec, "n_test").hi), 100, step=50, key="n_test",
                              **BOUND, on_change=_link_seen, help=meta(DataSpec, "n_test").help)
     sizes_slot = st.empty()  # says so when an uploaded file holds fewer points
     seed = st.number_input("Seed", 0, int(meta(DataSpec, "seed").hi), 0, key="seed", **BOUND,
@@ -137,11 +207,13 @@ def sidebar_ui() -> tuple[Shared, str | None]:
                widths=tuple(sorted(int(w) for w in widths)), archs=tuple(a for a in ARCH_CHOICES if a in archs),
                attention=(attention or "linear").strip(), device=device)
     s, error, note = usable(s)
+    note = _fit_sizes_to_data(base, (int(n), int(n_test)), s, note)
     if note:
         sizes_slot.info(note, icon=":material/info:")
     if _trainable(s.attention) and "attn" in s.archs:
         qkv_slot.caption(qkv_note(s))
-    st.caption(f"Task: **{plain(s.label)}**")  # the URL's classes and file names are shown as typed
+    task = s.label if not s.uploaded else data_label(s.base)
+    st.caption(f"Task: **{plain(task)}**")  # the URL's classes and file names are shown as typed
     with st.expander("Your own data"):
         upload_ui()
     with st.expander("Data sets here"):
@@ -177,6 +249,9 @@ with st.sidebar:
     st.session_state["shared"], data_error = sidebar_ui()
 if st.session_state.get("data.link_note"):
     st.warning(st.session_state["data.link_note"], icon=":material/link_off:")
+default_note = default_missing(data_label(st.session_state["shared"].base))  # on every page until one is picked
+if default_note:
+    st.warning(default_note, icon=":material/folder_off:")
 for problem in st.session_state.get("link.problems", ()):
     st.warning(problem, icon=":material/link_off:")
 if synthetic_note(st.session_state["shared"].base):

@@ -131,11 +131,37 @@ def data_dir() -> str:
     return str(resolve_data_dir(None))
 
 
+PREFERRED = ("mnist", "fashion-mnist", "cifar10", "synthetic")  # the default is the first one here (the paper's)
+
+
 def available_names() -> list[str]:
     """Available data sets in preference order: mnist, fashion-mnist, cifar10, synthetic."""
-    order = ["mnist", "fashion-mnist", "cifar10", "synthetic"]
+    order = list(PREFERRED)
     names = [i["name"] for i in dataset_infos(data_dir()) if i["available"]]
     return sorted(names, key=lambda s: order.index(s) if s in order else len(order)) or ["synthetic"]
+
+
+def missing_note(asked: str, shown: str, who: str) -> str | None:
+    """One line for a data set with files that is not here: which files are missing from which
+    folder (``engine.data.available_datasets``), what the pages show instead, how to get it.
+    None when ``asked`` is here or is no data set with files. ``who`` starts the line ("The
+    default data set"); ``shown`` is the sidebar's label of what is shown instead."""
+    info = next((i for i in dataset_infos(data_dir()) if i["name"] == asked), None)
+    if info is None or info["available"]:
+        return None
+    missing = info["reason"].split(";")[0].removeprefix("missing ")  # "missing a, b; downloaded …"
+    return (f"{who}, {plain(asked)}, is not here: {plain(missing)} missing from {plain(info['where'])}, so the "
+            f"pages show {plain(shown)} instead. Get it under “Data sets here” in the sidebar, or with "
+            f"`python -m engine datasets --fetch {plain(asked)}`, or point ENGINE_DATA_DIR at a folder that holds it.")
+
+
+def default_missing(shown: str) -> str | None:
+    """``missing_note`` for the default data set while this session asked for none (no ``data``
+    in its link, none picked or uploaded: app.py sets ``data.asked``), where the sidebar opens on
+    the next one available (``available_names``)."""
+    if st.session_state.get("data.asked"):  # set by app.py: a link's data set, or one picked
+        return None
+    return missing_note(PREFERRED[0], shown, "The default data set")
 
 
 def fetch_ui(name: str) -> None:
@@ -159,6 +185,20 @@ def fetch_ui(name: str) -> None:
 def uploaded_names() -> list[str]:
     """Paths of the .npz files uploaded in this session (content-addressed, see store_npz)."""
     return list(st.session_state.get("uploads", []))
+
+
+def data_label(base: str) -> str:
+    """How the sidebar names a data set: an upload by the file name it was uploaded under (its
+    stored name, ``mine-0123456789abcdef.npz``, stays its identity), a second file of that name
+    as ``mine.npz (2)``; a named data set as itself."""
+    given = st.session_state.get("upload.names", {})
+    count: dict[str, int] = {}
+    for path in uploaded_names():
+        name = given.get(path) or display_name(path)
+        count[name] = count.get(name, 0) + 1
+        if path == base:
+            return name if count[name] == 1 else f"{name} ({count[name]})"
+    return display_name(base) if base.lower().endswith(".npz") else base
 
 
 UPLOAD_EXPECTED = "expected an .npz file with arrays X (one row per sample) and y (integer labels), as numpy.savez writes"
@@ -207,8 +247,13 @@ def upload_ui() -> None:
     uploads = st.session_state.setdefault("uploads", [])
     if path not in uploads:
         uploads.append(path)
-        st.rerun()  # the data set list above was drawn without it
-    st.caption(f"Added to the data sets as “{plain(Path(path).name)}”.")
+        st.session_state.setdefault("upload.names", {})[path] = file.name
+    if st.session_state.get("upload.seen") != file.file_id:  # just uploaded (the widget keeps the file)
+        st.session_state["upload.seen"] = file.file_id
+        st.session_state["data.select"] = path  # taken by the data set list, which is drawn above
+        st.rerun()
+    st.caption(f"Added to the data sets as “{plain(data_label(path))}” (stored as {plain(Path(path).name)}, "
+               "the name a link to this view carries).")
 
 
 def linked_data(names: list[str]) -> str | None:
@@ -230,8 +275,9 @@ def linked_data(names: list[str]) -> str | None:
         return (f"This link opens uploaded data, “{plain(display_name(wanted))}”, that is not on this server, so "
                 f"the page shows {plain(names[0])} instead; upload the file under “Your own data” in the sidebar to see "
                 "the linked view.")
-    return (f"This link asks for the data set “{plain(wanted)}”, which is not available here, so the page shows "
-            f"{plain(names[0])} instead.")
+    return (missing_note(wanted, names[0], "This link's data set")
+            or f"This link asks for the data set “{plain(wanted)}”, which is not available here, so the page shows "
+               f"{plain(names[0])} instead.")
 
 
 def _shown(value) -> str:
@@ -343,7 +389,7 @@ def usable(s: Shared) -> tuple[Shared, str | None, str | None]:
         n, n_test = fit_sizes(s.n, s.n_test, rows, test_rows)
         if (n, n_test) != (s.n, s.n_test):
             held = f"{test_rows} test rows" if test_rows is not None else "no X_test, so test points are held out of X"
-            note = (f"{plain(display_name(s.base))} has {rows} rows ({held}): runs use n = {n} and {n_test} test points "
+            note = (f"{plain(data_label(s.base))} has {rows} rows ({held}): runs use n = {n} and {n_test} test points "
                     f"instead of {s.n} and {s.n_test}.")
             s = replace(s, n=n, n_test=n_test)
     return s, error, note

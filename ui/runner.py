@@ -33,6 +33,9 @@ POLL_MAX_S = 16.0     # ... and at most, once the run has taken POLL_AGE times t
 POLL_AGE = 5.0        # a refresh interval never exceeds 1/POLL_AGE of the run's age (see poll_interval)
 DRAW_S = 0.25         # progress bar refresh while waiting inline
 CANCEL_WAIT_S = 1.0   # after Cancel, wait this long for the run to stop before redrawing the page
+CANCEL_COLUMNS = (5, 1)  # widths of the progress bar's column and of Cancel's, to its right
+CANCEL_NOTE = ("Cancel keeps the architectures and seeds (for the scaling law: the widths) the run finished; "
+               "Run again resumes from them.")
 
 
 def _duration(seconds: float) -> str:
@@ -80,19 +83,28 @@ def _progress(key: str) -> None:
     polled(_progress_bar, job.elapsed_s() if job is not None else 0.0, key)
 
 
+def _bar_and_cancel(job: Job) -> tuple:
+    """The progress bar where the run button was, and a narrow column to its right for Cancel:
+    a double click on the run button lands on the bar, not on Cancel. Returns both columns."""
+    bar, stop = st.columns(CANCEL_COLUMNS, vertical_alignment="top")
+    bar.progress(job.frac, text=_status(job))
+    return bar, stop
+
+
 def _progress_bar(key: str, every: float) -> None:
     manager = get_manager()
     job = manager.get_key(key)
     if job is None or job.done or poll_interval(job.elapsed_s()) != every:
         st.rerun(scope="app")  # done: draw the result; or older: redraw at the longer interval
-    st.progress(job.frac, text=_status(job))
+    bar, stop = _bar_and_cancel(job)
     if job.cancelling:
         return  # no second Cancel; the bar says "cancelling…" until the run stops
-    if st.button("Cancel", key=f"cancel.{key[:16]}", help="Stop this run. It keeps the architectures and seeds "
-                 "(for the scaling law: the widths) it finished; Run again resumes from them"):
+    # no tooltip: it would open over the bar's text, whose end is the ETA; a caption says it instead
+    if stop.button("Cancel", key=f"cancel.{key[:16]}"):
         manager.cancel(key)
         job.wait(CANCEL_WAIT_S)  # a run that checks its flag between steps stops well within this
         st.rerun(scope="app")
+    bar.caption(CANCEL_NOTE)
 
 
 def _warn_plain(message: str) -> None:
@@ -153,13 +165,15 @@ def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = T
             _progress(key)
         return None
     deadline = time.monotonic() + INLINE_WAIT_S
-    slot.progress(job.frac, text=_status(job))  # on screen at once, not after the inline wait
+    with slot.container():  # on screen at once, not after the inline wait; as wide as it stays after
+        _bar_and_cancel(job)
     while not job.wait(max(0.0, min(DRAW_S, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
             with slot.container():
                 _progress(key)
             return None
-        slot.progress(job.frac, text=_status(job))
+        with slot.container():
+            _bar_and_cancel(job)
     if job.state is JobState.DONE:
         slot.empty()
         return job.result
