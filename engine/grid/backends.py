@@ -126,6 +126,9 @@ def _init_worker(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    # The grid's thread count, not one read from the load: the count changes the last bits of
+    # a result, and both backends must give the same bits (meta["threads"] says "ENGINE_THREADS").
+    os.environ["ENGINE_THREADS"] = str(threads)
     code_fingerprint()  # now, so that an edit to the engine while the grid runs is noticed
 
 

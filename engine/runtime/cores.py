@@ -15,7 +15,8 @@ time. Two things fix that, both here:
   the CLI's main thread) and restores it after.
 
 ``ENGINE_THREADS=N`` fixes the count (no look at the load); the choice is recorded in every
-computed result's ``meta["threads"]``.
+computed result's ``meta["threads"]``. The count moves a result's last bits (the order of a
+float sum), never more: where bits must repeat across runs, fix it (the grid does, per cell).
 """
 
 from __future__ import annotations
