@@ -15,7 +15,7 @@ from engine.experiments.registry import preset
 from engine.maths import metrics
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting import plots, protocols, tables
-from engine.reporting.plots.nulls import excess_fig, nulls_fig
+from engine.reporting.plots import excess_fig, nulls_fig
 from ui import configs, render
 from ui.common import ARCH_LABELS, plain, require, shared
 from ui.runner import obtain_planned
@@ -173,6 +173,7 @@ rows = res.frames["rows"]
 nets = rows[rows["width"] == width].drop_duplicates(["data_seed", "arch", "seed"])
 bad = render.training_gate(nets, len(res.meta["class_names"]), by=("arch",), what="flip rates")
 verdict = protocols.flip_verdict(one, eps=shown)
+verdict_line = f"verdict ({verdict['attack'].upper()}, {plots.READING_LABELS[reading]}): {verdict['verdict']}"
 st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
             f"Rule: {protocols.RULES['flip']}")
 st.dataframe(render.greyed(tables.flip_table(one), bad, by=("arch",)), hide_index=True, column_config={
@@ -221,11 +222,13 @@ with c1:
     chart(nulls_fig(one, shown, eps_label, cfg.attention), data, "flip rates and nulls",
                  "Per net and attack: the attack's flip rate (solid) beside the seed null (another network seed, no "
                  "attack) and the random null (a random perturbation of the same size), means over seeds; a flip "
-                 "rate no higher than its nulls says nothing about the attack.")
+                 "rate no higher than its nulls says nothing about the attack.", verdict=verdict_line)
 with c2:
     chart(excess_fig(one, shown, eps_label, cfg.attention), data, "flip excess",
                  "The flip rate minus the larger null, with its 95 % bootstrap interval over seeds and tracked "
-                 "points; the claim needs MLP-Attn's bar at least twice 2L-ReLU's and its interval above zero.")
+                 "points; the claim holds where MLP-Attn's excess exceeds 2L-ReLU's beyond their gap's interval and its own "
+                 "interval lies above zero (the verdict above).",
+                 verdict=verdict_line)
 c1, c2 = st.columns(2)
 with c1:
     chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",

@@ -91,15 +91,20 @@ mall = obtain_planned(run_malleability, mcfg, "Flip rates at ε = 0.3", button="
 if mall is not None:
     mall_rows, mall_cfg = mall.frames["rows"], mall.config
     ptab = paper.flip_rate_table(ref if ref in paper.FLIP_RATE else "mnist")
-    got = tables.percent(mall.frames["summary"], ["flip_rate"])[["arch", "attack", "flip_rate_pct_mean"]] \
-        .rename(columns={"flip_rate_pct_mean": "flip_rate_pct"})
-    data = ptab.rename(columns={"flip_rate_pct": "paper"}).merge(
-        got.rename(columns={"flip_rate_pct": "measured"}), on=["arch", "attack"], how="left")
+    msum = mall.frames["summary"]
+    nulls = msum.reindex(columns=["null_seed_flip_rate_mean", "null_random_flip_rate_mean"]).astype(float)
+    got = msum[["arch", "attack"]].assign(measured=100.0 * msum["flip_rate_mean"].astype(float),
+                                          null=100.0 * nulls.max(axis=1))
+    data = ptab.rename(columns={"flip_rate_pct": "paper"}).merge(got, on=["arch", "attack"], how="left")
     data["attack"] = data["attack"].str.upper()
+    mverdict = protocols.flip_verdict(msum, eps=paper.FLIP_EPS)
     render.chart(plots.compare_bars_fig(data, "attack", "flip rate (% of top-τ points)"), data,
                  "flip rates, paper and here",
-                 "Pale bars are the paper's flip rates and solid bars this run's, per attack; the claim is "
-                 "that red (MLP-Attn) stands well above blue (2L-ReLU).")
+                 "Pale bars are the paper's flip rates, solid bars this run's and hatched bars this run's larger null "
+                 "(another network seed without attack, or a random perturbation of the same size): a flip rate says "
+                 "something about the attack only above its null. The paper claims MLP-Attn's bars stand well above "
+                 f"2L-ReLU's; the rule's verdict here ({mverdict['attack'].upper()}): **{mverdict['verdict']}**.",
+                 config=mall.config, verdict=f"verdict ({mverdict['attack'].upper()}): {mverdict['verdict']}")
     st.caption("Each flip rate beside its nulls (another network seed without attack; a random perturbation "
                "of the same size), the excess over the larger one with its 95 % interval, and the accuracies "
                "that say whether the nets trained (percent; means over seeds).")

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
@@ -109,6 +110,32 @@ def test_main_figure_options_and_refusals():
         export.format_of("slide.jpeg")
     big = export.talk_style(_figure())
     assert big.layout.font.size == 18 and big.data[0].line.width == 3
+
+
+def test_the_malleability_figure_sets_every_flip_rate_beside_its_nulls_and_the_verdict():
+    """The CLI's only PDF route of the key chart: attack, seed null and random null bars at the
+    largest ε (the summary's own means, in percent), and the one rule's verdict in the settings line."""
+    from engine.experiments.malleability import run_malleability
+    from engine.reporting import protocols
+
+    cfg = MalleabilityConfig(data=SYN, train=TrainSpec(epochs=2, batch_size=20), widths=(32,), seeds=(0, 1),
+                             attacks=("fgsm",), eps=(0.05, 0.1))
+    res = run_malleability(cfg)
+    fig = export.main_figure("malleability", res)
+    assert [t.name for t in fig.data] == ["attack", "seed null", "random null"]
+    at = res.frames["summary"][res.frames["summary"]["eps"].astype(float) == 0.1]
+    for trace, col in zip(fig.data, ("flip_rate_mean", "null_seed_flip_rate_mean", "null_random_flip_rate_mean"),
+                          strict=True):
+        np.testing.assert_allclose(trace.y, 100.0 * at[col].astype(float).to_numpy())
+    verdict = protocols.flip_verdict(at, eps=0.1)["verdict"]
+    assert fig.layout.title.subtitle.text.endswith(f"verdict (FGSM): {verdict}")
+    assert "beside their nulls" in fig.layout.title.text
+    with pytest.raises(BadInput, match="unknown reading 'retrain'.*allowed: ridge"):
+        export.main_figure("malleability", res, "retrain")
+    bare = run_malleability(replace(cfg, nulls=False, seeds=(0,)))
+    no_nulls = export.main_figure("malleability", bare)
+    assert "no nulls measured" in no_nulls.layout.title.text
+    assert no_nulls.layout.title.subtitle.text.endswith("verdict (FGSM): uninformative")
 
 
 def test_a_browser_that_is_not_there_is_one_line(monkeypatch):

@@ -226,3 +226,7 @@ def test_the_settings_line_names_data_sizes_seeds_and_protocol(name):
         assert f"{cfg.train.epochs} epochs" in line and export.OPTIMIZER_NAMES[cfg.train.optimizer] in line
     if name == "malleability":
         assert f"{cfg.attack.steps} steps" in line
+    if data is not None:  # the draw: a reader can reproduce the exact sample
+        draws = cfg.data_seeds if getattr(cfg, "data_seeds", ()) else (cfg.data.seed,)
+        assert f"data draw{'s' if len(draws) > 1 else ''} {', '.join(map(str, draws))}" in line, line
+    assert export.settings_line(canonical(cfg), "verdict (PGD): holds").endswith(" · verdict (PGD): holds")

@@ -26,7 +26,7 @@ def _slug(text: str) -> str:
 
 
 def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False, title: str | None = None,
-          config: dict | None = None, wide: bool = False) -> None:
+          config: dict | None = None, wide: bool = False, verdict: str = "") -> None:
     """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
     PNG and SVG where a Chromium can render them).
 
@@ -36,7 +36,8 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     canvas, so nothing is clipped on a slide. The sentence and the buttons share a row that
     sizes each button to its label and gives the sentence the rest; in a narrow column the
     buttons wrap to a line of their own instead of being squeezed. ``wide``: the chart spans the
-    page (its title wraps at ``WIDE_PX``, not at a half column's ``PAGE_WIDTH_PX``)."""
+    page (its title wraps at ``WIDE_PX``, not at a half column's ``PAGE_WIDTH_PX``). ``verdict``: the
+    claim's verdict the chart bears on, added to the exported settings line."""
     slug = _slug(name)
     heading = title or fig.layout.title.text or name[:1].upper() + name[1:]
     fig = export.titled(go.Figure(fig), heading)
@@ -50,7 +51,7 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
                         mime="text/csv", key=f"csv.{slug}", on_click="ignore", icon=":material/download:",
                         help=f"Download the data of “{name}” as CSV", width="content")
     if export.browser_path() is not None:  # static images for slides, rendered only when clicked
-        line = export.settings_line(config) if config else _sidebar_line()
+        line = export.settings_line(config, verdict) if config else " · ".join(p for p in (_sidebar_line(), verdict) if p)
         still = export.slide(fig, line)
         for fmt in ("png", "svg"):
             row.download_button(fmt.upper(), _image(still, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],

@@ -253,10 +253,11 @@ def _seeds(seeds) -> str:
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-def settings_line(config: dict) -> str:
-    """One line for a slide from a result's canonical config (``Result.config``): data set and
-    sizes, seeds, training protocol and, where there is one, the attack. Missing parts are left
-    out, so any experiment's config (or ``{}``) gives a line."""
+def settings_line(config: dict, verdict: str = "") -> str:
+    """One line for a slide from a result's canonical config (``Result.config``): data set, sizes
+    and draw, seeds, training protocol and, where there is one, the attack; then ``verdict`` (the
+    chart's claim as the rule reads it), where given. Missing parts are left out, so any
+    experiment's config (or ``{}``) gives a line."""
     from .plots.style import NORM_SYMBOLS
 
     config = config or {}
@@ -269,7 +270,9 @@ def settings_line(config: dict) -> str:
         size = f"n = {data.get('n')}"
         if data.get("n_test", 1) > 1:
             size += f" ({data.get('n_test')} test)"
-        parts.append(f"{name}, {size}")
+        draws = config.get("data_seeds") or ([data["seed"]] if data.get("seed") is not None else [])
+        draw = f", data draw{'s' if len(draws) > 1 else ''} {', '.join(str(int(d)) for d in draws)}" if draws else ""
+        parts.append(f"{name}, {size}{draw}")
     elif "kappas" in config:  # the scaling law's own synthetic draws
         parts.append(f"synthetic, n = {config.get('n')}, d = {config.get('d')}, κ dialled")
     if config.get("widths") and len(config["widths"]) <= 6:
@@ -295,7 +298,7 @@ def settings_line(config: dict) -> str:
                      f"{attack.get('steps')} steps")
     if config.get("attention") and config.get("attention") != "linear":
         parts.append(f"attention {config['attention']}")
-    return " · ".join(p for p in parts if p)
+    return " · ".join(p for p in [*parts, verdict] if p)
 
 
 # ---------------------------------------------------------------- a page's main chart
@@ -340,15 +343,36 @@ def ntk_figure(result, metric: str | None = None) -> go.Figure:
 
 
 def malleability_figure(result, metric: str | None = None) -> go.Figure:
-    """Flip rates per attack and architecture at the largest ε (a ``malleability`` result)."""
-    from . import plots, tables
+    """Flip rates per attack and architecture at the largest ε beside their nulls, at the largest
+    width, read by ``metric`` (a reading; default ridge), with the claim's verdict in the settings
+    line (a ``malleability`` result; without the nulls, the flip rates alone, and the verdict says
+    so)."""
+    from . import plots, protocols, tables
 
     cfg = result.config
-    summary = tables.percent(result.frames["summary"], ["flip_rate", "pair_flip_rate"])
+    summary = result.frames["summary"]
+    readings = list(dict.fromkeys(summary["reading"])) if "reading" in summary else [None]
+    reading = metric or ("ridge" if "ridge" in readings else readings[0])
+    if reading not in readings:
+        raise BadInput(f"unknown reading {reading!r} for this malleability result; allowed: "
+                       f"{', '.join(str(r) for r in readings)}")
+    if "width" in summary:
+        summary = summary[summary["width"] == summary["width"].max()]
+    if reading is not None:
+        summary = summary[summary["reading"] == reading]
     eps = float(summary["eps"].astype(float).max())
     label = plots.eps_label((cfg.get("attack") or {}).get("norm", "linf"), cfg.get("space", "raw"))
-    fig = plots.flip_bars_fig(summary, eps, eps_label=label)
-    return titled(fig, f"Influence sign flips under attack, ε = {eps:g}", settings_line(cfg))
+    verdict = protocols.flip_verdict(summary, eps=eps)
+    words = f"verdict ({verdict['attack'].upper()}): {verdict['verdict']}"
+    if "null_seed_flip_rate_mean" in summary and summary["null_seed_flip_rate_mean"].notna().any():
+        fig = plots.nulls_fig(summary, eps, label, cfg.get("attention"))
+        title = f"Influence sign flips under attack beside their nulls, ε = {eps:g}"
+    else:
+        fig = plots.flip_bars_fig(tables.percent(summary, ["flip_rate", "pair_flip_rate"]), eps, eps_label=label)
+        title = f"Influence sign flips under attack (no nulls measured), ε = {eps:g}"
+    if reading is not None and len(readings) > 1:
+        title += f", read by {plots.READING_LABELS.get(reading, reading)}"
+    return titled(fig, title, settings_line(cfg, words))
 
 
 def scaling_figure(result, metric: str | None = None) -> go.Figure:

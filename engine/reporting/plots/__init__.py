@@ -61,6 +61,7 @@ from .kernels import (
     width_needed_data,
     width_needed_fig,
 )
+from .nulls import excess_fig, nulls_fig
 from .readings import READING_LABELS, against_ridge_data, against_ridge_fig, excess_width_data, excess_width_fig
 from .regime import (
     PARAM_COLORS,
@@ -106,5 +107,5 @@ __all__ = [
     "spectrum_data", "spectrum_fig", "spread", "SUPERSCRIPTS", "trajectory_data", "trajectory_fig",
     "width_needed_data", "width_needed_fig",
     "KERNEL_DASH", "alignment_width_data", "alignment_width_fig", "curve_data", "curve_fig", "power_data",
-    "power_fig", "training_data", "training_fig",
+    "power_fig", "training_data", "training_fig", "nulls_fig", "excess_fig",
 ]

@@ -268,7 +268,9 @@ def influence_shift_fig(before: np.ndarray, after: np.ndarray, highlight: int | 
 
 
 def compare_bars_fig(data: pd.DataFrame, x: str, y_title: str) -> go.Figure:
-    """Paper against measured: columns ``x``, ``arch``, ``paper``, ``measured`` (same units)."""
+    """Paper against measured: columns ``x``, ``arch``, ``paper``, ``measured`` (same units) and,
+    where present, ``null`` (the measured value's null, drawn hatched beside it: a measured bar
+    says something only above it)."""
     fig = go.Figure()
     for arch, d in by_arch(data):
         color = ARCH_COLORS.get(arch, "black")
@@ -277,5 +279,9 @@ def compare_bars_fig(data: pd.DataFrame, x: str, y_title: str) -> go.Figure:
                              hovertemplate=f"{arch_label(arch)}, paper<br>%{{x}}: %{{y:.3g}}<extra></extra>"))
         fig.add_trace(go.Bar(x=d[x], y=d["measured"], name=f"{arch_label(arch)}, here", marker_color=color,
                              hovertemplate=f"{arch_label(arch)}, here<br>%{{x}}: %{{y:.3g}}<extra></extra>"))
+        if "null" in d:
+            fig.add_trace(go.Bar(x=d[x], y=d["null"], name=f"{arch_label(arch)}, its null here", marker_color=color,
+                                 marker_opacity=0.3, marker_pattern_shape="/",
+                                 hovertemplate=f"{arch_label(arch)}, null here<br>%{{x}}: %{{y:.3g}}<extra></extra>"))
     fig.update_layout(barmode="group")
     return styled(fig, x, y_title)
