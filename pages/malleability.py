@@ -176,6 +176,7 @@ verdict = protocols.flip_verdict(one, eps=shown)
 verdict_line = f"verdict ({verdict['attack'].upper()}, {plots.READING_LABELS[reading]}): {verdict['verdict']}"
 st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
             f"Rule: {protocols.RULES['flip']}")
+render.gate_failures(nets)
 st.dataframe(render.greyed(tables.flip_table(one), bad, by=("arch",)), hide_index=True, column_config={
     **PCT, "arch": st.column_config.TextColumn("net"), "attack": "attack", "eps": "ε",
     "trained": st.column_config.TextColumn(tables.FLIP_TABLE["trained"], help=(

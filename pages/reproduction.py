@@ -110,6 +110,7 @@ if mall is not None:
                "that say whether the nets trained (percent; means over seeds).")
     nets = mall_rows.drop_duplicates([c for c in ("data_seed", "arch", "seed") if c in mall_rows])
     bad = render.training_gate(nets, len(mall.meta["class_names"]), by=("arch",), what="flip rates")
+    render.gate_failures(nets)
     st.dataframe(render.greyed(tables.flip_table(mall.frames["summary"]).rename(columns=tables.FLIP_TABLE), bad,
                                by=("arch",)), hide_index=True, width="stretch")
 st.subheader("The network's own influence: the same attack read three ways")

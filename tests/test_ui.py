@@ -308,6 +308,28 @@ def test_nets_near_chance_get_a_banner_and_grey_rows():
     assert grey[0] == grey[1] == [] and all(g and "9e9e9e" in g[0][1] for g in grey[2:])
 
 
+def test_a_failed_training_gate_names_the_net_its_seed_and_its_numbers():
+    """The engine's ``trained`` flag decides; without it, ``passes_gate`` on test vs K_m ridge."""
+    def script():
+        import pandas as pd
+
+        from ui import render
+
+        rows = pd.DataFrame({"arch": ["relu", "relu", "relu", "attn"], "data_seed": [0, 0, 0, 0],
+                             "seed": [0, 1, 2, 0], "train_acc": [1.0, 1.0, 1.0, 0.9],
+                             "test_acc": [0.8, 0.61, 0.79, 0.7], "test_acc_kernel": [0.8, 0.78, 0.8, 0.7]})
+        render.gate_failures(rows)  # 2L-ReLU seed 1: 61 % against 78 %, 17 points below
+        render.gate_failures(rows.assign(trained=[True, True, False, True]))  # the engine's flag wins
+        render.gate_failures(rows.iloc[[0, 3]])  # every net passes: nothing
+
+    at = AppTest.from_function(script).run()
+    assert not at.exception
+    first, second = (e.value for e in at.error)
+    assert "1 of 4 nets" in first and "2L-ReLU, seed 1: train 100 %, test 61 %, K_m ridge 78 %" in first
+    assert "MLP-Attn" not in first and "data draw" not in first
+    assert "2L-ReLU, seed 2: train 100 %, test 79 %, K_m ridge 80 %" in second and "seed 1" not in second
+
+
 def test_every_chart_gets_a_title():
     """A figure without one is titled from the chart's name; a figure's own title or ``title`` wins."""
     def script():

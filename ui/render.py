@@ -138,6 +138,34 @@ def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("ar
     return bad
 
 
+def gate_failures(nets: pd.DataFrame) -> None:
+    """An error naming every net (architecture, data draw, seed) that failed the training gate
+    (``engine.maths.gates.passes_gate``: test accuracy more than ``TRAIN_GATE`` below its own
+    K_m ridge's), with its train, test and K_m numbers, so a "did not train" verdict is explained
+    where it is read. ``nets``: one row per net with ``test_acc`` and ``test_acc_kernel``."""
+    from ui.common import ARCH_LABELS
+
+    if nets.empty or not {"test_acc", "test_acc_kernel"} <= set(nets):
+        return
+    passed = (nets["trained"].astype(bool) if "trained" in nets
+              else gates.passes_gate(nets["test_acc"], nets["test_acc_kernel"]))
+    failed = nets[~np.asarray(passed, dtype=bool)]
+    if failed.empty:
+        return
+
+    def pct(v) -> str:
+        return "—" if pd.isna(v) else f"{100 * float(v):.0f} %"
+
+    lines = [f"{ARCH_LABELS.get(r['arch'], r['arch'])}"
+             + (f", data draw {r['data_seed']}" if "data_seed" in r and nets["data_seed"].nunique() > 1 else "")
+             + f", seed {r['seed']}: train {pct(r.get('train_acc'))}, test {pct(r['test_acc'])}, "
+             f"K_m ridge {pct(r['test_acc_kernel'])}" for _, r in failed.iterrows()]
+    st.error(f"**Training gate failed** ({len(failed)} of {len(nets)} nets; a net passes when its test accuracy is "
+             f"within {100 * gates.TRAIN_GATE:.0f} points of ridge regression with its own trained kernel K_m): "
+             + "; ".join(lines) + ". Train longer, with another learning rate, or pick a protocol above.",
+             icon=":material/error:")
+
+
 def greyed(table: pd.DataFrame, bad: pd.DataFrame, by: tuple[str, ...] = ("arch", "width")):
     """``table`` for ``st.dataframe`` with the rows of the ``bad`` groups (``training_gate``) in grey."""
     keys = [k for k in by if k in table and k in bad]
