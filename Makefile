@@ -14,7 +14,7 @@ BIN    := $(VENV)/bin
 ENGINE_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/datasets)))
 export ENGINE_DATA_DIR
 
-.PHONY: setup run test test-all bench lint clean
+.PHONY: setup run test test-all bench bundle lint clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,12 @@ test: setup
 # Everything: adds memory peaks, AppTest on MNIST, the Ray grid and the browser (CI runs this).
 test-all: setup
 	$(BIN)/python -m pytest $(PYTEST_PAR) --durations=30
+
+# The shipped bundle of default results (bundle/): every page opened at its defaults, what it
+# runs kept, so each opens on its chart. Run after any edit under engine/ (the bundle is refused
+# until then).
+bundle: setup
+	$(BIN)/python -m ui.bundle --out bundle
 
 bench: setup
 	$(BIN)/python -m engine bench --quick

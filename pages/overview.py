@@ -9,6 +9,7 @@ from engine.experiments.malleability import run_malleability
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.sweep import run_ntk_sweep
 from engine.reporting import alignment as alignment_words, paper, plots, rule, tables
+from engine.runtime import bundle
 from engine.runtime.errors import EngineError
 from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, plain, shared
@@ -144,3 +145,5 @@ st.markdown(f"Results are cached in `{cs['folder']}` ({cs['megabytes']:.1f} MB).
             "to move it; delete the folder to start afresh. A result is keyed by its full settings, "
             "a fingerprint of the data files it read and a fingerprint of the engine's code, so a "
             "changed file or a new engine version never returns a stale number.")
+st.caption(plain(f"Shipped defaults: {bundle.state().line}. A shipped result is served only to the run that made "
+                 "it (same code, settings and data files); every page then opens on its chart."))

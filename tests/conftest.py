@@ -130,6 +130,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: tests that drive a real Chromium")
     config.addinivalue_line("markers", "cuda: tests that need a CUDA GPU")
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    # no shipped results served to the suite (the CLI, grid and server subprocesses included): a test
+    # computes what it checks; tests/test_bundle.py points ENGINE_BUNDLE_DIR at a bundle of its own
+    os.environ["ENGINE_BUNDLE_DIR"] = ""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # parallel workers share the cores: oversubscribed OpenMP threads spin against each other
         threads = max(1, (os.cpu_count() or 1) // workers)

@@ -45,6 +45,7 @@ import diskcache
 
 from ..data.folders import expand_path, user_cache_dir
 from ..data.spec import DataSpec
+from . import bundle
 from .errors import CacheCorrupt, CacheError, CacheWarning
 from .store import CHECKPOINT_PREFIX, Checkpoints, RawDisk, Refused, db_damage, open_folder, set_aside  # noqa: F401 (re-exported)
 
@@ -219,6 +220,7 @@ class Result:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict = field(default_factory=dict)             # JSON-able scalars and lists
     cached: bool = False                                 # True when read back from disk
+    bundled: bool = False                                # True when it came from the shipped bundle
     provenance: dict = field(default_factory=dict)       # code, engine, data fingerprints
 
     def to_bytes(self) -> bytes:
@@ -296,9 +298,10 @@ class Cache:
             self._store.set(config_key(kind, config, data_dir), blob)
 
     def __contains__(self, item: tuple) -> bool:
-        """``(kind, config)`` or ``(kind, config, data_dir)`` in cache."""
+        """``(kind, config)`` or ``(kind, config, data_dir)`` in cache (or in the bundle it may serve)."""
+        key = config_key(*item)
         with self._errors():
-            return config_key(*item) in self._store
+            return key in self._store or key in bundle.state().entries
 
     def clear(self) -> None:
         with self._errors():
@@ -311,13 +314,31 @@ class Cache:
         try:
             with self._errors():
                 blob = self._store.get(key)
-            return None if blob is None else Result.from_bytes(blob)
+            return self._from_bundle(key, kind, on_corrupt) if blob is None else Result.from_bytes(blob)
         except (Refused, CacheCorrupt) as exc:
             message = f"dropped corrupt cache entry {key[:12]} for {kind}: {exc}"
             (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4)))(message)
             with self._errors():
                 self._store.delete(key)  # SQL delete; RawDisk.remove unlinks only own files
             return None
+
+    def _from_bundle(self, key: str, kind: str, on_corrupt: Callable[[str], None] | None) -> Result | None:
+        """The bundle's entry for ``key``, copied into the cache; None where none decodes (``bundle``)."""
+        blob = bundle.read(key, kind)
+        if blob is None:
+            return None
+        try:
+            result = Result.from_bytes(blob)
+            if result.kind != kind:
+                raise CacheCorrupt(f"it holds a {result.kind!r} result")
+        except CacheCorrupt as exc:
+            message = f"bundle entry {key[:12]} for {kind} is ignored: {exc}"
+            (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=5)))(message)
+            return None
+        with self._errors():
+            self._store.set(key, blob)
+        result.bundled = True
+        return result
 
     def _write(self, key: str, result: Result) -> None:
         blob = result.to_bytes()
