@@ -259,3 +259,18 @@ def test_one_real_flip_cell_gets_a_verdict():
     row = P.cell(cell, res.frames["summary"])
     assert row["verdict"] == v["verdict"] and row["optimizer"] == "adamw"
     assert P.cell(cell, None)["verdict"] == "not run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["linear", "centered"])
+def test_the_malleability_defaults_train_every_net_on_every_seed(mnist_dir, attention):
+    """The page's verdict at its defaults is about the attack: no net of either architecture fails the
+    training gate on real MNIST (the quick preset, the sidebar's linear attention and the centred one)."""
+    from engine.experiments.registry import preset
+
+    cfg = replace(preset("malleability", "quick"), attention=attention, attacks=("pgd",))
+    cfg = replace(cfg, data=replace(cfg.data, dataset="mnist"))
+    rows = run_malleability(cfg, data_dir=mnist_dir).frames["rows"]
+    nets = rows.drop_duplicates(["arch", "seed"])
+    assert len(nets) == 6 and nets["trained"].all(), nets[["arch", "seed", "test_acc", "test_acc_kernel"]]
+    assert (nets["train_acc"] > 0.7).all()

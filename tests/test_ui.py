@@ -324,7 +324,7 @@ def test_a_failed_training_gate_names_the_net_its_seed_and_its_numbers():
 
     at = AppTest.from_function(script).run()
     assert not at.exception
-    first, second = (e.value for e in at.error)
+    first, second = (w.value for w in at.warning)
     assert "1 of 4 nets" in first and "2L-ReLU, seed 1: train 100 %, test 61 %, K_m ridge 78 %" in first
     assert "MLP-Attn" not in first and "data draw" not in first
     assert "2L-ReLU, seed 2: train 100 %, test 79 %, K_m ridge 80 %" in second and "seed 1" not in second

@@ -78,12 +78,20 @@ class MalleabilityConfig:
 
 
 NETWORK_SGD = replace(LAZY_SGD, epochs=40, lr=24.0)
+# The Malleability page's default nets: every seed of both nets passes the training gate, for linear
+# and centred attention alike, so the default verdict is about the attack, not about a net that did not
+# train. Measured on real MNIST (n = 200, 100 test, m = 1024, seeds 0-2, 200 epochs of Adam, no decay):
+# at η = 1e-3 (QUICK_TRAINED) linear MLP-Attn reached 51-54 % train, 44-46 % test against 65-73 % for
+# its K_m ridge (all three fail); 3e-3 still failed all three; 1e-2 passed with 0-10 points to spare;
+# at 2e-2 linear MLP-Attn 76-80 % train, 64-69 % test against 69-71 % (0-7 points), centred 100 % train,
+# 69-70 % against 69-74 %, and 2L-ReLU 100 % train, 76-78 % against 81-83 %.
+QUICK_MALLEABLE = replace(QUICK_TRAINED, lr=2e-2)
 PRESETS = {
     "malleability": {
-        # nets that reach their kernel baseline (QUICK_TRAINED) and a small attack: ℓ2 0.3 on the unit
+        # nets that reach their kernel baseline (QUICK_MALLEABLE) and a small attack: ℓ2 0.3 on the unit
         # rows the nets see moves each row by 30 % of its norm (ℓ∞ 0.3 on raw pixels moved 60-70 %,
         # a wrecked digit); FGSM and PGD keep it under the 30 s a run may start without a click
-        "quick": MalleabilityConfig(data=DataSpec(n=200, n_test=100), train=QUICK_TRAINED,
+        "quick": MalleabilityConfig(data=DataSpec(n=200, n_test=100), train=QUICK_MALLEABLE,
                                     attack=AttackSpec(steps=10, norm="l2"), space="normalized",
                                     attacks=("fgsm", "pgd"), eps=(0.3,), seeds=(0, 1, 2)),
         "paper": MalleabilityConfig(data=DataSpec(n=1000, n_test=100), train=TrainSpec(epochs=500),
