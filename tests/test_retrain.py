@@ -118,7 +118,7 @@ def test_batched_retrainings_are_separate_retrainings_bit_for_bit(width, init, c
                      optimizer=optimizer, loss="mse", param=param)
     left_out = [3, 17, 22, 39]
     keep = _keep(n, left_out)
-    run = train_masked(phi, y, classes, [net.mlp] * len(keep), keep, spec, seed=5)
+    run = train_masked(phi, y, classes, [net.mlp] * len(keep), keep, spec, seed=5, in_span=False)
     for j in range(len(keep)):
         alone = _alone(Net("relu", X, width, n_out, seed=4, init=init).mlp, phi, y, classes, spec, 5, keep=keep[j])
         assert torch.equal(run.W[j * width:(j + 1) * width], alone), (j, float((run.W[j * width:(j + 1) * width]
@@ -137,6 +137,34 @@ def test_the_full_copy_follows_engine_training_bit_for_bit():
     alone = Net("relu", X, 64, 3, seed=7)
     train(alone, X, y, 3, spec, seed=8)
     assert torch.equal(run.W, alone.mlp.W.detach())
+
+
+@pytest.mark.parametrize("init,classes,loss,param,decay,linearised", [
+    ("gaussian", 3, "mse", "ntk", 1e-3, False),
+    ("antisymmetric", 3, "ce", "ntk", 0.0, False),
+    ("gaussian", 2, "mse", "mup", 1e-2, False),
+    ("antisymmetric", 3, "mse", "ntk", 1e-3, True),
+])
+def test_sgd_in_the_features_span_takes_the_weight_space_steps(init, classes, loss, param, decay, linearised):
+    """W = s·W₀ + Cᵀφ with H_b = s·(φW₀ᵀ)_b + (φφᵀ)_b C is the same SGD, summed in another order: float64
+    runs agree to rounding, every head (masked or not, several widths, μP weights, decay, a linearised
+    head) and the loss curves too; other optimisers are refused."""
+    n = 40
+    X, y = _features(n, 96, classes, seed=13, dtype=torch.float64)
+    n_out = 1 if classes == 2 else classes
+    nets = [Net("relu", X, w, n_out, seed=14 + w, init=init, dtype=torch.float64) for w in (32, 64)]
+    phi = nets[0].features(X).detach()
+    heads = [nets[0].mlp, nets[1].mlp, nets[1].mlp, nets[1].mlp]
+    keep = _keep(n, [5, 30, 31])
+    frozen = (phi @ torch.cat([h.W.detach() for h in heads]).T > 0) if linearised else None
+    spec = TrainSpec(epochs=6, lr=0.5, batch_size=16, weight_decay=decay, optimizer="sgd", loss=loss, param=param)
+    span = train_masked(phi, y, classes, heads, keep, spec, seed=15, frozen=frozen, in_span=True)
+    weights = train_masked(phi, y, classes, heads, keep, spec, seed=15, frozen=frozen, in_span=False)
+    torch.testing.assert_close(span.W, weights.W, rtol=RTOL64, atol=ATOL64)
+    torch.testing.assert_close(torch.tensor(span.losses), torch.tensor(weights.losses), rtol=RTOL64, atol=ATOL64)
+    assert torch.equal(span.W0, weights.W0) and not torch.allclose(span.W, span.W0)
+    with pytest.raises(BadInput, match="plain SGD's; optimizer 'adam'"):
+        train_masked(phi, y, classes, heads, keep, replace(spec, optimizer="adam"), in_span=True)
 
 
 # ---------------------------------------------------------------- (c) masking = deleting

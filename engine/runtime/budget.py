@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # annotations only: an estimate loads no torch
 FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
 FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
 STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
+ELEMENT_S = 5e-9        # one activation's elementwise passes per epoch (relu, readout, loss; 2 cores, measured)
 FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
@@ -321,6 +322,17 @@ def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: 
     """Batched training of total width m_total: forward, readout and weight-gradient GEMMs."""
     steps = epochs * math.ceil(n / batch)
     return epochs * 3 * gemm_s(n, m_total, d) + steps * STEP_OVERHEAD_S + epochs * gemm_s(n, m_total, n_out)
+
+
+def masked_train_s(n: float, d: float, m_total: float, tr: Any, n_out: int = 10) -> float:
+    """``engine.maths.loo.train_masked``'s batched heads: for plain SGD with n < 2d in the features'
+    span (per epoch one (n, n)·(n, Σm) product and ``ELEMENT_S`` per activation for the relu,
+    readout and loss passes; W formed once at the end), else ``train_s``."""
+    if tr.optimizer != "sgd" or n >= 2 * d:
+        return train_s(n, d, m_total, tr.epochs, tr.batch_size, n_out)
+    steps = tr.epochs * math.ceil(n / tr.batch_size)
+    return (tr.epochs * (gemm_s(n, m_total, n) + gemm_s(n, m_total, n_out) + ELEMENT_S * n * m_total)
+            + gemm_s(m_total, d, n) + steps * STEP_OVERHEAD_S)
 
 
 def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:

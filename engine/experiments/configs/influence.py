@@ -92,7 +92,7 @@ def kernel_seconds(cfg, n, nt, d, m) -> float:
 def retrain_seconds(n: int, d: int, m: int, heads: int, tr: TrainSpec, c_out: int) -> float:
     """``heads`` heads of width m trained as one batched model, with their head-by-head readout."""
     steps = tr.epochs * math.ceil(n / tr.batch_size)
-    return B.train_s(n, d, heads * m, tr.epochs, tr.batch_size, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
+    return B.masked_train_s(n, d, heads * m, tr, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
 
 
 def flow_seconds(n: int, nt: int, points: int) -> float:

@@ -85,8 +85,8 @@ def estimate_retrain(cfg: RetrainConfig) -> Estimate:
     heads = h * len(cfg.widths)
     # the head-by-head readout: a few small ops per head and step, forward and backward
     readout = steps * heads * 8 * B.STEP_OVERHEAD_S / 40
-    per_group = (B.train_s(n, d, m, tr.epochs, tr.batch_size, c_out) + B.train_s(n, d, h * m, tr.epochs,
-                 tr.batch_size, c_out) + readout + B.gemm_s(n + nt, h * m, d))
+    per_group = (B.masked_train_s(n, d, m, tr, c_out) + B.masked_train_s(n, d, h * m, tr, c_out) + readout
+                 + B.gemm_s(n + nt, h * m, d))  # both trainings are train_masked's
     for w in cfg.widths:  # the trained net's eNTK and its leave-one-out
         per_group += B.ntk_s(n, n, d, w) + B.ntk_s(nt, n, d, w) + 2 * B.chol_s(n) + B.gemm_s(nt, n, n, True)
     if "flow" in cfg.loo:  # an eigendecomposition of K without each point, per width and kernel
