@@ -39,7 +39,7 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
-from .counts import count_dtype, gemm_counts
+from .counts import count_dtype, count_product
 from .specs import STORAGE
 from .tiles import SERIAL_WORK, row_blocks, serial, tile_ranges
 
@@ -102,12 +102,14 @@ def _signs(phi: torch.Tensor, W: torch.Tensor, dtype: torch.dtype, chunk: int) -
     S = torch.empty(n, m, dtype=dtype, device=phi.device)
     direct = dtype == phi.dtype
     P = None if direct else torch.empty(min(chunk, n), m, dtype=phi.dtype, device=phi.device)
+    # int8 S takes the comparison's bools as its own bytes (0/1): no bool temporary cast after
+    signs = S.view(torch.bool) if dtype == torch.int8 else S
     for i, i2 in row_blocks(n, chunk):
         if direct:
             torch.mm(phi[i:i2], W.T, out=S[i:i2]).gt_(0)
         else:
             assert P is not None  # allocated above whenever S cannot take the product itself
-            torch.gt(torch.mm(phi[i:i2], W.T, out=P[:i2 - i]), 0, out=S[i:i2])
+            torch.gt(torch.mm(phi[i:i2], W.T, out=P[:i2 - i]), 0, out=signs[i:i2])
     return S
 
 
@@ -128,9 +130,10 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
     if m >= _EXACT_COUNT_LIMIT:
         raise BadInput(f"width {m} too large for exact activation counts (limit {_EXACT_COUNT_LIMIT - 1})")
     dev = phi1.device
-    cdt = count_dtype(dev)
     same = phi2 is None
     n1, n2 = phi1.shape[0], (phi1 if same else phi2).shape[0]
+    rows, cols = _entk_tiles(n1, n2, chunk, dev.type)
+    cdt = count_dtype(dev, (min(rows, n1), m, min(cols, n2)))  # the count path timed at this kernel's tiles
     csize = _itemsize(cdt)
     require_kernel(f"empirical NTK at width {m}", n1, n2, dtype, dev,
                     lambda k, size: closed_ntk_bytes(k, k if same else n2, m, chunk, same, csize, size, dev.type))
@@ -143,21 +146,21 @@ def _closed(head, phi1, phi2, chunk, dtype=torch.float64):
         S1 = _signs(phi1, Wc, cdt, chunk)
         S2 = S1 if same else _signs(phi2, Wc, cdt, chunk)
     K = torch.empty(n1, n2, dtype=dtype, device=dev)
-    rows, cols = _entk_tiles(n1, n2, chunk, dev.type)
     # float64 storage: each tile is finished in place in K; float32: in a float64 scratch
     # tile, rounded once into K.
     size = rows * min(cols, n2)  # the largest tile
     scratch = None if dtype == torch.float64 else torch.empty(size, dtype=torch.float64, device=dev)
     # For X2 = X1 only the tiles on and right of the diagonal are computed and mirrored. The
     # feature Gram is formed in the features' own precision (float32 features carry no more
-    # digits); the counts are exact; their product is taken in float64: three passes.
+    # digits); the counts are exact; their product is taken in float64 (count_product: the
+    # counts' GEMM and its conversion, in buffers kept across tiles).
+    work: dict = {}
     with serial(small, dev.type, SERIAL_WORK, 0):
         for i, i2, j, j2 in tile_ranges(n1, n2, rows, cols, same):
             G = phi1[i:i2] @ phi2[j:j2].T
-            C = gemm_counts(S1[i:i2], S2[j:j2])
             T = K[i:i2, j:j2] if scratch is None else scratch[:G.numel()].view_as(G)
+            count_product(G, S1[i:i2], S2[j:j2], T, work)
             with serial(G.numel(), dev.type):
-                T.copy_(G).mul_(C).div_(m)
                 if same and j == i:
                     T.copy_((T + T.T) / 2)  # rounding makes a diagonal tile's Gram a hair asymmetric
                 if scratch is not None:
