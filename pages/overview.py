@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -12,7 +14,7 @@ from engine.reporting import alignment as alignment_words, paper, plots, rule, t
 from engine.runtime import bundle
 from engine.runtime.errors import EngineError
 from ui import configs, render
-from ui.common import cache_summary, data_dir, dataset_infos, plain, shared
+from ui.common import cache_summary, data_dir, dataset_infos, get_cache, plain, shared
 from ui.runner import obtain_together, peek
 
 PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
@@ -21,6 +23,7 @@ PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distan
                "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here",
                "alignment": "does the kernel align with the labels?"}
 
+ROOT = Path(__file__).resolve().parents[1]  # grids/ sits beside pages/ (in the checkout and the image)
 s = shared()
 st.title("Influence malleability in linearized attention")
 st.markdown(f"**The paper claims** (*{paper.PAPER}*): " + " ".join(paper.CLAIM)
@@ -107,6 +110,17 @@ st.markdown(plain(alignment_words.power_sentence(align.frames["verdict"] if alig
             + " (the Task alignment and Reproduction pages measure it)")
 st.markdown("Vulnerability: is MLP-Attn more malleable? The same attack read three ways:")
 st.table(pd.DataFrame(readings), hide_index=True)
+st.markdown("**The README's protocols**, each read with the same rule from this machine's cache (`python -m engine "
+            "grid grids/readme.toml` computes them, resumably; `python -m engine report grids/readme.toml` prints the "
+            "README's tables from them):")
+try:
+    from engine.grid.driver import load_spec
+    from engine.reporting.report import protocol_lines
+
+    spec_lines = protocol_lines(load_spec(ROOT / "grids" / "readme.toml"), get_cache(), data_dir())
+except EngineError as exc:
+    spec_lines = [f"the README's grid cannot be read here: {exc}"]
+st.markdown("\n".join(f"- {plain(line)}" for line in spec_lines))
 st.caption(f"The network's own leave-one-out (retraining without each tracked point) beside the kernel's readings of "
            f"the same attack: lazy SGD on MSE, {net_cfg.attention} attention, ℓ2 PGD at ε = {net_cfg.eps[0]:g} on "
            f"the normalised rows, {len(net_cfg.seeds)} seeds, the verdict rule of every flip table. Measured on the "

@@ -260,6 +260,8 @@ def test_the_overview_starts_nothing_until_asked(env):
     note = " ".join(c.value for c in at.caption)
     assert "Not measured here yet" in note and "of work here in all" in note and "flip rates" in note
     assert not at.get("plotly_chart")
+    protocols = next(m.value for m in at.markdown if m.value.startswith("- paper protocol ("))
+    assert "- trained, centred MLP-Attn (" in protocols and protocols.count(": not in this cache") >= 4
 
 
 @pytest.mark.slow

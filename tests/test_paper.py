@@ -275,3 +275,42 @@ def test_the_readme_grid_and_its_report_command(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["report", "--help"])
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_protocol_lines_read_each_blocks_first_cell_with_the_rule(cache):
+    """One sentence per block: the first cell's verdict where the cache holds it (the very flip_rule
+    outcome and reason), else that it is not in this cache; the Overview shows them."""
+    import tomllib
+
+    from engine.experiments.registry import EXPERIMENTS
+    from engine.grid.spec import parse_spec
+
+    doc = tomllib.loads("""
+[[grid]]
+label = "tiny"
+kind = "malleability"
+preset = "quick"
+base."data.dataset" = "synthetic"
+base."data.n" = 30
+base."data.n_test" = 10
+base.widths = [16]
+base.seeds = [0, 1]
+base."train.epochs" = 5
+base.attacks = ["pgd"]
+base."attack.steps" = 2
+axes.eps = [0.3, 0.1]
+[[grid]]
+label = "other"
+kind = "malleability"
+preset = "quick"
+base."data.dataset" = "synthetic"
+base."data.n" = 31
+""")
+    spec = parse_spec(doc)
+    first = spec.cells[0]
+    res = EXPERIMENTS["malleability"].run(first.config, cache)
+    lines = report.protocol_lines(spec, cache)
+    v = FR.flip_rule(res.frames["summary"])
+    assert lines == [f"tiny ({first.settings}), PGD ε = {v['eps']:g}: {v['outcome']} — {v['why']}",
+                     f"other ({spec.cells[2].settings}): not in this cache"]
+    assert v["outcome"] in FR.FLIP_OUTCOMES

@@ -98,6 +98,33 @@ def results(spec, cache: Cache | None, data_dir=None, kind: str = "malleability"
     return out
 
 
+def protocol_lines(spec, cache: Cache | None, data_dir=None) -> list[str]:
+    """One sentence per block of a grid spec, from its first malleability cell: the block's label
+    and settings, then the verdict rule's outcome and reason (``flip_rule``), or that this cache
+    does not hold it (the Overview states the README's protocols with these)."""
+    from .rule import flip_rule
+
+    lines, seen = [], set()
+    for label, hit in results(spec, cache, data_dir):
+        block, _, settings = label.partition(": ")
+        if block in seen or not settings:
+            continue
+        seen.add(block)
+        if hit is None:
+            lines.append(f"{block} ({settings}): not in this cache")
+            continue
+        summary = hit.frames["summary"]
+        if "width" in summary:
+            summary = summary[summary["width"] == summary["width"].max()]
+        readings = list(dict.fromkeys(summary["reading"])) if "reading" in summary else [None]
+        for reading in readings:
+            v = flip_rule(summary if reading is None else summary[summary["reading"] == reading])
+            how = "" if len(readings) < 2 else f", read by {reading}"
+            lines.append(f"{block} ({settings}{how}), {v['attack'].upper()} ε = {v['eps']:g}: {v['outcome']} — "
+                         f"{v['why']}")
+    return lines
+
+
 def markdown(spec, cache: Cache | None, data_dir=None) -> str:
     """The spec's tables in Markdown, with a heading naming the spec."""
     rows = [(label, None if r is None else r.frames["summary"]) for label, r in results(spec, cache, data_dir)]
