@@ -54,6 +54,21 @@ machine_speed()  # once per server: this machine's speed now scales every estima
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
 QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice
 N_MIN, N_TEST_MIN = 10, 1  # the sidebar's smallest n and number of test points
+# Presentation: the page's text read from the back of a room (the charts restyle themselves, ui.render.chart).
+# Labels of metrics and widgets are markdown too, so their own rules come after, more specific. A table of
+# st.dataframe is a canvas that only CSS zoom enlarges (its pointer maths follows the zoom); its inner box has a
+# width in pixels measured before the zoom, held to the column so that the zoomed table scrolls inside it.
+PRESENTATION_CSS = """<style>
+[data-testid="stMain"] [data-testid="stMarkdownContainer"] :is(p, li, td, th) { font-size: 1.3rem; }
+[data-testid="stMain"] [data-testid="stCaptionContainer"] :is(p, li) { font-size: 1.15rem; }
+[data-testid="stMain"] [data-testid="stTable"] :is(td, th) { font-size: 1.2rem; }
+[data-testid="stMain"] [data-testid="stDataFrame"] { zoom: 1.25; max-width: 100%; }
+[data-testid="stMain"] [data-testid="stDataFrameResizable"] { max-width: 100% !important; }
+[data-testid="stMain"] [data-testid="stMetricValue"] { font-size: 2.8rem; }
+[data-testid="stMain"] [data-testid="stMetricValue"] [data-testid="stMarkdownContainer"] p { font-size: inherit; }
+[data-testid="stMain"] [data-testid="stMetricLabel"] [data-testid="stMarkdownContainer"] p { font-size: 1.15rem; }
+[data-testid="stMain"] [data-testid="stWidgetLabel"] [data-testid="stMarkdownContainer"] p { font-size: 1.1rem; }
+</style>"""
 
 
 def qkv_note(s: Shared) -> str:
@@ -247,6 +262,8 @@ st.session_state["nav.pages"] = PAGES  # the Overview lists the pages from here
 with st.sidebar:
     page_nav(PAGES)
     st.session_state["shared"], data_error = sidebar_ui()
+if st.session_state.get("presentation"):  # once per run, before the page: text-only pages get it too
+    st.html(PRESENTATION_CSS)
 if st.session_state.get("data.link_note"):
     st.warning(st.session_state["data.link_note"], icon=":material/link_off:")
 default_note = default_missing(data_label(st.session_state["shared"].base))  # on every page until one is picked

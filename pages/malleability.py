@@ -16,6 +16,7 @@ from engine.maths import metrics
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting import plots, protocols, tables
 from engine.reporting.plots import excess_fig, nulls_fig
+from engine.reporting.plots.nulls import bars_data, excess_data, nulls_data, sweep_data
 from ui import configs, render
 from ui.common import ARCH_LABELS, plain, require, shared
 from ui.runner import obtain_planned
@@ -220,25 +221,26 @@ if len(cfg.readings) > 1 or len(cfg.widths) > 1:
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]
 with c1:
-    chart(nulls_fig(one, shown, eps_label, cfg.attention), data, "flip rates and nulls",
+    chart(nulls_fig(one, shown, eps_label, cfg.attention), nulls_data(one, shown), "flip rates and nulls",
                  "Per net and attack: the attack's flip rate (solid) beside the seed null (another network seed, no "
                  "attack) and the random null (a random perturbation of the same size), means over seeds; a flip "
                  "rate no higher than its nulls says nothing about the attack.", verdict=verdict_line)
 with c2:
-    chart(excess_fig(one, shown, eps_label, cfg.attention), data, "flip excess",
+    chart(excess_fig(one, shown, eps_label, cfg.attention), excess_data(one, shown), "flip excess",
                  "The flip rate minus the larger null, with its 95 % bootstrap interval over seeds and tracked "
                  "points; the claim holds where MLP-Attn's excess exceeds 2L-ReLU's beyond their gap's interval and its own "
                  "interval lies above zero (the verdict above).",
                  verdict=verdict_line)
 c1, c2 = st.columns(2)
 with c1:
-    chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), data, "flip rates",
+    chart(plots.flip_bars_fig(summary, shown, eps_label=eps_label, attention=cfg.attention), bars_data(summary, shown),
+                 "flip rates",
                  "Share of the top-τ training points whose influence changes sign under each attack, mean ± sd "
                  "over seeds; higher bars mean influence is easier to manipulate, and 50 % is a coin toss.")
 with c2:
     chart(plots.flip_bars_fig(summary, shown, "spearman", "Spearman ρ, before vs after (unitless)", ".2f",
                                      eps_label=eps_label, attention=cfg.attention),
-                 data, "spearman rho",
+                 bars_data(summary, shown, "spearman"), "spearman rho",
                  "Rank correlation of all training points' influence before and after the attack; 1 means "
                  "the ranking is intact, lower means the attack reshuffled it.")
 st.caption("Mean relative size of the applied perturbation ‖δ‖₂/‖x‖₂: " + ", ".join(
@@ -247,13 +249,13 @@ st.caption("Mean relative size of the applied perturbation ‖δ‖₂/‖x‖�
 if len(eps_list) > 1:
     c1, c2 = st.columns(2)
     with c1:
-        chart(plots.eps_sweep_fig(summary, eps_label=eps_label, attention=cfg.attention), summary,
+        chart(plots.eps_sweep_fig(summary, eps_label=eps_label, attention=cfg.attention), sweep_data(summary),
                      "flip rate against eps",
                      "Flip rate as the perturbation budget grows, mean ± sd over seeds; at large ε both nets "
                      "approach random sign flips (50 %).")
     with c2:
         chart(plots.eps_sweep_fig(summary, "spearman", "Spearman ρ (unitless)", eps_label=eps_label,
-                                         attention=cfg.attention), summary,
+                                         attention=cfg.attention), sweep_data(summary, "spearman"),
                      "spearman against eps", "Rank correlation against ε; a steeper fall means more malleable.")
 
 inter = res.frames.get("interventions")
@@ -263,13 +265,14 @@ if inter is not None and not inter.empty:
     st.header("Interventions")
     c1, c2 = st.columns(2)
     with c1:
-        chart(plots.interventions_fig(inter, attention=cfg.attention), inter, "interventions accuracy",
+        chart(plots.interventions_fig(inter, attention=cfg.attention), inter[["arch", "intervention", "test_acc"]],
+                     "interventions accuracy",
                      "Test accuracy after each change to the training set, per architecture.")
     with c2:
         if "influence_change" in inter:
             chart(plots.interventions_fig(inter, "influence_change", "change of influence (relative)",
                                              attention=cfg.attention),
-                         inter, "interventions influence change",
+                         inter[["arch", "intervention", "influence_change"]], "interventions influence change",
                          "How much the influences moved under each intervention; larger means the explanation "
                          "of the model changed more.")
 elif opts["interventions"]:

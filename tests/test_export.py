@@ -1,6 +1,7 @@
 """engine.reporting.export: PNG, SVG and PDF from a headless Chromium, and `python -m engine figure`."""
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -46,6 +47,15 @@ def _svg_text(data: bytes) -> str:
     return " ".join(t for t in root.itertext())
 
 
+def _pdf_aspect(data: bytes) -> float:
+    """Width over height of the PDF's one page, from its MediaBox (in points)."""
+    assert data.startswith(b"%PDF-")
+    boxes = re.findall(rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]", data)
+    assert len(boxes) == 1, boxes
+    x0, y0, x1, y1 = map(float, boxes[0])
+    return (x1 - x0) / (y1 - y0)
+
+
 def _figure() -> go.Figure:
     fig = go.Figure(go.Scatter(x=[16, 64, 256], y=[0.3, 0.15, 0.08], name="2L-ReLU"))
     return export.titled(fig, TITLE)
@@ -61,6 +71,20 @@ def test_png_svg_and_pdf_bytes():
     assert TITLE in _svg_text(svg)
     pdf = export.image_bytes(fig, "pdf", width=500, height=300)
     assert pdf.startswith(b"%PDF-") and len(pdf) > 1000
+
+
+@needs_browser
+def test_a_pdf_is_a_16_9_page_from_the_dashboard_button_and_by_default():
+    """The dashboard's PDF button renders ``SLIDE_PX``; ``python -m engine figure … --out x.pdf`` gives
+    no size, so the default must be 16:9 too, not the chart's 1000 × 400 strip (2.5:1) the PNG keeps."""
+    from ui import render
+
+    assert set(render.IMAGE_MIME) == set(export.FORMATS) and render.IMAGE_MIME["pdf"] == "application/pdf"
+    fig = _figure().update_layout(height=400)  # a page chart's own height
+    assert _pdf_aspect(render._image(export.slide(fig, "settings"), "pdf")()) == pytest.approx(16 / 9, rel=1e-3)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf")) == pytest.approx(16 / 9, rel=1e-3)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=1000)) == pytest.approx(16 / 9, rel=2e-3)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=800, height=600)) == pytest.approx(4 / 3, rel=1e-3)
 
 
 def _small(kind: str):
@@ -168,7 +192,7 @@ def test_cli_figure_renders_from_the_cache(tmp_path):
     assert not outs[0]["cached"] and outs[1]["cached"]  # the second file is drawn from the cache
     w, h = _png_size((tmp_path / "regime.png").read_bytes())
     assert (w, h) == (2 * export.WIDTH_PX, 2 * 400)
-    assert (tmp_path / "regime.pdf").read_bytes().startswith(b"%PDF-")
+    assert _pdf_aspect((tmp_path / "regime.pdf").read_bytes()) == pytest.approx(16 / 9, rel=1e-3)
     p = subprocess.run([*args, "--out", str(tmp_path / "regime.jpeg")], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error:") and ".png" in p.stderr and not p.stdout
@@ -191,3 +215,19 @@ def test_talk_style_enlarges_text_and_swaps_in_colour_blind_safe_colours():
     assert band.data[0].line.width == 0                               # and no outline
     assert out.layout.font.size == 18
     assert fig.data[0].line.color == ARCH_COLORS["relu"]  # the page's own figure is untouched
+
+
+def test_talk_style_maps_colour_lists_and_leaves_numbers_alone():
+    from engine.reporting.slides import talk_style
+
+    fig = go.Figure([go.Bar(x=[1, 2, 3], y=[1, 2, 3], marker=dict(color=["#d62728", "#1f77b4", "black"],
+                                                                    pattern=dict(shape="/", fgcolor="#d62728")),
+                            error_y=dict(array=[1, 1, 1], color="#1f77b4")),
+                     go.Scatter(x=[1, 2], y=[1, 2], marker=dict(color=[0.1, 0.9], colorscale="Viridis"))])
+    fig.add_vrect(x0=1, x1=2, fillcolor="#2ca02c")
+    out = talk_style(fig)
+    assert list(out.data[0].marker.color) == ["#D55E00", "#0072B2", "black"]
+    assert out.data[0].marker.pattern.fgcolor == "#D55E00" and out.data[0].error_y.color == "#0072B2"
+    assert list(out.data[1].marker.color) == [0.1, 0.9]
+    assert out.layout.shapes[0].fillcolor == "#009E73"
+    assert list(fig.data[0].marker.color) == ["#d62728", "#1f77b4", "black"]  # the page's figure is untouched

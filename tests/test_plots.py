@@ -293,8 +293,37 @@ def test_the_largest_models_are_drawn_in_hidden_units_of_this_net():
     fig = plots.width_needed_fig(plots.width_needed_data({"attn_v1": 27.0, "relu_v1": 10.0}), d=784, n_out=10)
     (line,) = [s for s in fig.layout.shapes if s.type == "line"]
     assert line.x0 == pytest.approx(12 - math.log10(794))  # 1e12 parameters = m (d + c)
-    assert any("10^9.1 units" in a.text for a in fig.layout.annotations)
-    assert not any("params" in a.text for a in fig.layout.annotations)
+    assert any(t.name == "1e12 parameters (largest models)" for t in fig.data)
+    assert not any("params" in (t.name or "") + a.text for t in fig.data for a in fig.layout.annotations)
+
+
+@pytest.mark.parametrize("attention", ["linear", "softmax:0.1"])
+def test_the_practical_band_is_drawn_above_the_bars_and_named_where_no_label_can_collide(attention):
+    """The band and the dashed line over the bars (translucent: a bar shows through), their labels in
+    the legend and not above the plot (where the first bound's name, the legend and the title are);
+    each name in the gap between its bar and the one above, with room for Presentation's 16 px."""
+    from engine.reporting import export
+    from engine.reporting.plots.kernels import CHROME_PX
+
+    data = plots.width_needed_data({"attn_v1": 31.2, "attn_v2": 24.5, "relu_v1": 9.1, "relu_v2": 8.0}, attention)
+    fig = plots.width_needed_fig(data)
+    band, line = sorted(fig.layout.shapes, key=lambda s: s.type != "rect")
+    assert band.layer == "above" and line.layer == "above" and band.opacity < 0.5
+    assert (band.x0, band.x1) == plots.style.PRACTICAL_LOG10
+    legend = [t.name for t in fig.data if t.showlegend is not False]
+    assert len(legend) == 2 and "practical" in legend[0] and "largest models" in legend[1]
+    assert all(list(t.x) == [None] and t.hoverinfo == "skip" for t in fig.data[1:]) and not fig.layout.legend.itemclick
+    names = fig.layout.annotations
+    assert [a.yref for a in names] == ["y"] * len(data)  # no label above the plot
+    bar, lines = fig.data[0].width, 2 if attention != "linear" else 1
+    y0, y1 = fig.layout.yaxis.range  # bottom, top: the first bound is on top
+    row_px = (fig.layout.height - CHROME_PX) / (y0 - y1)
+    for i, a in enumerate(names):
+        assert a.yanchor == "bottom" and i - bar / 2 - 0.1 <= a.y <= i - bar / 2  # just above its own bar
+        own = a.text.count("<br>") + 1
+        assert own == (2 if lines == 2 and data["key"][i].startswith("attn") else 1)  # a variant's note: line 2
+        room = (a.y - (i - 1 + bar / 2 if i else y1)) * row_px  # up to the bar above, or the plot's top
+        assert room >= own * export.TALK["annotations"] * 1.3 + 2, (i, room)
 
 
 def test_accuracies_are_drawn_on_a_linear_axis():
@@ -340,3 +369,31 @@ def test_excess_against_width_draws_a_line_per_architecture_and_reading_with_its
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert len(lines) == 4 and {t.line.dash for t in lines} == {"dot", "solid"}
     assert all(np.allclose(t.error_y.array, 15.0) and np.allclose(t.error_y.arrayminus, 15.0) for t in lines)
+
+
+def test_each_malleability_chart_downloads_its_own_columns_only():
+    """Not the whole fifty-column summary, the same for four charts: the row's names and the values drawn."""
+    from engine.reporting.plots.nulls import bars_data, excess_data, excess_fig, nulls_data, nulls_fig, sweep_data
+
+    summary = pd.DataFrame([{"arch": a, "width": 64, "attack": k, "eps": e, "reading": "ridge", "n_seeds": 2,
+                             "flip_rate_mean": f, "flip_rate_sd": 0.01, "spearman_mean": 0.9, "spearman_sd": 0.02,
+                             "null_seed_flip_rate_mean": 0.02, "null_seed_flip_rate_sd": 0.01, "null_random_flip_rate_mean":
+                             0.01, "flip_excess_mean": f - 0.02, "flip_excess_low": f - 0.05, "flip_excess_high": f,
+                             "test_acc_mean": 0.9, "rel_perturbation_mean": 0.1, "gap": 0.3, "ratio": 2.0}
+                            for a, f in (("relu", 0.05), ("attn", 0.4)) for k in ("fgsm", "pgd") for e in (0.1, 0.3)])
+    pct, keys = tables.percent(summary, ["flip_rate", "pair_flip_rate"]), ["arch", "attack", "reading", "width", "eps"]
+    nulls = nulls_data(summary, 0.3)
+    assert list(nulls) == keys + ["flip_rate_pct", "null_seed_flip_rate_pct", "null_random_flip_rate_pct"]
+    assert len(nulls) == 4 and set(nulls["eps"]) == {0.3}  # the rows at the ε shown, nothing else
+    for trace, col in zip(nulls_fig(summary, 0.3).data, list(nulls)[5:], strict=True):  # the bars are the table
+        np.testing.assert_allclose(trace.y, nulls[col])
+    excess = excess_data(summary, 0.3)
+    assert list(excess) == keys + ["flip_excess_pct", "flip_excess_low_pct", "flip_excess_high_pct"]
+    np.testing.assert_allclose(np.sort(np.concatenate([t.y for t in excess_fig(summary, 0.3).data])),
+                               np.sort(excess["flip_excess_pct"]))
+    assert list(bars_data(pct, 0.3)) == keys + ["flip_rate_pct_mean", "flip_rate_pct_sd", "n_seeds"]
+    assert list(bars_data(pct, 0.3, "spearman")) == keys + ["spearman_mean", "spearman_sd", "n_seeds"]
+    sweep = sweep_data(pct)
+    assert list(sweep) == keys + ["flip_rate_pct_mean", "flip_rate_pct_sd"] and len(sweep) == len(pct)
+    bars = [t for t in plots.flip_bars_fig(bars_data(pct, 0.3), 0.3).data if t.type == "bar"]  # draws from its table
+    assert [list(t.y) for t in bars] == [list(t.y) for t in plots.flip_bars_fig(pct, 0.3).data if t.type == "bar"]

@@ -18,7 +18,9 @@ import pandas as pd
 import pytest
 
 from engine.experiments.registry import EXPERIMENTS
-from engine.reporting import export, fit, plots
+from engine.reporting import export, fit, plots, tables
+from engine.reporting.plots import alignment as AP
+from engine.reporting.plots.nulls import excess_fig, nulls_fig
 
 needs_browser = pytest.mark.skipif(export.browser_path() is None,
                                    reason="no Chromium or Chrome here (apt-get install chromium)")
@@ -230,3 +232,166 @@ def test_the_settings_line_names_data_sizes_seeds_and_protocol(name):
         draws = cfg.data_seeds if getattr(cfg, "data_seeds", ()) else (cfg.data.seed,)
         assert f"data draw{'s' if len(draws) > 1 else ''} {', '.join(map(str, draws))}" in line, line
     assert export.settings_line(canonical(cfg), "verdict (PGD): holds").endswith(" · verdict (PGD): holds")
+
+
+# ---------------------------------------------------------------- one colour per architecture (issue 35 item 5)
+
+ARCH_NAMES = {"2L-ReLU": "relu", "MLP-Attn": "attn"}
+NEUTRAL = {"grey", "gray", "black", "white"}
+
+
+def _arch_figures() -> dict:
+    """Every chart that colours by architecture, built from small frames as the pages build them."""
+    archs = ("relu", "attn")
+    rows = pd.DataFrame([{"arch": a, "width": w, "seed": s, "kernel_dist_init": w ** -0.5 + 0.01 * s,
+                          "function_dist": 1.0 + s + w / 1e3} for a in archs for w in (16, 64) for s in (0, 1)])
+    measured = plots.distance_data(rows, "function_dist")
+    paper = pd.DataFrame({"arch": ["relu", "relu", "attn", "attn"], "width": [16, 64, 16, 64], "value": [4., 3., 1., 2.]})
+    mall = pd.DataFrame([{"arch": a, "attack": k, "eps": e, "reading": "ridge", "width": 64, "n_seeds": 2,
+                          "flip_rate_mean": f, "flip_rate_sd": 0.01, "spearman_mean": 0.9, "spearman_sd": 0.01,
+                          "null_seed_flip_rate_mean": 0.02, "null_random_flip_rate_mean": 0.01,
+                          "flip_excess_mean": f - 0.02, "flip_excess_low": f - 0.05, "flip_excess_high": f}
+                         for a, f in (("relu", 0.05), ("attn", 0.4)) for k in ("fgsm", "pgd") for e in (0.1, 0.3)])
+    pct = tables.percent(mall, ["flip_rate"])
+    agg = pd.DataFrame({"arch": ["relu"] * 6 + ["attn"] * 6, "train_index": list(range(6)) * 2, "label": [0, 1] * 6,
+                        "influence": np.linspace(-1, 1, 12)})
+    against = pd.DataFrame([{"arch": a, "reading": "retrain", "train_index": i, "label": 0, "ridge": 0.1 * i,
+                             "read": 0.2 * i} for a in archs for i in range(3)])
+    final = pd.DataFrame([{"arch": a, "width": w, "lin_gap_mean": 1 / w, "lin_gap_sd": 0} for a in archs for w in (16, 64)])
+    retrain = pd.DataFrame([{"pick": "top", "arch": a, "attention": None, "kernel": k, "loo": lo, "width": w,
+                             "retrain_spearman_mean": 0.9, "retrain_spearman_sd": 0.01}
+                            for a in archs for k in ("entk", "kinf") for lo in ("ridge", "flow") for w in (16, 64)])
+    widths = pd.DataFrame({"arch": ["relu", "relu", "attn", "attn"], "attention": [None, None, "linear", "linear"],
+                           "kappa": [2.0, 8.0, 2.0, 8.0], "width_needed": [100.0, 400.0, 300.0, None],
+                           "censored": [False, False, False, True]})
+    fit_ = pd.DataFrame({"arch": ["relu", "attn"], "attention": [None, "linear"], "points": [2, 1],
+                         "exponent": [1.0, None], "intercept": [np.log(50.0), None], "theory_exponent": [2.0, 6.0]})
+    kernels = ("K_m init", "K∞")
+    return {
+        "distance": plots.distance_fig(plots.distance_data(rows, "kernel_dist_init"), "kernel_dist_init"),
+        "paper trend": plots.paper_trend_fig(plots.paper_trend_data(measured, paper)),
+        "width needed": plots.width_needed_fig(plots.width_needed_data({"attn_v1": 27.0, "relu_v1": 10.0})),
+        "nulls": nulls_fig(mall, 0.3), "excess": excess_fig(mall, 0.3),
+        "flip bars": plots.flip_bars_fig(pct, 0.3), "eps sweep": plots.eps_sweep_fig(pct),
+        "interventions": plots.interventions_fig(pd.DataFrame({"arch": archs, "intervention": "none", "test_acc": 1})),
+        "compare": plots.compare_bars_fig(pd.DataFrame({"attack": ["PGD", "PGD"], "arch": list(archs), "paper": [4, 30],
+                                                        "measured": [5, 20], "null": [1, 2]}), "attack", "flip rate"),
+        "histogram": plots.influence_hist_fig(plots.influence_hist_data(agg)),
+        "excess width": plots.excess_width_fig(plots.excess_width_data(mall.assign(width=16), "pgd", 0.3)),
+        "against ridge": plots.against_ridge_fig(against),
+        "regime width": plots.regime_width_fig(plots.regime_width_data(final, "lin_gap"), "lin_gap"),
+        "retrain": plots.retrain_width_fig(plots.retrain_width_data(retrain)),
+        "scaling": plots.scaling_fig(plots.scaling_data(widths, fit_), max_width=1024),
+        "alignment": AP.alignment_width_fig(pd.DataFrame([{"arch": a, "kernel": k, "width": w, "alignment": 0.5,
+                                                           "sd": 0.01, "units": 2} for a in archs for k in kernels
+                                                          for w in (16, 64)])),
+        "curves": AP.curve_fig(pd.DataFrame([{"arch": a, "kernel": k, "p": p, "p_over_n": p / 40, "measured": 0.5,
+                                              "measured_sd": 0.01, "theory": 0.4} for a in archs for k in kernels
+                                             for p in (10, 20)])),
+    }
+
+
+def _colours(value) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
+
+
+def arch_colours(fig) -> dict[str, set]:
+    """arch -> the colours its marks are drawn in: a trace named for an architecture gives all its
+    colours to it, a trace of several (bars per (architecture, attack)) one colour per bar."""
+    out: dict[str, set] = {}
+    for t in fig.data:
+        marker, line, error = (getattr(t, k, None) for k in ("marker", "line", "error_y"))
+        values = [getattr(marker, "color", None), getattr(line, "color", None), getattr(t, "fillcolor", None),
+                  getattr(error, "color", None), getattr(getattr(marker, "pattern", None), "fgcolor", None)]
+        named = [a for label, a in ARCH_NAMES.items() if label in str(t.name or "")]
+        if named:
+            out.setdefault(named[0], set()).update(c for v in values for c in _colours(v))
+            continue
+        x, y = (list(v) if v is not None else [] for v in (getattr(t, "x", None), getattr(t, "y", None)))
+        # labels per bar: a multi-category x's first level, or the bound names on y
+        labels = list(x[0]) if x and not isinstance(x[0], str) and hasattr(x[0], "__len__") else (
+            [str(v) for v in y] if y and isinstance(y[0], str) else [])
+        for i, label in enumerate(labels):
+            arch = next((a for name, a in ARCH_NAMES.items() if name in label), None)
+            for v in values:
+                if arch is not None and v is not None and not isinstance(v, str):
+                    out.setdefault(arch, set()).add(v[i])
+    return {a: {c for c in cs if c.lower() not in NEUTRAL} for a, cs in out.items()}
+
+
+@pytest.mark.parametrize("talk", [False, True], ids=["dashboard", "Presentation"])
+def test_every_figure_draws_each_architecture_in_one_colour(talk):
+    """Per trace and per bar (nulls_fig and width_needed_fig colour each bar), in markers, lines,
+    fills, error bars and patterns: one colour per architecture across all figures, the dashboard's
+    or, in Presentation, its Okabe–Ito twin, and in Presentation none of the dashboard's left anywhere."""
+    figs = _arch_figures()
+    want = {a: export.OKABE_ITO[c] if talk else c for a, c in plots.ARCH_COLORS.items()}
+    assert plots.ARCH_COLORS["attn"] in figs["nulls"].data[0].marker.color  # one colour per bar: a list
+    for name, fig in figs.items():
+        shown = export.talk_style(fig) if talk else fig
+        found = arch_colours(shown)
+        assert set(found) == set(want), name  # the checker sees both architectures in every figure
+        assert found == {a: {want[a]} for a in found}, (name, found)
+        if talk:  # nowhere else either: shapes, layout, any colour property
+            assert not [c for c in plots.ARCH_COLORS.values() if c in shown.to_json().lower()], name
+
+
+@pytest.mark.browser
+@needs_browser
+def test_the_width_needed_chart_labels_overlap_nothing_on_the_page_or_a_slide():
+    """Presentation on, in a half column of the page and on 16:9 and 4:3 slides: no two texts of the
+    chart overlap (title, settings line, legend, bound names, bar values, axis titles and ticks) and
+    every one is inside the canvas. Legend entries are not compared with each other: plotly places
+    them by their measured widths, which ``CHAR_EM``'s conservative estimate exceeds."""
+    from ui.render import PAGE_WIDTH_PX
+
+    jobs = []
+    for attention in ("linear", "softmax:0.1"):
+        data = plots.width_needed_data({"attn_v1": 31.2, "attn_v2": 24.5, "relu_v1": 9.1, "relu_v2": 8.0}, attention)
+        fig = export.talk_style(export.slide(plots.width_needed_fig(data), SETTINGS,
+                                             "Width the paper's bounds ask for (log10 hidden units)"))
+        sizes = {"page": (PAGE_WIDTH_PX, int(fig.layout.height)), **SIZES}
+        for where, (w, h) in sizes.items():
+            jobs.append((f"{attention} on the {where}", fit.fit(fig, w, h), {"format": "svg", "width": w, "height": h}))
+    found = {}
+    for name, svg in asyncio.run(_render(jobs)).items():
+        W, H, boxes = text_boxes(svg)
+        bad = [f"outside: {b['text'][:40]!r}" for b in boxes
+               if b["box"][0] < -1 or b["box"][1] < -1 or b["box"][2] > W + 1 or b["box"][3] > H + 1]
+        bad += [f"{a['text'][:30]!r} overlaps {b['text'][:30]!r}" for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                if _overlap(a["box"], b["box"]) and not a["class"] == b["class"] == "legendtext"]
+        found[name] = bad
+    assert not {k: v for k, v in found.items() if v}, found
+
+
+# ---------------------------------------------------------------- larger text on every page
+
+def test_presentation_enlarges_the_text_of_every_page_only_while_it_is_on(tmp_path, monkeypatch):
+    """The sidebar's Presentation toggle emits one style block before the page (so text-only pages
+    get it too), enlarging body text, captions, tables and metrics; off, there is none."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from tests.conftest import steady_app_state
+
+    steady_app_state(monkeypatch, tmp_path / "cache", tmp_path / "no-data")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=600)
+    at.query_params.update({"data": "synthetic", "n": "30", "n_test": "10", "widths": ["16"]})
+    styles = lambda: [h.proto.body for h in at.get("html") if "<style>" in h.proto.body]  # noqa: E731
+    at.run()
+    assert not at.exception and styles() == []
+    at.toggle(key="presentation").set_value(True).run()
+    assert not at.exception
+    (css,) = styles()
+    for part in ("stMarkdownContainer", "stCaptionContainer", "stTable", "stDataFrame", "stMetricValue",
+                 "stMetricLabel"):
+        assert re.search(rf'\[data-testid="{part}"\][^{{]*\{{[^}}]*(font-size: [\d.]+rem|zoom: 1\.\d+)', css), part
+    sizes = [float(v) for v in re.findall(r"font-size: ([\d.]+)rem", css)]
+    assert sizes and min(sizes) > 1.0  # larger than Streamlit's 1 rem body and 0.875 rem captions
+    at.switch_page("pages/grid.py").run()  # a page whose content is its table: the style comes with it
+    assert len(styles()) == 1 and not at.exception
+    at.toggle(key="presentation").set_value(False).run()
+    assert styles() == []

@@ -28,10 +28,10 @@ def _slug(text: str) -> str:
 def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False, title: str | None = None,
           config: dict | None = None, wide: bool = False, verdict: str = "") -> None:
     """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
-    PNG and SVG where a Chromium can render them).
+    16:9 PNG, SVG and PDF slides where a Chromium can render them).
 
     Every chart has a title: ``title``, else the figure's own, else ``name`` capitalised. The
-    PNG and SVG carry a settings line under it (``engine.reporting.export.settings_line`` of ``config``,
+    PNG, SVG and PDF carry a settings line under it (``engine.reporting.export.settings_line`` of ``config``,
     the result's canonical config; else the sidebar's data and n) and are fitted to their
     canvas, so nothing is clipped on a slide. The sentence and the buttons share a row that
     sizes each button to its label and gives the sentence the rest; in a narrow column the
@@ -53,13 +53,13 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     if export.browser_path() is not None:  # static images for slides, rendered only when clicked
         line = export.settings_line(config, verdict) if config else " · ".join(p for p in (_sidebar_line(), verdict) if p)
         still = export.slide(fig, line)
-        for fmt in ("png", "svg"):
+        for fmt in export.FORMATS:
             row.download_button(fmt.upper(), _image(still, fmt), file_name=f"{slug}.{fmt}", mime=IMAGE_MIME[fmt],
                                 key=f"{fmt}.{slug}", on_click="ignore", width="content",
                                 help=f"Download “{name}” as a 16:9 {fmt.upper()} slide, with its settings line")
 
 
-IMAGE_MIME = {"png": "image/png", "svg": "image/svg+xml"}
+IMAGE_MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
 
 
 def _sidebar_line() -> str:
@@ -139,7 +139,7 @@ def training_gate(rows: pd.DataFrame, n_classes: int, by: tuple[str, ...] = ("ar
 
 
 def gate_failures(nets: pd.DataFrame) -> None:
-    """An error naming every net (architecture, data draw, seed) that failed the training gate
+    """A warning naming every net (architecture, data draw, seed) that failed the training gate
     (``engine.maths.gates.passes_gate``: test accuracy more than ``TRAIN_GATE`` below its own
     K_m ridge's), with its train, test and K_m numbers, so a "did not train" verdict is explained
     where it is read. ``nets``: one row per net with ``test_acc`` and ``test_acc_kernel``."""
@@ -160,10 +160,10 @@ def gate_failures(nets: pd.DataFrame) -> None:
              + (f", data draw {r['data_seed']}" if "data_seed" in r and nets["data_seed"].nunique() > 1 else "")
              + f", seed {r['seed']}: train {pct(r.get('train_acc'))}, test {pct(r['test_acc'])}, "
              f"K_m ridge {pct(r['test_acc_kernel'])}" for _, r in failed.iterrows()]
-    st.error(f"**Training gate failed** ({len(failed)} of {len(nets)} nets; a net passes when its test accuracy is "
-             f"within {100 * gates.TRAIN_GATE:.0f} points of ridge regression with its own trained kernel K_m): "
-             + "; ".join(lines) + ". Train longer, with another learning rate, or pick a protocol above.",
-             icon=":material/error:")
+    st.warning(f"**Training gate failed** ({len(failed)} of {len(nets)} nets; a net passes when its test accuracy is "
+               f"within {100 * gates.TRAIN_GATE:.0f} points of ridge regression with its own trained kernel K_m): "
+               + "; ".join(lines) + ". Train longer, with another learning rate, or pick a protocol above.",
+               icon=":material/warning:")
 
 
 def greyed(table: pd.DataFrame, bad: pd.DataFrame, by: tuple[str, ...] = ("arch", "width")):

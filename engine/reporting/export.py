@@ -13,7 +13,9 @@ LaTeX) and plotly.js comes from the installed plotly package, so nothing is down
 ``main_figure(kind, result)`` builds the chart a page leads with from a cached result (each
 experiment's registry record names its figure function here), so that ``python -m engine
 figure KIND ... --out FILE`` draws exactly what the dashboard shows.
-Each call starts a fresh headless browser (about a second).
+Each call starts a fresh headless browser (about a second). A slide's title, settings line and the
+Presentation style (``titled``, ``slide``, ``talk_style``, ``OKABE_ITO``, ``TALK``) live in
+``engine.reporting.slides`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
+from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_style as talk_style, titled
 
 if TYPE_CHECKING:  # plotly is imported where a figure is made: the CLI's parser reads the sizes below
     import plotly.graph_objects as go
@@ -36,7 +39,7 @@ DEBIAN_CHROMIUM = "/usr/bin/chromium"
 WIDTH_PX = 1000       # default image size in CSS pixels (PNG: times ``scale``)
 HEIGHT_PX = 560
 SCALE = 2.0           # PNG pixel density: sharp on a projector
-SLIDE_PX = (1280, 720)  # the dashboard's PNG and SVG buttons: a 16:9 slide in CSS pixels
+SLIDE_PX = (1280, 720)  # the dashboard's PNG, SVG and PDF buttons, and a PDF's default: a 16:9 slide in CSS pixels
 TIMEOUT_S = 90.0      # kaleido's limit for one image
 
 
@@ -75,7 +78,8 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
     """The figure as PNG, SVG or PDF bytes, rendered by kaleido in a headless Chromium.
 
     width/height in CSS pixels (default: ``WIDTH_PX`` and the figure's own height, else
-    ``HEIGHT_PX``); ``scale`` multiplies the PNG's pixels (vector formats ignore it). The
+    ``HEIGHT_PX``; a PDF is a slide's page, so its default is 16:9: ``SLIDE_PX``, or 9/16 of a
+    given width); ``scale`` multiplies the PNG's pixels (vector formats ignore it). The
     figure is ``fit`` to that size first: its title and settings line wrap to the width and
     the margins hold them, the legend and every axis title, so no text is clipped.
     Raises ``BrowserMissing`` when no browser is found, ``EngineError`` (one line) when the
@@ -96,6 +100,9 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
         raise EngineError("kaleido is not installed; pip install -r requirements.txt") from None
     from .fit import fit
 
+    if fmt == "pdf" and not height:  # a page, not a strip: 16:9 unless a height is asked for
+        width = width or SLIDE_PX[0]
+        height = round(width * SLIDE_PX[1] / SLIDE_PX[0])
     opts = {"format": fmt, "width": int(width or WIDTH_PX),
             "height": int(height or fig.layout.height or HEIGHT_PX),
             "scale": float(scale) if fmt == "png" else 1.0}  # vector formats keep their CSS size
@@ -172,71 +179,6 @@ def write_image(fig: go.Figure, path: str | os.PathLike, width: int | None = Non
     except OSError as exc:  # the place changed since the check, or the disk is full
         raise BadInput(f"output file {path}: cannot be written ({exc.strerror or exc})") from None
     return path
-
-
-OKABE_ITO = {  # plotly's default colours -> Okabe & Ito (2008), distinguishable with every colour vision
-    "#1f77b4": "#0072B2", "#d62728": "#D55E00", "#2ca02c": "#009E73", "#9467bd": "#CC79A7",
-    "#ff7f0e": "#E69F00", "#8c564b": "#56B4E9", "#7f7f7f": "#000000", "#17becf": "#F0E442",
-}
-
-
-TALK = dict(font=18, title=22, subtitle=16, ticks=16, axis_titles=18, legend=16, annotations=16)  # px
-
-
-def talk_style(fig: go.Figure) -> go.Figure:
-    """A copy with slide-sized text (``TALK``: ticks, axis titles, legend, subplot titles and
-    colour bars too, set on every axis so that no theme's 12 px survives), thicker lines,
-    larger markers and colour-blind-safe colours (the Presentation mode)."""
-    import plotly.graph_objects as go
-
-    from .fit import full_size_log_ticks
-
-    out = go.Figure(fig)
-    out.update_layout(font=dict(size=TALK["font"]), title_font=dict(size=TALK["title"]),
-                      title_subtitle_font=dict(size=TALK["subtitle"]), legend=dict(font=dict(size=TALK["legend"])),
-                      colorway=list(OKABE_ITO.values()))
-    out.update_xaxes(tickfont_size=TALK["ticks"], title_font_size=TALK["axis_titles"])
-    out.update_yaxes(tickfont_size=TALK["ticks"], title_font_size=TALK["axis_titles"])
-    out.update_coloraxes(colorbar_tickfont_size=TALK["ticks"], colorbar_title_font_size=TALK["ticks"])
-    for trace in out.data:
-        if "colorbar" in trace and trace.showscale is not False:
-            trace.update(colorbar_tickfont_size=TALK["ticks"], colorbar_title_font_size=TALK["ticks"])
-    for trace in out.data:  # thicker lines and larger markers, but a band's invisible edge stays invisible
-        if trace.type == "scatter" and trace.line.width != 0:
-            trace.update(line_width=3, marker_size=9)
-    out.update_traces(textfont_size=TALK["ticks"], selector=dict(type="bar"))
-    out.update_annotations(font_size=TALK["annotations"])
-    for trace in out.data:  # the dashboard's own colours, swapped for their colour-blind-safe twins
-        for part in ("marker", "line"):
-            obj = getattr(trace, part, None)
-            color = getattr(obj, "color", None) if obj is not None else None
-            if isinstance(color, str) and color.lower() in OKABE_ITO:
-                obj.color = OKABE_ITO[color.lower()]
-        fill = getattr(trace, "fillcolor", None)  # a mean ± sd band: the same colour as its line
-        if isinstance(fill, str) and fill.lower() in OKABE_ITO:
-            trace.fillcolor = OKABE_ITO[fill.lower()]
-    return full_size_log_ticks(out)
-
-
-def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
-    """Put ``title`` at the top left and ``settings`` (one line: data, n, seeds, protocol) under
-    it; ``fit`` gives them, and the legend below them, room at any export size."""
-    from .fit import full_size_log_ticks
-
-    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", xref="container", y=1.0, yanchor="top",
-                                 yref="container", pad=dict(t=10), subtitle=dict(text=settings or None)))
-    return full_size_log_ticks(fig)
-
-
-def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Figure:
-    """A copy of a page's chart ready for a slide: ``title`` (default: the chart's own), the
-    settings line under it, and full-size tick labels on log axes. ``image_bytes`` then fits it
-    to the export's size."""
-    import plotly.graph_objects as go
-
-    out = go.Figure(fig)
-    text = title or out.layout.title.text or ""
-    return titled(out, text, settings)
 
 
 # ---------------------------------------------------------------- the settings line

@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 
 from .style import (
     ARCH_COLORS,
+    HEIGHT,
     LARGEST_PARAMS_LOG10,
     MAX_SIDE,
     METRICS,
@@ -154,35 +155,46 @@ def largest_width_log10(d: int, n_out: int = 10) -> float:
     return LARGEST_PARAMS_LOG10 - math.log10(max(1, int(d) + int(n_out)))
 
 
+PRACTICAL_GREEN = "green"  # the practical widths' band, translucent over the bars
+NAME_ROW_PX = (60, 80)     # height of a bound's row with a one- or two-line name: room for Presentation's 16 px
+CHROME_PX = 200            # title, legend and x axis of a half-column chart in Presentation, roughly
+
+
 def width_needed_fig(data: pd.DataFrame, d: int = 784, n_out: int = 10) -> go.Figure:
     """log10 of the width each bound asks for, against practical widths and the largest models,
     the latter in hidden units of this net (``largest_width_log10``: d inputs, n_out outputs).
 
-    Bound names sit above their bars and values inside the bars' ends, so no label crosses a
-    bar, the shaded band or the dashed line, at any chart width."""
+    The practical band and the dashed line are drawn above the bars (translucent, so a bar shows
+    through) and named in the legend, where no label can cross a bar, another label or the
+    title. Bound names sit above their bars (a variant's note on a line of its own), each row
+    tall enough for its name at Presentation's text size; values sit inside the bars' ends."""
     colors = [ARCH_COLORS["attn"] if k.startswith("attn") else ARCH_COLORS["relu"] for k in data["key"]]
-    fig = go.Figure(go.Bar(x=data["log10_width"], y=data["bound"], orientation="h", width=0.55,
+    fig = go.Figure(go.Bar(x=data["log10_width"], y=data["bound"], orientation="h", width=0.4,
                            marker_color=colors, text=[f"10^{v:.1f}" for v in data["log10_width"]],
                            textposition="inside", insidetextanchor="end", textfont=dict(color="white"),
-                           hovertemplate="%{y}<br>log10 m = %{x:.2f}<extra></extra>"))
-    fig.add_vrect(x0=PRACTICAL_LOG10[0], x1=PRACTICAL_LOG10[1], fillcolor="green", opacity=0.15,
-                  line_width=0, layer="below")
+                           showlegend=False, hovertemplate="%{y}<br>log10 m = %{x:.2f}<extra></extra>"))
+    fig.add_vrect(x0=PRACTICAL_LOG10[0], x1=PRACTICAL_LOG10[1], fillcolor=PRACTICAL_GREEN, opacity=0.2,
+                  line_width=0, layer="above")
     largest = largest_width_log10(d, n_out)
-    fig.add_vline(x=largest, line_dash="dash", line_color="black", layer="below")
-    for x, text, anchor in ((PRACTICAL_LOG10[1], "practical<br>1e3–1e5 units ", "right"),
-                            (largest, f" as many parameters as the largest models<br> (1e12): 10^{largest:.1f} units",
-                             "left")):
-        fig.add_annotation(x=x, y=1.0, xref="x", yref="paper", text=text, showarrow=False, xanchor=anchor,
-                           yanchor="bottom", align=anchor, font=dict(size=11, color="#444"))
+    fig.add_vline(x=largest, line_dash="dash", line_color="black", layer="above")
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", hoverinfo="skip",  # legend entries only
+                             name=f"practical widths (1e{PRACTICAL_LOG10[0]:.0f}–1e{PRACTICAL_LOG10[1]:.0f})",
+                             marker=dict(symbol="square", size=14, color=PRACTICAL_GREEN, opacity=0.35)))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", hoverinfo="skip",
+                             name="1e12 parameters (largest models)",
+                             line=dict(color="black", dash="dash")))
+    two_lines = bool(data["bound"].str.contains(" (", regex=False).any())
     for i, bound in enumerate(data["bound"]):  # the name just above its bar, not on a crowded y axis
-        fig.add_annotation(x=0, y=i - 0.3, xref="x", yref="y", text=bound, showarrow=False, xanchor="left",
-                           yanchor="bottom", font=dict(size=11, color="#333"), bgcolor="rgba(255,255,255,0.85)",
-                           borderpad=1)
+        fig.add_annotation(x=0, y=i - 0.22, xref="x", yref="y", text=bound.replace(" (", "<br>("), showarrow=False,
+                           xanchor="left", yanchor="bottom", align="left", font=dict(size=11, color="#333"),
+                           bgcolor="rgba(255,255,255,0.85)", borderpad=1)
     top = max([largest + 4] + [v + 2 for v in data["log10_width"]])
     fig.update_xaxes(range=[0, top])
-    fig.update_yaxes(autorange="reversed", showticklabels=False)  # first bound on top
-    styled(fig, "log10 of width m needed (hidden units)", "bound (architecture, paper version)")
-    fig.update_layout(margin=dict(t=70), showlegend=False)
+    # first bound on top, with its name's room above it (a category axis's range runs bottom to top)
+    fig.update_yaxes(range=[len(data) - 0.5, -0.85], showticklabels=False)
+    height = max(HEIGHT, int(CHROME_PX + NAME_ROW_PX[two_lines] * (len(data) + 0.35)))
+    styled(fig, "log10 of width m (hidden units)", "bound (paper version)", height=height)
+    fig.update_layout(legend=dict(itemclick=False, itemdoubleclick=False))
     return fig
 
 
