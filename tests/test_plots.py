@@ -172,6 +172,10 @@ def test_scaling_data_follows_the_fit_and_keeps_censored_points():
     fig = plots.scaling_fig(data, max_width=1024)
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
     assert any(t.name == "MLP-Attn (linear): above 1024" for t in fig.data)
+    # each architecture's colour whatever the order of the rows (MLP-Attn first here), as on every other chart
+    flipped = plots.scaling_fig(plots.scaling_data(widths.iloc[::-1], fit), max_width=1024)
+    colours = {t.name.split(":")[0]: t.marker.color for t in flipped.data if t.mode == "markers"}
+    assert colours == {"2L-ReLU": plots.ARCH_COLORS["relu"], "MLP-Attn (linear)": plots.ARCH_COLORS["attn"]}
 
 
 def test_trajectory_data_averages_seeds():

@@ -108,7 +108,10 @@ def verdicts(table: pd.DataFrame) -> None:
 
 
 def cached_note(result) -> None:
-    if result is not None and getattr(result, "cached", False):
+    if result is not None and getattr(result, "bundled", False):
+        st.caption("Read from the shipped bundle of default results: made by this very code on the same data "
+                   "files and settings (`make bundle` remakes it).")
+    elif result is not None and getattr(result, "cached", False):
         st.caption("Read from the disk cache.")
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .style import arch_label, styled
+from .style import ARCH_COLORS, arch_label, styled
 
 # ---------------------------------------------------------------- scaling law
 
@@ -42,9 +42,12 @@ def scaling_fig(data: pd.DataFrame, max_width: int) -> go.Figure:
     """Width needed against κ on log-log axes: measured points, the fitted power law, and
     censored κ values drawn as open triangles at the maximum width tried."""
     fig = go.Figure()
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    extra = ["#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]  # further attention variants of MLP-Attn
+    used: set[str] = set()
     for i, (model, d) in enumerate(data.groupby("model", sort=False)):
-        color = palette[i % len(palette)]
+        arch = d["arch"].iloc[0]  # an architecture's first model keeps its colour on every chart, whatever the order
+        color = ARCH_COLORS.get(arch, extra[i % len(extra)]) if arch not in used else extra[i % len(extra)]
+        used.add(arch)
         ok, cens = d[~d["censored"]], d[d["censored"]]
         p, theory = d["exponent"].iloc[0], d["theory_exponent"].iloc[0]
         lo, hi = d["exponent_low"].iloc[0], d["exponent_high"].iloc[0]
