@@ -101,6 +101,31 @@ ATOL64_FLOW_CLOSED = 1e-9
 # step's error is of order η'λ_max/2 (η' = 2η/(n·c) = 0.04, λ_max ≈ 2: about 4 % of a change at most).
 RTOL_FLOW_STEP = 0.05
 ATOL_FLOW_STEP = 2e-3
+# The same float32 training run by two routes that perform the same operations in the same order (the
+# head's closed-form gradient against autograd, engine.maths.grads): bit for bit equal where the BLAS
+# picks the same kernels for both (it does on the CPUs measured here). Elsewhere a GEMM's summation
+# order may differ by a few ulps per step; Adam and SGD with coupled decay carry a relative gradient
+# error δ into the weights linearly, about steps·lr·δ ≈ 60·1e-2·1e-6 over these runs' 30 epochs.
+RTOL32_SAME_STEPS = 1e-5
+ATOL32_SAME_STEPS = 1e-6
+# One step's weight gradient with its two head GEMMs in bfloat16 (train_precision) against float32, in
+# norm: five roundings to 8 bits (φ, W, H = φWᵀ, the masked backward, the product; unit 2⁻⁹ ≈ 0.2 %)
+# give up to ~1 %, and units whose pre-activation lies within that of 0 switch their relu mask, adding
+# whole terms. Measured 0.5–1.7 % on test_grads' 48 blobs (MSE ±1 and one-hot, CE; ntk and μP);
+# bound 2⁻⁵ ≈ 3 %. It must also exceed float32's rounding (RTOL32_ONE_PASS) tenfold, or the GEMMs
+# did not run in bfloat16.
+RTOL_BF16_GRAD = 2.0**-5
+# bfloat16 training against float32 on 200 real digits (test_grads): the trained eNTK moved by 0.2–0.6 %
+# (MNIST, widths 256 and 1024, three seeds, lr 1e-3 and 2e-2, 200 epochs) and test accuracy by at most
+# one point in 1000, while training itself moved the kernel by 8–170 %. Bounds: 2 % of the kernel
+# (three times the largest measured: a few bf16 units 2⁻⁹ ≈ 0.2 %, the rounding of one step's gradient,
+# which the steps do not pile up) and at most a tenth of what training moved it (bf16 must stay small
+# beside the effect the pages study); 1 % of the test
+# points (ten times the largest measured: a prediction flips only where a point's margin lies within
+# that change of the outputs).
+RTOL_BF16_KERNEL = 0.02
+BF16_KERNEL_SHARE_OF_TRAINING = 0.1
+ATOL_BF16_ACCURACY = 0.01
 # A reordering of the training set must move the influence columns by far more than rounding.
 REL_MOVED = 1e-3
 # Brent's root of the self-consistent equation, to near float64 resolution, against the engine's solver.

@@ -8,6 +8,7 @@ ntk + SGD: Δh ∝ m^-1/2 (lazy), Δf flat; ntk + Adam: Δh flat, Δf ∝ m^+1/2
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -17,7 +18,6 @@ import torch
 from ..maths.flow import batch_steps, stack_heads
 from ..maths.metrics import loglog_slope, summarize
 from ..maths.models import Net
-from ..maths.specs import TrainSpec
 from ..maths.training import per_model_loss, resolve_loss
 from ..runtime.cache import Result
 from .configs.coord_check import CoordCheckConfig
@@ -68,9 +68,7 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
     units = np.cumsum([0, *cfg.widths])
     for j, (param, seed) in enumerate(runs):
         tick(progress, cancel, j / len(runs), f"{param} seed {seed}")
-        spec = TrainSpec(epochs=cfg.train.epochs, lr=cfg.train.lr, batch_size=cfg.train.batch_size,
-                         weight_decay=cfg.train.weight_decay, optimizer=cfg.train.optimizer,
-                         loss=cfg.train.loss, param=param)
+        spec = replace(cfg.train, snapshot_epochs=(), param=param)
         nets = [Net(cfg.arch, X, w, p.n_out, seed, cfg.init_std, cfg.attention, cfg.data.normalize,
                     init=cfg.init).to(dev)
                 for w in cfg.widths]
@@ -90,7 +88,8 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
             dF = (F_t - F0_t).double()
             for i, width in enumerate(cfg.widths):
                 cols, seg = slice(i * n_out, (i + 1) * n_out), slice(int(units[i]), int(units[i + 1]))
-                rows.append({"param": param, "optimizer": spec.optimizer, "width": width, "seed": seed,
+                rows.append({"param": param, "optimizer": spec.optimizer, "train_precision": spec.train_precision,
+                             "width": width, "seed": seed,
                              "step": step,
                              "delta_f": float(dF[:, cols].pow(2).mean().sqrt()),
                              "delta_h": float(dH[:, seg].double().pow(2).mean().sqrt()),
@@ -108,6 +107,6 @@ def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress
             fit.append({"param": param, "step": int(step), "quantity": q, "slope": slope,
                         "theory": theory[q]})
     meta = {"n": int(X.shape[0]), "n_test": int(Xt.shape[0]), "n_classes": c, "loss": loss_name,
-            "optimizer": cfg.train.optimizer, "source": p.sample.source, "device": str(dev)}
+            "optimizer": cfg.train.optimizer, "train_precision": cfg.train.train_precision, "source": p.sample.source, "device": str(dev)}
     return Result("coord-check", {}, {"rows": frame, "summary": summary, "fit": pd.DataFrame(fit)},
                   {}, meta)

@@ -150,6 +150,7 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     summary = summarize(frame, ["arch", "attention", "width", "epoch"], METRICS)
     final = summary[summary["epoch"] == cfg.train.epochs].reset_index(drop=True)
     meta = {"n": n, "n_test": int(Xt.shape[0]), "d": p.sample.d, "n_classes": c, "param": cfg.train.param,
+            "train_precision": cfg.train.train_precision,
             "loss": loss_name, "flow": None if flow is None else list(flow), "source": p.sample.source,
             "device": str(dev)}
     return Result("dynamics", {}, {"rows": frame, "summary": summary, "final": final}, {}, meta)

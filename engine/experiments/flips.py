@@ -75,6 +75,7 @@ class FlipRow:
     init: str
     attention: str | None
     optimizer: str
+    train_precision: str         # the training GEMMs' (TrainSpec.train_precision)
     loss: str
     lr: float
     epochs: int

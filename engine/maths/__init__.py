@@ -2,7 +2,8 @@
 
 ``models`` (the nets and attention features), ``ntk`` (empirical NTK; ``counts`` and ``tiles``
 beneath it), ``kinf`` (the infinite-width NTK), ``ridge`` (kernel ridge regression and kernel
-distances), ``spectral``, ``influence`` (NTK leave-one-out), ``attacks``, ``training``,
+distances), ``spectral``, ``influence`` (NTK leave-one-out), ``attacks``, ``training`` (with
+``grads``: the head's weight gradient in closed form, and the training precisions),
 ``flow`` (the linearised head and the closed-form K∞ gradient flow) and ``loo`` (leave-one-out
 by retraining masked heads), and ``metrics`` (seed averages, flip rates, rank correlation, the
 flip excess with its interval, slopes: the numbers every experiment and page reads) and ``gates``
@@ -23,7 +24,8 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "spectral": ["Spectrum", "eig_spectrum", "gram_spectrum", "width_thresholds_log10"],
     "influence": ["aggregate", "influence_matrix", "loo_influence", "net_influence", "top_indices"],
     "attacks": ["attack"],
-    "training": ["sgd_lr_limit", "top_eigenvalue", "train"],
+    "training": ["sgd_lr_limit", "top_eigenvalue", "train", "train_many"],
+    "grads": ["StackedHead"],
     "flow": ["KernelFlow", "lin_gap", "linearised_head", "train_pair"],
     "loo": ["flow_loo", "kernel_loo", "train_masked"],
     "gates": ["TRAIN_GATE", "passes_gate"],

@@ -41,6 +41,7 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
+from .grads import autocast, check_precision
 from .specs import TrainSpec
 from .training import BATCH_SEED_OFFSET, OPTIMIZER_FNS, CancelFlag, loss_weights, per_model_loss, resolve_loss
 
@@ -71,9 +72,13 @@ def linearised_head(phi: torch.Tensor, W: torch.Tensor, mask0: torch.Tensor, rea
 def batch_steps(params: list[torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor], n: int, spec: TrainSpec,
                 seed: int, device: torch.device | str, cancel: CancelFlag | None) -> Iterator[tuple[int, int, bool]]:
     """Mini-batch steps in engine.maths.training's order for ``seed``; yields (epoch, step, end of epoch)
-    after each step. ``loss_of(idx)`` returns the scalar to minimise on the rows idx."""
+    after each step. ``loss_of(idx)`` returns the scalar to minimise on the rows idx, computed under
+    ``grads.autocast`` for ``spec.train_precision`` (bfloat16 GEMMs; weights and their gradients float32)."""
+    for p in params:
+        check_precision(spec.train_precision, p.dtype)
     opt = OPTIMIZER_FNS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
     g = torch.Generator().manual_seed(int(seed) + BATCH_SEED_OFFSET)
+    cast = autocast(spec.train_precision, device)  # bfloat16 GEMMs in the forward, float32 weights
     step, epoch = 0, 0
     while True:
         epoch += 1
@@ -83,7 +88,9 @@ def batch_steps(params: list[torch.Tensor], loss_of: Callable[[torch.Tensor], to
         for start in range(0, n, spec.batch_size):
             idx = order[start:start + spec.batch_size]
             opt.zero_grad(set_to_none=False)
-            loss_of(idx).backward()
+            with cast:
+                loss = loss_of(idx)
+            loss.backward()
             opt.step()
             step += 1
             yield epoch, step, start + spec.batch_size >= n

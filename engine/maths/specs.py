@@ -175,6 +175,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 # optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 1
 # lies well below its stability limit 2·n·c/λ₁ on the pages' data (tens to hundreds on MNIST).
 SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1.0}
+# What the training GEMMs multiply in: float32 (the default, the reference), or bfloat16 operands with
+# float32 accumulation, weights and optimiser state (AMX / AVX512-BF16 on CPUs, tensor cores on GPUs).
+TRAIN_PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,11 @@ class TrainSpec:
     param: str = setting("ntk", "parametrisation: ntk = output scale m^-1/2, width-independent learning rate "
                          "(the paper's); mup = μP, output scale m^-1, SGD learning rate × m (Adam's unchanged)",
                          choices=PARAMS)
+    train_precision: str = setting("float32", "what the training step's GEMMs (φWᵀ and its weight gradient) "
+                                   "multiply in: float32 (the reference), or bfloat16 operands with float32 "
+                                   "weights and optimiser state (faster where the CPU or GPU has bf16 units; "
+                                   "moves test accuracy and the trained kernel slightly; float32 nets only)",
+                                   choices=TRAIN_PRECISIONS)
 
     def __post_init__(self):
         normalised(self)

@@ -3,7 +3,9 @@
 Only W is trained. The features φ(X) do not depend on W, so they are computed once and the
 head is trained on them (MLP-Attn's transductive attention is fixed by the clean training
 set). Binary tasks use one output and targets ±1 with MSE; multi-class tasks use c outputs
-with cross-entropy (``loss="auto"``).
+with cross-entropy (``loss="auto"``). The head's weight gradient is written in closed form
+(``engine.maths.grads``; autograd is its tested reference, and trains trainable attention), its
+GEMMs in float32 or, by ``TrainSpec.train_precision``, in bfloat16.
 
 Parametrisation (``TrainSpec.param``). ``ntk`` (default, the paper's): output multiplier
 m^(-1/2), learning rate independent of the width. ``mup``: the Maximal Update
@@ -30,19 +32,22 @@ kernel (which itself vanishes like 1/m, the point of μP).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..runtime.errors import BadInput, Cancelled
+from .grads import StackedHead, autocast, check_precision
 from .specs import TrainSpec
 
 if TYPE_CHECKING:
     from .models import Net
 
 Progress = Callable[[float, str], None]
+PerModel = Callable[["torch.Tensor | None", "torch.Tensor | None"], "torch.Tensor"]  # (rows, new inputs) -> k losses
 
 
 class CancelFlag(Protocol):
@@ -54,6 +59,12 @@ class CancelFlag(Protocol):
 # The batch order is drawn from its own generator, seeded with the network seed plus this prime, so
 # that it differs from the initialisation's stream and two runs with one seed see the same batches.
 BATCH_SEED_OFFSET = 7919
+
+
+# How a head on fixed features gets its weight gradient: in closed form (the default, two GEMMs and
+# a mask per step) or by autograd through the same loss (the reference the closed form is tested against).
+GRADIENTS = ("closed", "autograd")
+DEFAULT_GRADIENT = "closed"
 
 
 def n_outputs(n_classes: int) -> int:
@@ -121,7 +132,8 @@ def train(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: Trai
 
 def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int = 0,
                progress: Progress | None = None, cancel: CancelFlag | None = None,
-               epoch_inputs: Callable[[int], torch.Tensor] | None = None) -> list[TrainResult]:
+               epoch_inputs: Callable[[int], torch.Tensor] | None = None,
+               gradient: str = DEFAULT_GRADIENT) -> list[TrainResult]:
     """Train several nets on the same features as one batched model; same result as ``train`` each.
 
     The nets must share arch, attention and training set (so their features agree); widths
@@ -131,9 +143,15 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     net's, and Adam and weight decay act elementwise, so every net follows the trajectory
     it would follow alone (up to float rounding). Weights are written back in place.
     Nets with trainable attention are trained one by one (their features move).
+
+    ``gradient`` (``GRADIENTS``): how a head on fixed features gets ∂L/∂W; ``closed`` (the
+    default) writes it in closed form (``engine.maths.grads.StackedHead``), ``autograd`` is the
+    reference it is tested against. Trainable attention always uses autograd.
     """
     if epoch_inputs is not None and len(nets) != 1:
         raise BadInput("epoch_inputs trains a single net")
+    if gradient not in GRADIENTS:
+        raise BadInput(f"unknown gradient {gradient!r}; allowed: {', '.join(GRADIENTS)}")
     if not nets[0].fixed_features and spec.param != "ntk":
         raise BadInput("param 'mup' is defined for the ReLU head alone; trainable attention (qkv) "
                        "trains more layers, use param 'ntk'")
@@ -145,22 +163,21 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
         phi = nets[0].features(X)
-    k, n_out = len(nets), nets[0].mlp.a.shape[1]
+    k = len(nets)
     W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
     A = torch.block_diag(*[net.mlp.readout() for net in nets])
+    yd = y.to(phi.device)
 
-    def per_model(idx, inputs):
-        nonlocal phi
-        if inputs is not None:  # new inputs this epoch: features over them, computed once
-            with torch.no_grad():
-                phi = nets[0].features(inputs, X_ref=inputs)
-        rows = phi if idx is None else phi[idx]
-        return per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, n_out), y if idx is None else y[idx],
-                               loss_name, n_classes)
+    def feats(inputs):  # the features of an epoch's new inputs (adversarial training)
+        return nets[0].features(inputs, X_ref=inputs)
 
-    history = optimise([W], per_model, y.to(phi.device), k, spec, seed, progress, cancel, epoch_inputs,
-                        loss_weights(nets, spec))
-    curves, snapshots, W0 = history
+    if gradient == "closed":  # engine.maths.grads: autograd's steps, without its graph
+        head = StackedHead(phi, yd, targets(yd, n_classes), W, A, k, loss_name, n_classes, loss_weights(nets, spec),
+                           spec.train_precision, feats)
+        curves, snapshots, W0 = optimise([W], None, yd, k, spec, seed, progress, cancel, epoch_inputs, head=head)
+    else:
+        curves, snapshots, W0 = optimise([W], autograd_head(phi, yd, W, A, k, loss_name, n_classes, feats), yd, k,
+                                         spec, seed, progress, cancel, epoch_inputs, loss_weights(nets, spec))
     results, offset = [], 0
     for j, net in enumerate(nets):
         seg = slice(offset, offset + net.mlp.width)
@@ -170,6 +187,25 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
         results.append(TrainResult([row[j] for row in curves], W0[0][seg].clone(),
                                    {e: w[0][seg].clone() for e, w in snapshots.items()}))
     return results
+
+
+def autograd_head(phi: torch.Tensor, y: torch.Tensor, W: torch.Tensor, A: torch.Tensor, k: int, loss: str,
+                  n_classes: int, features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> PerModel:
+    """``per_model(idx, new_inputs)`` for ``optimise``: the k mean losses of the stacked head
+    relu(φ Wᵀ) A (W (Σm, d), A (Σm, k·n_out)) on the feature rows idx of phi (n, d), by autograd;
+    new inputs (adversarial training) get new features once. The reference of ``grads.StackedHead``."""
+
+    def per_model(idx: torch.Tensor | None, inputs: torch.Tensor | None) -> torch.Tensor:
+        nonlocal phi
+        if inputs is not None:  # new inputs this epoch: features over them, computed once
+            assert features is not None
+            with torch.no_grad():
+                phi = features(inputs)
+        rows = phi if idx is None else phi[idx]
+        return per_model_loss((torch.relu(rows @ W.T) @ A).reshape(-1, k, A.shape[1] // k),
+                              y if idx is None else y[idx], loss, n_classes)
+
+    return per_model
 
 
 def _train_one_trainable(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: int, spec: TrainSpec, seed: int,
@@ -207,35 +243,74 @@ def loss_weights(nets: list[Net], spec: TrainSpec) -> torch.Tensor | None:
     return torch.tensor([float(net.mlp.width) for net in nets], device=nets[0].mlp.W.device)
 
 
-def optimise(params, per_model, y, k, spec, seed, progress, cancel, epoch_inputs, weights=None):
+class AutogradBatches:
+    """Mini-batches whose gradient autograd computes: ``per_model(idx, new_inputs)`` gives the k
+    mean losses on the rows idx (None: all rows; ``new_inputs`` an epoch's new inputs, passed with
+    its first batch), and each ``step`` back-propagates their sum, weighted by ``weights`` (k,)
+    when given, into the parameters' gradients, its forward under ``cast`` (``grads.autocast``).
+    The same interface as ``grads.StackedHead``, for ``optimise``."""
+
+    def __init__(self, per_model: PerModel, zero_grad: Callable[[], None], weights: torch.Tensor | None,
+                 cast: contextlib.AbstractContextManager, dtype: torch.dtype):
+        self.per_model, self.zero_grad, self.weights, self.cast, self.dtype = per_model, zero_grad, weights, cast, dtype
+        self.order: torch.Tensor = torch.empty(0, dtype=torch.long)
+        self.inputs: torch.Tensor | None = None
+
+    def losses(self) -> torch.Tensor:
+        with torch.no_grad(), self.cast:
+            return self.per_model(None, None).to(self.dtype)
+
+    def epoch(self, order: torch.Tensor, inputs: torch.Tensor | None = None) -> None:
+        self.order, self.inputs = order, inputs
+
+    def step(self, start: int, stop: int) -> torch.Tensor:
+        self.zero_grad()
+        with self.cast:
+            batch = self.per_model(self.order[start:stop], self.inputs if start == 0 else None).to(self.dtype)
+        (batch.sum() if self.weights is None else (batch * self.weights.to(batch.dtype)).sum()).backward()
+        return batch.detach()
+
+
+def optimise(params: Sequence[torch.Tensor], per_model: PerModel | None, y: torch.Tensor, k: int, spec: TrainSpec,
+             seed: int, progress: Progress | None, cancel: CancelFlag | None,
+             epoch_inputs: Callable[[int], torch.Tensor] | None, weights: torch.Tensor | None = None,
+             head: StackedHead | None = None) -> tuple[list, dict[int, list[torch.Tensor]], list[torch.Tensor]]:
     """The one mini-batch loop of every trainer here and of ``engine.maths.loo.train_masked``.
 
-    ``per_model(idx, new_inputs)`` returns the k mean losses on the rows ``idx`` (None: all
-    rows); the optimiser (``spec.optimizer``) minimises their sum, weighted by ``weights`` (k,)
-    when given, over batches in this module's order for ``seed``. Stops with ``Cancelled``
-    between epochs and with a one-line ``BadInput`` when the loss is not finite. Returns (loss
-    curves (epochs + 1, k), snapshots of the parameters by epoch, initial parameters)."""
+    The optimiser (``spec.optimizer``) minimises the sum of k mean losses, weighted by ``weights``
+    (k,) when given, over batches in this module's order for ``seed``: by autograd through
+    ``per_model`` (``AutogradBatches``), or, with ``head`` (a ``grads.StackedHead`` over
+    ``params[0]``, which carries its own weights), by the gradient the head writes itself. Stops
+    with ``Cancelled`` between epochs and with a one-line ``BadInput`` when the loss is not finite.
+    Returns (loss curves (epochs + 1, k), snapshots of the parameters by epoch, initial parameters)."""
+    for p in params:
+        check_precision(spec.train_precision, p.dtype)
     init = [p.detach().clone() for p in params]
     opt = OPTIMIZER_FNS[spec.optimizer](params, lr=spec.lr, weight_decay=spec.weight_decay)
+    if head is None:
+        if per_model is None:
+            raise BadInput("optimise needs per_model or a head")
+        # reuse the gradient buffers (set_to_none=False): no page faults per step
+        batches: StackedHead | AutogradBatches = AutogradBatches(
+            per_model, lambda: opt.zero_grad(set_to_none=False), weights, autocast(spec.train_precision, y.device),
+            params[0].dtype)
+    else:
+        batches = head
     g = torch.Generator().manual_seed(int(seed) + BATCH_SEED_OFFSET)
-    n = y.shape[0]
-    with torch.no_grad():
-        losses = [per_model(None, None)]
+    n, B = y.shape[0], spec.batch_size
+    losses = [batches.losses()]
+    sizes = torch.tensor([min(B, n - s) for s in range(0, n, B)], dtype=losses[0].dtype, device=y.device)
     snapshots = {0: [p.clone() for p in init]} if 0 in spec.snapshot_epochs else {}
     for epoch in range(1, spec.epochs + 1):
         if cancel is not None and cancel.is_set():
             raise Cancelled("training cancelled")
         inputs = None if epoch_inputs is None else epoch_inputs(epoch).detach()
-        order = torch.randperm(n, generator=g).to(y.device)
-        total = torch.zeros(k, dtype=losses[0].dtype, device=y.device)
-        for start in range(0, n, spec.batch_size):
-            idx = order[start:start + spec.batch_size]
-            opt.zero_grad(set_to_none=False)  # reuse the gradient buffers: no page faults per step
-            batch = per_model(idx, inputs if start == 0 else None)
-            (batch.sum() if weights is None else (batch * weights.to(batch.dtype)).sum()).backward()
+        batches.epoch(torch.randperm(n, generator=g).to(y.device), inputs)
+        per_batch = []
+        for start in range(0, n, B):
+            per_batch.append(batches.step(start, min(start + B, n)))
             opt.step()
-            total += batch.detach() * idx.numel()
-        losses.append(total / n)
+        losses.append(sizes @ torch.stack(per_batch) / n)  # the epoch's mean: batches weighted by their rows
         if not bool(torch.isfinite(losses[-1]).all()):
             raise BadInput(f"training diverged at epoch {epoch}: the loss is not finite; lower the learning "
                            f"rate (now {spec.lr:g}) or the weight decay")
