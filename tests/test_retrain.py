@@ -163,7 +163,7 @@ def test_sgd_in_the_features_span_takes_the_weight_space_steps(init, classes, lo
     torch.testing.assert_close(span.W, weights.W, rtol=RTOL64, atol=ATOL64)
     torch.testing.assert_close(torch.tensor(span.losses), torch.tensor(weights.losses), rtol=RTOL64, atol=ATOL64)
     assert torch.equal(span.W0, weights.W0) and not torch.allclose(span.W, span.W0)
-    with pytest.raises(BadInput, match="plain SGD's; optimizer 'adam'"):
+    with pytest.raises(BadInput, match="plain SGD's in float32; optimizer 'adam'"):
         train_masked(phi, y, classes, heads, keep, replace(spec, optimizer="adam"), in_span=True)
 
 

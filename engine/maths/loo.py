@@ -87,8 +87,8 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
     ``engine.maths.training.loss_weights`` does). ``frozen`` (n, Σm) bool: train the linearised
     heads instead (``head_outputs``). A head kept everywhere follows ``engine.maths.training.train``.
     ``in_span``: plain SGD run in the span of the training features (``_sgd_in_span``: the same
-    steps, summed in another order), where it takes fewer FLOPs; None chooses it for SGD when
-    n < 2d, False keeps the weight-space steps (which follow a lone head's run bit for bit).
+    steps, summed in another order), where it takes fewer FLOPs; None chooses it for float32 SGD
+    when n < 2d (bfloat16 GEMMs stay in weight space), False keeps the weight-space steps (which follow a lone head's run bit for bit).
     """
     k, n = keep.shape
     if k != len(heads) or n != phi.shape[0]:
@@ -102,9 +102,11 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
     weights = None if spec.param == "ntk" else torch.tensor([float(h.width) for h in heads], dtype=phi.dtype,
                                                             device=phi.device)
 
-    if in_span if in_span is not None else (spec.optimizer == "sgd" and n < 2 * phi.shape[1]):
-        if spec.optimizer != "sgd":
-            raise BadInput(f"training in the features' span is plain SGD's; optimizer {spec.optimizer!r} is not")
+    if in_span if in_span is not None else (spec.optimizer == "sgd" and spec.train_precision == "float32"
+                                            and n < 2 * phi.shape[1]):
+        if spec.optimizer != "sgd" or spec.train_precision != "float32":
+            raise BadInput(f"training in the features' span is plain SGD's in float32; optimizer {spec.optimizer!r} "
+                           f"with train precision {spec.train_precision!r} is not")
         return _sgd_in_span(phi, y, n_classes, heads, w8, spec, seed, progress, cancel, frozen, weights, loss_name)
 
     def batch_losses(idx):

@@ -328,7 +328,7 @@ def masked_train_s(n: float, d: float, m_total: float, tr: Any, n_out: int = 10)
     """``engine.maths.loo.train_masked``'s batched heads: for plain SGD with n < 2d in the features'
     span (per epoch one (n, n)·(n, Σm) product and ``ELEMENT_S`` per activation for the relu,
     readout and loss passes; W formed once at the end), else ``train_s``."""
-    if tr.optimizer != "sgd" or n >= 2 * d:
+    if tr.optimizer != "sgd" or getattr(tr, "train_precision", "float32") != "float32" or n >= 2 * d:
         return train_s(n, d, m_total, tr.epochs, tr.batch_size, n_out)
     steps = tr.epochs * math.ceil(n / tr.batch_size)
     return (tr.epochs * (gemm_s(n, m_total, n) + gemm_s(n, m_total, n_out) + ELEMENT_S * n * m_total)
