@@ -110,7 +110,8 @@ def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="speed figures measured side by side (ratios, not timings)")
     p.add_argument("--quick", action="store_true", help="small sizes, under a minute on a 2-core CPU")
     p.add_argument("--scale", action="store_true", help="n = 8000 steps against their floors")
-    p.add_argument("--estimates", action="store_true", help="run-time estimates against measured runs")
+    p.add_argument("--estimates", action="store_true", help="each experiment's dashboard default (quick preset): "
+                   "the command line's estimate against the run's wall time, each in a fresh process")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-page", action="store_true", help="skip the dashboard render benchmark")
     p.add_argument("--out", metavar="FILE", help="append each part's row to this JSON-lines file as it is measured")
@@ -138,7 +139,7 @@ def cmd_bench(a, progress) -> dict:
     if a.estimates:
         from .experiments import calibration
 
-        return calibration.run(progress=progress)
+        return calibration.run(progress=progress, out=a.out)
     return bench.run(quick=a.quick, device=a.device, page=not a.no_page, progress=progress, scale=a.scale,
                      out=a.out, peer=a.peer, timeout=a.timeout)
 
@@ -154,22 +155,22 @@ def cmd_datasets(a) -> dict:
 
 
 def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
-    """The estimate on the reference CPU and scaled by this machine's speed now (a GEMM timing of a
-    fraction of a second, ``engine.runtime.speed.speed_factor``) on the device the run would go to.
-    No torch is loaded where no GPU can be there (``engine.runtime.device.device_type``): the
-    factor is then a numpy GEMM's, or ``$ENGINE_SPEED_FACTOR``."""
+    """The estimate on the reference CPU and as seconds here now, for a run in its own process on
+    the device it would go to (``engine.runtime.speed.seconds_here``: this machine's speed now on
+    the threads the run would get, plus its imports). No torch is loaded where no GPU can be there
+    (``engine.runtime.device.device_type``) and this machine's calibration holds: the factor is
+    then a numpy GEMM's converted by it (``engine.runtime.gemm``), or ``$ENGINE_SPEED_FACTOR``."""
     from .runtime.device import device_type
-    from .runtime.speed import speed_factor, timed_with
+    from .runtime.speed import seconds_here
 
     est = exp.estimate(cfg)
-    kind = device_type(device)
-    speed = speed_factor(kind)
-    here = B.Estimate(est.seconds * speed, est.bytes)
-    return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, "speed_factor": speed,
-            "speed_factor_from": timed_with(kind),
-            "device": kind, "estimate_seconds_here": here.seconds,
-            "describe": f"{here.describe()} at this machine's speed now ({speed:.2g}× the reference CPU's "
-                        f"{B.duration(est.seconds)})"}
+    images = str(getattr(getattr(cfg, "data", None), "dataset", "")).split(":")[0].lower() in B.INPUT_DIMS
+    here = seconds_here(est.seconds, device_type(device), images)
+    on = "" if here["threads"] is None else f" on {here['threads']} thread(s)"
+    return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, **here,
+            "describe": f"{B.Estimate(here['estimate_seconds_here'], est.bytes).describe()} at this machine's "
+                        f"speed now ({here['speed_factor']:.2g}× the reference CPU's {B.duration(est.seconds)}{on}, "
+                        f"and {here['import_seconds']:.1f} s of imports)"}
 
 
 def _run(exp: Experiment, cfg, a, progress):

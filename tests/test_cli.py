@@ -83,11 +83,10 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 
 @pytest.mark.slow
 def test_over_budget_runs_are_refused_before_they_start(tmp_path):
-    rc, out, err = run("ntk-sweep", "--dataset", "synthetic", "--widths", "65536", "--epochs", "20000",
-                       "--cache-dir", str(tmp_path))
+    huge = ("--dataset", "synthetic", "--n", "2000", "--widths", "65536", "--epochs", "20000")  # about 14 h
+    rc, out, err = run("ntk-sweep", *huge, "--cache-dir", str(tmp_path))
     assert rc == 2 and "budget" in err and "--max-seconds" in err and out == ""
-    rc, out, err = run("ntk-sweep", "--dataset", "synthetic", "--widths", "65536", "--epochs", "20000",
-                       "--estimate", "--json")
+    rc, out, err = run("ntk-sweep", *huge, "--estimate", "--json")
     assert rc == 0 and json.loads(out)["estimate_seconds"] > 6 * 3600
 
 

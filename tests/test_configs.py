@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import replace
 
 import pytest
@@ -9,7 +11,6 @@ import pytest
 from conftest import REL_MEMORY_REREAD
 from engine.experiments.registry import EXPERIMENTS, estimate
 from engine.runtime import budget, speed
-from engine.runtime.errors import BadInput
 from ui import configs
 from ui.common import Shared
 
@@ -56,36 +57,10 @@ def test_plans_scale_by_the_machines_speed_now(monkeypatch):
     assert plan.seconds == pytest.approx(seconds * slow) and plan.allowed and not plan.auto
     assert budget.duration(plan.seconds) in plan.note
     monkeypatch.delenv(speed.SPEED_ENV)
-    monkeypatch.setattr(speed, "_speed", {"cpu": slow})  # what finished runs measured here
+    monkeypatch.setattr(speed, "_timings", deque([speed.Timing(1.0, "torch", 200.0, 2, 0.0, 2, None,
+                                                               time.perf_counter())]))  # the GEMM's factor now
+    monkeypatch.setattr(speed, "_correction", {"cpu": slow})  # what finished runs measured here
     assert configs.plan(cfg).seconds == pytest.approx(seconds * slow)
-
-
-def test_the_gemm_calibration_is_quick_and_within_bounds(monkeypatch):
-    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
-    monkeypatch.setattr(speed, "_speed", {})
-    monkeypatch.setattr(speed, "_gemm_factor", [])
-    factor = speed.speed_factor("cpu")          # calibrates on first use
-    assert speed.SPEED_MIN <= factor <= speed.SPEED_MAX and speed._gemm_factor == [factor]
-    assert speed.speed_factor("cuda") == 1.0    # no run measured on a GPU yet: the CPU estimate bounds it
-    monkeypatch.setenv(speed.SPEED_ENV, "fast")
-    with pytest.raises(BadInput, match="ENGINE_SPEED_FACTOR.*'fast'"):
-        speed.speed_factor()
-
-
-@pytest.mark.parametrize("library", ["torch", "numpy"])
-def test_the_gemm_calibration_names_its_library_and_each_has_its_reference(monkeypatch, library):
-    """Either library's GEMM gives a factor within bounds and says which timed it; numpy's
-    reference is torch's times the ratio of their rates on the reference machine."""
-    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
-    monkeypatch.setattr(speed, "_speed", {})
-    factor = speed.calibrate(library=library)
-    assert speed.SPEED_MIN <= factor <= speed.SPEED_MAX and speed.timed_with() == library
-    assert speed.timed_with("cuda") == "none" and speed.speed_factor("cuda") == 1.0
-    assert speed.SPEED_GEMM_FLOPS_NUMPY == pytest.approx(1.35 * speed.SPEED_GEMM_FLOPS)
-    monkeypatch.setenv(speed.SPEED_ENV, "2")
-    assert speed.timed_with() == speed.timed_with("cuda") == speed.SPEED_ENV
-    with pytest.raises(BadInput, match="unknown GEMM library 'mkl'; allowed: torch, numpy"):
-        speed.calibrate(library="mkl")
 
 
 def test_a_run_that_cannot_fit_in_memory_is_not_allowed():

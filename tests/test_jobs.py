@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,14 +179,16 @@ def test_before_any_rate_the_eta_is_the_scaled_estimate():
     assert job.eta_s() is None                           # past its estimate and no rate: nothing made up
 
 
-def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
-    """A registered config's run records measured / estimated seconds; a cache read does not."""
+def test_a_finished_run_refreshes_the_speed_factor(monkeypatch, tmp_path):
+    """A registered config's run corrects the speed factor by its measured / estimated seconds
+    over the GEMM factor at its start; a cache read does not, nor does a resumed run."""
     from engine.experiments.registry import EXPERIMENTS
     from engine.runtime import speed
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the GEMM timing writes this machine's calibration
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)
-    monkeypatch.setattr(speed, "_speed", {})
-    monkeypatch.setattr(speed, "_gemm_factor", [])      # the job's estimate calibrates afresh (a GEMM timing)
+    monkeypatch.setattr(speed, "_correction", {})
+    monkeypatch.setattr(speed, "_timings", deque(maxlen=32))  # the job's estimate times the GEMM afresh
     cfg = EXPERIMENTS["spectrum"].probe()
     reference = EXPERIMENTS["spectrum"].estimate(cfg).seconds
     monkeypatch.setattr(speed, "SPEED_MIN_RUN_S", 0.0)
@@ -201,32 +203,31 @@ def test_a_finished_run_refreshes_the_speed_factor(monkeypatch):
     job = m.submit("spectrum", cfg, run, device="cpu")
     assert job.wait(10) and job.state is JobState.DONE
     assert job.estimate_s is not None
-    factor = speed.speed_factor("cpu")
-    ratio = factor  # what the run measured: the factor less the calibration it was averaged with
-    if speed._gemm_factor:
-        ratio = math.exp((math.log(factor) - speed.SPEED_KEEP * math.log(speed._gemm_factor[0]))
-                         / (1 - speed.SPEED_KEEP))
+    base = speed._timings[0].factor                   # the GEMM timed when the job started
+    correction = speed._correction["cpu"]
+    ratio = base * correction ** (1 / (1 - speed.SPEED_KEEP))  # what the run measured (the prior correction: 1)
     assert 0.2 / reference <= ratio * (1 + 1e-9) and ratio <= job.elapsed_s() / reference * (1 + 1e-9)
     m.forget(job.key)
     clock["cached"] = True
     assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
-    assert speed.speed_factor("cpu") == factor          # a cache read says nothing of speed
+    assert speed._correction["cpu"] == correction     # a cache read says nothing of speed
     m.forget(job.key)
     clock.update(cached=False, meta={"resumed_units": 2})
     assert m.submit("spectrum", cfg, run, device="cpu").wait(10)
-    assert speed.speed_factor("cpu") == factor          # nor does a run that resumed an earlier one's units
+    assert speed._correction["cpu"] == correction     # nor does a run that resumed an earlier one's units
     m.shutdown()
 
 
 def test_the_speed_factor_ignores_fixed_costs_and_starts_from_the_calibration(monkeypatch):
     """A run estimated at tenths of a second that took seconds (a server's first data load
-    imports torchvision) says nothing of speed; a long run moves the calibrated factor halfway
+    imports torchvision) says nothing of speed; a long run moves the GEMM's factor halfway
     (geometrically), not all the way."""
     from engine.runtime import speed
 
     monkeypatch.delenv(speed.SPEED_ENV, raising=False)
-    monkeypatch.setattr(speed, "_speed", {})
-    monkeypatch.setattr(speed, "_gemm_factor", [1.0])   # what the GEMM timing said
+    monkeypatch.setattr(speed, "_correction", {})
+    monkeypatch.setattr(speed, "_timings", deque([speed.Timing(1.0, "torch", 200.0, 2, 0.0, 2, None,
+                                                               time.perf_counter())]))  # what the GEMM timing said
     assert speed.record_run(0.2, 4.0) is None and speed.speed_factor("cpu") == 1.0
     assert speed.record_run(10.0, 1.0) is None          # measured under the minimum: fixed costs too
     assert speed.record_run(10.0, 40.0) == pytest.approx(4.0 ** (1 - speed.SPEED_KEEP))

@@ -128,21 +128,28 @@ def test_the_command_line_parses_refuses_and_estimates_without_torch(argv, code)
 
 
 @pytest.mark.parametrize("argv", [["influence", "--estimate"], ["scaling", "--preset", "paper", "--estimate"]])
-def test_an_estimate_at_the_defaults_times_the_machine_without_torch(argv):
+def test_an_estimate_at_the_defaults_times_the_machine_without_torch(argv, tmp_path, monkeypatch):
     """With the device left at auto and no pinned speed factor, an estimate finds the CPU without
-    torch where no GPU can be there and times numpy's GEMM for the speed factor: numpy only."""
+    torch where no GPU can be there and times numpy's GEMM, converted by this machine's
+    calibration (written here by a torch timing; engine.runtime.gemm): numpy only."""
+    from engine.runtime import speed
     from engine.runtime.device import gpu_possible
 
     if gpu_possible():
         pytest.skip("a GPU may be here: finding it asks torch")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("ENGINE_THREADS", "1")  # the calibration holds for the thread count the estimate will use
+    monkeypatch.delenv(speed.SPEED_ENV, raising=False)
+    speed.time_gemm("torch")
     script = ("import json, sys\nfrom engine.cli import main\nrc = main([*sys.argv[1:], '--json'])\n"
               f"print('LOADED', rc, sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path), "ENGINE_THREADS": "1"}
     p = subprocess.run([sys.executable, "-c", script, *argv], cwd=ROOT, capture_output=True, text=True, env=env)
     assert p.stderr.strip().splitlines()[-1] == "LOADED 0 ['numpy']", p.stderr[-2000:]
     out = json.loads(p.stdout)
     assert out["device"] == "cpu" and out["speed_factor_from"] == "numpy"
-    assert out["estimate_seconds_here"] == pytest.approx(out["estimate_seconds"] * out["speed_factor"])
+    assert out["estimate_seconds_here"] == pytest.approx(out["estimate_seconds"] * out["speed_factor"]
+                                                         + out["import_seconds"])
 
 
 def test_every_public_name_of_every_package_resolves_to_its_own_module():

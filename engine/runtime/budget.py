@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # annotations only: an estimate loads no torch
 FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, measured by bench --estimates)
 FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
 STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
+TRAIN_FLOPS, TRAIN_STEP_S = 1.3e11, 6e-4  # training's GEMM rate and cost per step (fitted: benchmarks/RESULTS.md)
 ELEMENT_S = 5e-9        # one activation's elementwise passes per epoch (relu, readout, loss; 2 cores, measured)
 FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
@@ -319,9 +320,9 @@ def ntk_s(n1: float, n2: float, d: float, m: float) -> float:
 
 
 def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: int = 10) -> float:
-    """Batched training of total width m_total: forward, readout and weight-gradient GEMMs."""
+    """Batched training of total width m_total: forward, readout and weight-gradient GEMMs, at training's rates."""
     steps = epochs * math.ceil(n / batch)
-    return epochs * 3 * gemm_s(n, m_total, d) + steps * STEP_OVERHEAD_S + epochs * gemm_s(n, m_total, n_out)
+    return epochs * 2 * n * m_total * (3 * d + n_out) / TRAIN_FLOPS + steps * TRAIN_STEP_S
 
 
 def masked_train_s(n: float, d: float, m_total: float, tr: Any, n_out: int = 10) -> float:
@@ -346,7 +347,6 @@ STEP_SHARE = 0.95  # share of the free memory one kernel step may allocate
 # rounding, which no count sees. A fresh process's peak rose up to 20 MiB above the count of the
 # n = 3000 solves (MKL's AVX-512 code path; tests/test_memory.py measures every step against it).
 LIBRARY_WORKSPACE = 32 * 2**20
-
 
 FINITE_BLOCK = 2**20  # elements per block of all_finite: a 1 MiB bool temporary, not one of n x n
 
