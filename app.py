@@ -49,7 +49,7 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
 links.remember_asked()  # the link's page settings before any widget takes (or drops) them
-machine_speed()  # once per server: this machine's speed now scales every estimate (engine.runtime.budget)
+machine_speed()  # once per server: the first estimate's GEMM timing (later ones re-time it; engine.runtime.speed)
 
 BOUND = dict(bind="query-params", persist_state="session")  # every shared control
 QKV_SMALL_N = (200, 150, 100, 80, 60, 40, 20)  # sizes tried for the qkv advice

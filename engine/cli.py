@@ -370,7 +370,7 @@ def _add_figure(sub, preset: str | None) -> None:
         q.add_argument("--width-px", dest="fig_width", type=int, default=export.WIDTH_PX,
                        help=f"image width in CSS pixels (default: {export.WIDTH_PX})")
         q.add_argument("--height-px", dest="fig_height", type=int, default=None,
-                       help="image height in CSS pixels (default: the chart's own)")
+                       help="image height in CSS pixels (default: the chart's own for PNG and SVG, 16:9 of the width for PDF)")
         q.add_argument("--png-scale", dest="fig_scale", type=float, default=export.SCALE,
                        help=f"PNG pixel density (default: {export.SCALE:g})")
         q.add_argument("--talk", action="store_true", help="slide-sized text and thicker lines")

@@ -141,6 +141,9 @@ REL_MEMORY_REREAD_RAW = 0.2
 # An ETA from a steady (fake-clock) rate over a thinned history: exact but for where the window's
 # ends fall between reports, well under 1 %.
 REL_ETA = 0.01
+# A PDF page's aspect ratio: kaleido writes the page size in whole points, so a page about 560 pt
+# tall can differ from 16:9 or 4:3 by up to 1/560 ≈ 1.8e-3.
+REL_PDF_ASPECT = 2e-3
 
 
 MAX_WORKERS = 4  # `-n auto` (the Makefile's): one test worker per core, at most this many (memory)

@@ -13,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
+from conftest import REL_PDF_ASPECT
 from engine import cli
 from engine.data import DataSpec
 from engine.experiments.configs.alignment import AlignmentConfig
@@ -81,10 +82,10 @@ def test_a_pdf_is_a_16_9_page_from_the_dashboard_button_and_by_default():
 
     assert set(render.IMAGE_MIME) == set(export.FORMATS) and render.IMAGE_MIME["pdf"] == "application/pdf"
     fig = _figure().update_layout(height=400)  # a page chart's own height
-    assert _pdf_aspect(render._image(export.slide(fig, "settings"), "pdf")()) == pytest.approx(16 / 9, rel=1e-3)
-    assert _pdf_aspect(export.image_bytes(fig, "pdf")) == pytest.approx(16 / 9, rel=1e-3)
-    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=1000)) == pytest.approx(16 / 9, rel=2e-3)
-    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=800, height=600)) == pytest.approx(4 / 3, rel=1e-3)
+    assert _pdf_aspect(render._image(export.slide(fig, "settings"), "pdf")()) == pytest.approx(16 / 9, rel=REL_PDF_ASPECT)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf")) == pytest.approx(16 / 9, rel=REL_PDF_ASPECT)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=1000)) == pytest.approx(16 / 9, rel=REL_PDF_ASPECT)
+    assert _pdf_aspect(export.image_bytes(fig, "pdf", width=800, height=600)) == pytest.approx(4 / 3, rel=REL_PDF_ASPECT)
 
 
 def _small(kind: str):
@@ -192,7 +193,7 @@ def test_cli_figure_renders_from_the_cache(tmp_path):
     assert not outs[0]["cached"] and outs[1]["cached"]  # the second file is drawn from the cache
     w, h = _png_size((tmp_path / "regime.png").read_bytes())
     assert (w, h) == (2 * export.WIDTH_PX, 2 * 400)
-    assert _pdf_aspect((tmp_path / "regime.pdf").read_bytes()) == pytest.approx(16 / 9, rel=1e-3)
+    assert _pdf_aspect((tmp_path / "regime.pdf").read_bytes()) == pytest.approx(16 / 9, rel=REL_PDF_ASPECT)
     p = subprocess.run([*args, "--out", str(tmp_path / "regime.jpeg")], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error:") and ".png" in p.stderr and not p.stdout

@@ -284,7 +284,7 @@ def test_estimates_grow_with_every_parameter():
     small = RetrainConfig(data=SYN, widths=(16, 64), seeds=(0,), k=2, train=TrainSpec(epochs=5, optimizer="sgd",
                                                                                         loss="mse"))
     larger = [replace(small, k=4), replace(small, widths=(16, 64, 256)), replace(small, seeds=(0, 1)),
-              replace(small, train=replace(small.train, epochs=10)), replace(small, data=replace(SYN, n=120)),
+              replace(small, train=replace(small.train, epochs=10)), replace(small, data=replace(SYN, n=62)),
               replace(small, data=replace(SYN, n_test=40))]
     smaller = [replace(small, archs=("relu",)), replace(small, loo=("ridge",)), replace(small, kernels=("entk",))]
     a = estimate(small)

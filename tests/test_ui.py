@@ -241,7 +241,7 @@ def test_chart_draws_the_figure_its_reading_note_and_a_csv_button():
     assert not at.exception
     assert len(at.get("plotly_chart")) == 2
     buttons = at.get("download_button")
-    images = ["PNG", "SVG"] if export.browser_path() else []  # static images need a Chromium
+    images = ["PNG", "SVG", "PDF"] if export.browser_path() else []  # static images need a Chromium
     assert [b.proto.label for b in buttons] == ["CSV", *images, "CSV", *images]
     assert [c.value for c in at.caption] == ["Lower is closer to the limit.", "Another sentence."]
 

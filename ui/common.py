@@ -411,8 +411,10 @@ def get_cache() -> Cache:
 
 @st.cache_resource(show_spinner=False)
 def machine_speed() -> float:
-    """This machine's speed factor, measured once when the server starts (a float32 GEMM timed
-    for a fraction of a second, ``engine.runtime.speed.calibrate``); finished runs refresh it later."""
+    """Warm the speed model once per server: a float32 GEMM timed for a fraction of a second
+    (``engine.runtime.speed.calibrate``), so the first page's estimate costs no timing. Every
+    estimate later re-times the GEMM when its timing is older than ``SPEED_FRESH_S`` and is
+    corrected by finished runs (``engine.runtime.speed``)."""
     from engine.runtime.speed import calibrate
 
     return calibrate()
