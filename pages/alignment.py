@@ -9,7 +9,7 @@ from engine.experiments.configs.alignment import PRESETS, AlignmentConfig
 from engine.maths.alignment import VERDICT_WORDS, parted
 from engine.maths.specs import parse_attention
 from engine.reporting import plots
-from engine.reporting.alignment import power_sentence, verdict_alignment
+from engine.reporting.alignment import along_sentence, power_sentence, verdict_alignment
 from engine.reporting.plots import alignment as AP
 from ui import configs, render
 from ui.common import plain, shared
@@ -89,5 +89,19 @@ data = AP.training_data(res.frames["training"])
 render.chart(AP.training_fig(data), data, "alignment along training", title="Alignment and distance to K∞ by epoch",
              config=res.config, how_to_read=
              "Solid: alignment of K_m(t) with the labels; dashed grey: its distance to K∞, how far the net has left "
-             "the kernel regime. Compare with the flip rates on the Malleability page at the same widths.")
+             "the kernel regime. The next chart puts the flip rates of the same nets beside it.")
+
+st.subheader("Both halves along training: alignment and flip excess")
+data = AP.both_halves_data(res.frames.get("flips_training_summary"))
+if data.empty:
+    st.caption(along_sentence(None))
+else:
+    render.chart(AP.both_halves_fig(data), data, "both halves along training",
+                 title="Alignment and flip excess by epoch", config=res.config, how_to_read=
+                 "At each snapshot of the largest width: solid, the alignment of K_m(t) with the labels (left axis, "
+                 "sd over seeds and draws); dashed, the share of top-τ points whose ridge influence on K_m(t) flips "
+                 "under a PGD attack on that epoch's net, minus the larger null (right axis, 95 % bootstrap interval "
+                 "over nets and points); dotted grey, that larger null's own flip rate (the next seed's net, or random "
+                 "directions of the same norms).")
+    st.caption(plain(along_sentence(res.frames["flips_training_summary"])))
 render.settings(res.config)

@@ -146,6 +146,8 @@ align = None if acfg is None else obtain_planned(run_alignment, acfg, "Task alig
 if align is not None:
     st.caption(alignment_words.power_sentence(align.frames["verdict"], s.dataset)
                + " The Task alignment page draws it against width, along training and as learning curves.")
+    if "flips_training_summary" in align.frames:
+        st.caption(plain(alignment_words.along_sentence(align.frames["flips_training_summary"])))
 
 st.header("Verdicts")
 table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS,

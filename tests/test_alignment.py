@@ -210,6 +210,14 @@ def test_the_run_end_to_end_on_synthetic_data():
     np.testing.assert_allclose(tr[tr["epoch"] == 0]["alignment"], tr[tr["epoch"] == 0]["align_init"], rtol=RTOL64_EIG)
     np.testing.assert_allclose(tr[tr["epoch"] == 4]["alignment"], tr[tr["epoch"] == 4]["align_trained"],
                                rtol=RTOL64_EIG)
+    # flip rates along training: the largest width's snapshots, each beside its alignment and both nulls
+    fl = res.frames["flips_training"]
+    assert len(fl) == 2 * 2 * 2 * 3 and set(fl["width"]) == {128} and set(fl["epoch"]) == {0, 2, 4}
+    assert fl["alignment"].notna().all() and fl["null_seed_flip_rate"].notna().all()
+    np.testing.assert_allclose(fl["flip_excess"], fl["flip_rate"] - fl[["null_seed_flip_rate",
+                                                                         "null_random_flip_rate"]].max(axis=1),
+                               rtol=RTOL64, atol=ATOL64)
+    assert len(res.frames["flips_training_summary"]) == 2 * 3
     assert set(res.frames["curves"]["kernel"]) == {"K∞", "K_m trained"}
     assert set(res.frames["power"]["kernel"]) == {"K∞", "K_m init", "K_m trained"}
     assert list(res.frames["verdict"]["width"]) == [64, 128]
@@ -217,7 +225,8 @@ def test_the_run_end_to_end_on_synthetic_data():
     assert "2L-ReLU A(K∞)" in readme_paragraph([("synthetic", res)])
     for fig in (AP.alignment_width_fig(AP.alignment_width_data(res.frames["summary"], kinf)),
                 AP.power_fig(AP.power_data(res.frames["power"])), AP.curve_fig(AP.curve_data(res.frames["curves"])),
-                AP.training_fig(AP.training_data(res.frames["training"]))):
+                AP.training_fig(AP.training_data(res.frames["training"])),
+                AP.both_halves_fig(AP.both_halves_data(res.frames["flips_training_summary"]))):
         assert len(fig.data) >= 4
 
 
@@ -245,5 +254,6 @@ def test_the_page_runs_on_synthetic_data(tmp_path, monkeypatch):
     assert not at.exception, [e.value for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     charts = at.get("plotly_chart")
-    assert len(charts) == 4 and len(at.get("download_button")) >= len(charts) - 1
+    assert len(charts) == 5 and len(at.get("download_button")) >= len(charts) - 1
     assert any("Power:" in i.value for i in at.info)
+    assert any("Along training:" in c.value for c in at.caption)

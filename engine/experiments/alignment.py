@@ -22,8 +22,9 @@ from ..maths.metrics import summarize
 from ..maths.models import Net
 from ..maths.ntk import empirical_ntk, empirical_ntk_at
 from ..maths.ridge import kernel_regression, relative_distance
-from ..maths.training import accuracy, n_outputs, predict_labels, train_many
+from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, train_many
 from ..runtime.cache import Result
+from . import along
 from .configs.alignment import AlignmentConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
 
@@ -122,6 +123,15 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
             training.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
                              "alignment": AL.centered_alignment(K_e, Y),
                              "kernel_dist": relative_distance(K_e, K_inf)})
+    snaps = []
+    if cfg.flips:  # the vulnerability half at the same snapshots, largest width (engine.experiments.along)
+        w = max(cfg.widths)
+        tr = results[cfg.widths.index(w)]
+        for i, (e, W_e) in enumerate(sorted(tr.snapshots.items())):
+            tick(progress, cancel, lo + (0.65 + 0.15 * i / len(tr.snapshots)) * (hi - lo),
+                 f"{stage}: attack at epoch {e}")
+            snaps.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
+                          **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, resolve_loss(cfg.train, p.c), cancel)})
     tick(progress, cancel, lo + 0.8 * (hi - lo), f"{stage}: spectra and learning curves")
     key = {"data_seed": draw, "arch": arch, "seed": seed}
     power, curves = [], []
@@ -129,7 +139,7 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
         pw, cv = _curves(name, parts, Y, cfg, 1000 * draw + seed)
         power += [{**key, **r} for r in pw]
         curves += [{**key, **r} for r in cv] if name == "K_m trained" else []
-    return {"rows": rows, "training": training, "power": power, "curves": curves}
+    return {"rows": rows, "training": training, "power": power, "curves": curves, "snaps": snaps}
 
 
 @experiment_run("alignment")
@@ -147,9 +157,13 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
     and the trained K_m (largest width): measured (mean, sd over trials) and theory, each as
     mean squared error over the zero predictor's. Frame ``training``: alignment and distance to
     K∞ at ``cfg.train.snapshot_epochs``. Frame ``verdict``: ``engine.maths.alignment.verdict``.
+    With ``cfg.flips``, frames ``flips_training`` (per draw, arch, seed and snapshot epoch of the largest
+    width: the flip rate of the ridge reading on K_m(t) under a PGD attack on that epoch's net, its seed
+    and random nulls, the excess with its interval, beside the alignment at that epoch) and
+    ``flips_training_summary`` (per arch, width and epoch, the pooled excess): ``engine.experiments.along``.
     """
     draws = _draws(cfg)
-    rows, kinf, training, power, curves, meta = [], [], [], [], [], {}
+    rows, kinf, training, power, curves, snaps, meta = [], [], [], [], [], [], {}
     units = len(draws) * len(cfg.archs) * (1 + len(cfg.seeds))
     done = 0
     for draw in draws:
@@ -176,12 +190,14 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
                 training += part["training"]
                 power += part["power"]
                 curves += part["curves"]
+                snaps += part.get("snaps", [])
                 done += 1
     tick(progress, cancel, 1.0, "done")
+    flips, flips_summary = along.frames(along.seed_nulls(snaps, cfg.seeds), pd.DataFrame(training))
     frame = pd.DataFrame(rows)
     summary = summarize(frame, ["arch", "attention", "width"], ALIGNMENT_METRICS)
     meta["data_seeds"] = list(draws)
     frames = {"rows": frame, "summary": summary, "kinf": pd.DataFrame(kinf), "power": pd.DataFrame(power),
               "curves": pd.DataFrame(curves), "training": pd.DataFrame(training),
-              "verdict": AL.verdict(summary)}
+              "verdict": AL.verdict(summary), "flips_training": flips, "flips_training_summary": flips_summary}
     return Result("alignment", {}, frames, {}, meta)

@@ -125,6 +125,21 @@ def influence_target(default: str = "true"):
                    "agree)", flag="--influence", choices=INFLUENCE_TARGETS)
 
 
+SPACES = ("raw", "normalized")
+
+
+def space(default: str = "raw"):
+    """Where an attack's perturbation lives (``SPACES``)."""
+    return setting(default, "where the perturbation lives: raw pixels, or the ℓ2-normalised rows the "
+                   "networks see", choices=SPACES)
+
+
+def tau(default: float = 0.1):
+    """The share of training points an influence tracks (top by |aggregate influence|)."""
+    return setting(default, "share of training points tracked (top by |aggregate influence|)",
+                   lo=0, lo_open=True, hi=1.0)
+
+
 INFLUENCE_KERNELS = ("entk", "kinf")  # the trained net's eNTK K_m (the paper's), or K∞ of the same features
 
 

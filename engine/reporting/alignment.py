@@ -59,6 +59,35 @@ def power_sentence(verdict: pd.DataFrame | None, dataset: str = "") -> str:
             f"{v['why']}).")
 
 
+def _interval(v: pd.Series) -> str:
+    return f"{100 * v['flip_excess']:+.0f} [{100 * v['flip_excess_low']:+.0f}, {100 * v['flip_excess_high']:+.0f}] points"
+
+
+ALONG_RULE = ("alignment rose when its change exceeds the larger sd over seeds and draws; the flip excess rose when "
+              "the last snapshot's interval lies above zero and above the first snapshot's excess.")
+
+
+def along_sentence(summary: pd.DataFrame | None, rule: bool = True) -> str:
+    """Both halves along training, per architecture, first snapshot to last (``flips_training_summary``):
+    how the alignment moved beside how the flip excess over the larger null moved; ``rule``: the
+    rule after it (``ALONG_RULE``)."""
+    if summary is None or summary.empty:
+        return "Flip rates along training were not measured in this run (--no-flips)."
+    parts = []
+    for arch, g in summary.sort_values("epoch").groupby("arch", sort=False):
+        a, b = g.iloc[0], g.iloc[-1]
+        name = "MLP-Attn" if arch == "attn" else "2L-ReLU"
+        spread = max(a["alignment_sd"], b["alignment_sd"]) if math.isfinite(a["alignment_sd"]) else 0.0
+        power = b["alignment_mean"] - a["alignment_mean"] > spread
+        vulnerable = b["flip_excess_low"] > max(0.0, a["flip_excess"])
+        both = {(True, True): "both rose", (True, False): "alignment rose, the flip excess did not",
+                (False, True): "the flip excess rose, alignment did not", (False, False): "neither rose"}
+        parts.append(f"{name} (m = {int(b['width'])}), epoch {int(a['epoch'])} → {int(b['epoch'])}: alignment "
+                     f"{a['alignment_mean']:.3f} → {b['alignment_mean']:.3f}, flip excess {_interval(a)} → "
+                     f"{_interval(b)}: {both[power, vulnerable]}")
+    return "Along training: " + "; ".join(parts) + "." + (f" Rule: {ALONG_RULE}" if rule else "")
+
+
 def _pct(v: float) -> str:
     return "—" if not math.isfinite(v) else f"{100 * v:.1f} %"
 
@@ -66,7 +95,8 @@ def _pct(v: float) -> str:
 def readme_paragraph(results) -> str:
     """The README's paragraph on the power half, from (label, result or None) pairs of alignment
     cells: per cell, the alignment of K∞ and of the trained K_m per net, k at C(k) = 0.9, the
-    K_m ridge accuracy, and the verdict with its rule."""
+    K_m ridge accuracy, the verdict with its rule, and both halves along training (``along_sentence``)
+    where the cell measured flips."""
     parts = []
     for label, r in results:
         if r is None:
@@ -82,8 +112,11 @@ def readme_paragraph(results) -> str:
             f"k = {at.loc[a, 'k90_trained_mean']:.0f} of {r.meta['n']}, K_m ridge test acc. "
             f"{_pct(at.loc[a, 'test_acc_kernel_trained_mean'])}" for a in at.index)
         verdict = "" if v is None else f" Verdict: **{v['outcome']}** ({v['why']})."
-        parts.append(f"{label} (m = {width}, {int(at['n_seeds'].min())} (seed, draw) pairs): {nets}.{verdict}")
+        along = r.frames.get("flips_training_summary")
+        along = "" if along is None or along.empty else " " + along_sentence(along, rule=False)
+        parts.append(f"{label} (m = {width}, {int(at['n_seeds'].min())} (seed, draw) pairs): {nets}.{verdict}{along}")
     rule = VERDICT_WORDS.replace("**", "")
     return ("**The power half — data-dependent kernel aligns better with the task?** Centred kernel–target "
             "alignment A(K, YYᵀ) of the trained eNTK, mean ± sd over seeds and data draws. "
-            + " ".join(parts) + f" Rule: {rule}\n")
+            + " ".join(parts) + f" Rule: {rule}" + (f" Along training, {ALONG_RULE}" if "Along training" in
+                                                    " ".join(parts) else "") + "\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...data import DataSpec
-from ...maths.specs import TrainSpec
+from ...maths.specs import AttackSpec, TrainSpec
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
@@ -35,11 +35,24 @@ class AlignmentConfig:
                                         flag="--curve-ns", lo=1, hi=60_000, max_len=20)
     curve_trials: int = setting(5, "kernel-ridge samples per size p of the measured learning curve (mean ± sd)",
                                 flag="--curve-trials", lo=2, hi=200)
+    # flip rates along training (engine.experiments.along): the vulnerability half at the same snapshots
+    flips: bool = setting(True, "flip rates along training: at every snapshot epoch of the largest width, the "
+                          "ridge influence on the net's own K_m(t) before and after a PGD attack on that epoch's net "
+                          "(its top-τ rows move), beside the seed and random nulls (adds an attack per snapshot)")
+    eps: float = setting(0.3, "radius ε of the attack at every snapshot, in the attack space's units (raw: pixels "
+                         "in [0, 1]; normalized: fractions of a unit row)", flag="--eps", lo=0, lo_open=True, hi=100.0)
+    attack: AttackSpec = AttackSpec(steps=10, norm="l2")  # norm, steps, step size, random start
+    space: str = options.space("normalized")
+    tau: float = options.tau()
+    target: str = options.influence_target()
+    precision: str = options.precision()
 
     def __post_init__(self):
         normalised(self)
         validate(self)
         options.check_init_widths(self.init, self.widths)
+        if self.space == "normalized" and not self.data.normalize:
+            raise BadInput("space 'normalized' needs normalised rows; drop --no-normalize or use --space raw")
         big = [p for p in self.curve_ns if p > self.data.n]
         if big:
             raise BadInput(f"curve sizes {big} exceed the pool n = {self.data.n}; allowed: each ≤ n")
@@ -70,6 +83,12 @@ def estimate_alignment(cfg: AlignmentConfig) -> Estimate:
         per_group += (2 + len(tr.snapshot_epochs)) * B.ntk_s(n, n, d, w) + 2 * B.ntk_s(nt, n, d, w)
         per_group += 2 * (3 * B.eig_s(n) + B.chol_s(n)) + len(tr.snapshot_epochs) * B.gemm_s(n, n, c_out, True)
     per_group += curve  # the trained K_m's learning curve at the largest width
+    if cfg.flips:  # per snapshot of the largest width: the attack, then three readings (clean, attacked, random)
+        m, double = max(cfg.widths), cfg.precision == "float64"
+        attn_share = sum(a == "attn" for a in cfg.archs) / len(cfg.archs)  # per_group is per (arch, seed)
+        grad_step = 2 * B.gemm_s(n, m, d, double) + attn_share * B.attention_s(cfg.attention, n, d) + B.STEP_OVERHEAD_S
+        reading = (B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)) * (2.0 if double else 1.0)
+        per_group += len(tr.snapshot_epochs) * (cfg.attack.steps * grad_step + 3 * reading)
     units = draws * len(cfg.archs)
     seconds = B.FIXED_S + draws * 0.05 + units * (kinf + len(cfg.seeds) * per_group)
     memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4

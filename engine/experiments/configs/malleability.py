@@ -19,7 +19,6 @@ from .influence import QUICK_TRAINED, TRAINED, flow_seconds, kernel_seconds, ret
 from .retrain import LAZY_SGD
 
 PERTURB = ("top", "all")
-SPACES = ("raw", "normalized")
 METHODS = tuple(m.value for m in AttackMethod)
 
 
@@ -45,10 +44,8 @@ class MalleabilityConfig:
     eps: tuple[float, ...] = setting((0.05,), "attack radii ε in the attack space's units (raw: pixels "
                                      "in [0, 1]; normalized: fractions of a unit row); several make an ε sweep",
                                      lo=0, hi=100.0, max_len=20)
-    space: str = setting("raw", "where the perturbation lives: raw pixels, or the ℓ2-normalised rows the "
-                         "networks see", choices=SPACES)
-    tau: float = setting(0.1, "share of training points tracked (top by |aggregate influence|)",
-                         lo=0, lo_open=True, hi=1.0)
+    space: str = options.space()
+    tau: float = options.tau()
     perturb: str = setting("top", "which training points move: top (the top-τ) or all", choices=PERTURB)
     retrain: bool = setting(False, "retrain on the perturbed data before re-measuring (default: re-evaluate "
                             "the trained net's kernel on the perturbed inputs)")

@@ -1,6 +1,7 @@
 """Charts of the task-alignment view (``engine.experiments.alignment``): centred kernel–target
 alignment against width, the cumulative power C(k) with the spectrum beside it, learning curves
-measured against the spectral theory, and alignment along training beside the distance to K∞."""
+measured against the spectral theory, alignment along training beside the distance to K∞, and
+both halves along training: alignment beside the flip excess at the same snapshots."""
 
 from __future__ import annotations
 
@@ -132,6 +133,47 @@ def training_fig(data: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title="epoch")
     fig.update_yaxes(title="centred alignment A(K_m(t), YYᵀ)", secondary_y=False)
     fig.update_yaxes(title="distance to K∞ (unitless)", secondary_y=True)
+    return _layout(fig)
+
+
+def both_halves_data(summary: pd.DataFrame) -> pd.DataFrame:
+    """The ``flips_training_summary`` frame (``engine.experiments.along.frames``) as drawn: per
+    (arch, width, epoch) the alignment (mean, sd), the flip rate, both nulls and the excess with its
+    interval; empty columns where the run measured no flips."""
+    cols = ["arch", "width", "epoch", "alignment_mean", "alignment_sd", "flip_rate_mean", "null_seed_flip_rate_mean",
+            "null_random_flip_rate_mean", "flip_excess", "flip_excess_low", "flip_excess_high", "n_nets"]
+    if summary is None or summary.empty:
+        return pd.DataFrame(columns=cols)
+    return summary[cols].sort_values(["arch", "epoch"], kind="stable").reset_index(drop=True)
+
+
+def both_halves_fig(data: pd.DataFrame) -> go.Figure:
+    """Per architecture, at the largest width: alignment of K_m(t) with the labels (left axis, the
+    power half) and the flip excess of the ridge reading on K_m(t) with its 95 % interval beside the
+    larger null (right axis, the vulnerability half), against epoch."""
+    archs = list(dict.fromkeys(data["arch"]))
+    fig = make_subplots(rows=1, cols=max(1, len(archs)), specs=[[{"secondary_y": True}] * max(1, len(archs))],
+                        subplot_titles=[f"{arch_label(a)}, m = {int(data[data['arch'] == a]['width'].iloc[0])}"
+                                        for a in archs])
+    for j, arch in enumerate(archs, start=1):
+        g = data[data["arch"] == arch]
+        color = ARCH_COLORS.get(arch)
+        fig.add_trace(go.Scatter(x=g["epoch"], y=g["alignment_mean"], mode="lines+markers", name="alignment A(K_m(t), YYᵀ)",
+                                 legendgroup="a", showlegend=j == 1, line=dict(color=color),
+                                 error_y=dict(type="data", array=g["alignment_sd"])), row=1, col=j, secondary_y=False)
+        fig.add_trace(go.Scatter(x=g["epoch"], y=g["flip_excess"], mode="lines+markers", name="flip excess (95 % interval)",
+                                 legendgroup="e", showlegend=j == 1, line=dict(color=color, dash="dash"),
+                                 marker=dict(symbol="diamond"),
+                                 error_y=dict(type="data", array=g["flip_excess_high"] - g["flip_excess"],
+                                              arrayminus=g["flip_excess"] - g["flip_excess_low"])),
+                      row=1, col=j, secondary_y=True)
+        null = g[["null_seed_flip_rate_mean", "null_random_flip_rate_mean"]].max(axis=1)
+        fig.add_trace(go.Scatter(x=g["epoch"], y=null, mode="lines", name="larger null's flip rate",
+                                 legendgroup="n", showlegend=j == 1, line=dict(color="gray", dash="dot")),
+                      row=1, col=j, secondary_y=True)
+    fig.update_xaxes(title="epoch")
+    fig.update_yaxes(title="centred alignment", secondary_y=False)
+    fig.update_yaxes(title="share of top-τ points", tickformat=".0%", secondary_y=True)
     return _layout(fig)
 
 
