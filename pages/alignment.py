@@ -98,10 +98,10 @@ if data.empty:
 else:
     render.chart(AP.both_halves_fig(data), data, "both halves along training",
                  title="Alignment and flip excess by epoch", config=res.config, how_to_read=
-                 "At each snapshot of the largest width: solid, the alignment of K_m(t) with the labels (left axis, "
-                 "sd over seeds and draws); dashed, the share of top-τ points whose ridge influence on K_m(t) flips "
-                 "under a PGD attack on that epoch's net, minus the larger null (right axis, 95 % bootstrap interval "
-                 "over nets and points); dotted grey, that larger null's own flip rate (the next seed's net, or random "
-                 "directions of the same norms).")
+                 "At each snapshot of the largest width. Above: the alignment of K_m(t) with the labels (bars: sd "
+                 "over seeds and draws). Below, on the same epochs: the share of top-τ points whose ridge influence on "
+                 "K_m(t) flips under a PGD attack on that epoch's net, minus the larger null, in points (bars: 95 % "
+                 "bootstrap interval over nets and points); dotted grey, that larger null's own flip rate (the next "
+                 "seed's net, or random directions of the same norms).")
     st.caption(plain(along_sentence(res.frames["flips_training_summary"])))
 render.settings(res.config)

@@ -103,7 +103,7 @@ def test_rows_subtract_the_larger_null_and_carry_the_alignment():
     assert s.flip_excess == pytest.approx((0.5 + 0.0) / 2) and s.alignment_mean == pytest.approx(0.5)
     assert s.flip_excess_low <= s.flip_excess <= s.flip_excess_high and s.n_nets == 2
     fig = AP.both_halves_fig(AP.both_halves_data(summary))
-    assert len(fig.data) == 3
+    assert len(fig.data) == 3 and len(fig.layout.shapes) == 1  # alignment, excess, null; the zero line
 
 
 @pytest.mark.parametrize("align_end,low_end,words", [

@@ -148,33 +148,37 @@ def both_halves_data(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def both_halves_fig(data: pd.DataFrame) -> go.Figure:
-    """Per architecture, at the largest width: alignment of K_m(t) with the labels (left axis, the
-    power half) and the flip excess of the ridge reading on K_m(t) with its 95 % interval beside the
-    larger null (right axis, the vulnerability half), against epoch."""
+    """Per architecture (a column each) at the largest width, against epoch: the alignment of K_m(t)
+    with the labels above (the power half), and below, on the same epochs, the flip excess of the
+    ridge reading on K_m(t) in points of the top-τ share with its 95 % interval beside the larger
+    null's own flip rate (the vulnerability half)."""
     archs = list(dict.fromkeys(data["arch"]))
-    fig = make_subplots(rows=1, cols=max(1, len(archs)), specs=[[{"secondary_y": True}] * max(1, len(archs))],
-                        subplot_titles=[f"{arch_label(a)}, m = {int(data[data['arch'] == a]['width'].iloc[0])}"
-                                        for a in archs])
+    cols = max(1, len(archs))
+    titles = [f"{arch_label(a)}, m = {int(data[data['arch'] == a]['width'].iloc[0])}" for a in archs]
+    fig = make_subplots(rows=2, cols=cols, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=titles + [""] * cols)
     for j, arch in enumerate(archs, start=1):
         g = data[data["arch"] == arch]
         color = ARCH_COLORS.get(arch)
-        fig.add_trace(go.Scatter(x=g["epoch"], y=g["alignment_mean"], mode="lines+markers", name="alignment A(K_m(t), YYᵀ)",
-                                 legendgroup="a", showlegend=j == 1, line=dict(color=color),
-                                 error_y=dict(type="data", array=g["alignment_sd"])), row=1, col=j, secondary_y=False)
-        fig.add_trace(go.Scatter(x=g["epoch"], y=g["flip_excess"], mode="lines+markers", name="flip excess (95 % interval)",
-                                 legendgroup="e", showlegend=j == 1, line=dict(color=color, dash="dash"),
-                                 marker=dict(symbol="diamond"),
-                                 error_y=dict(type="data", array=g["flip_excess_high"] - g["flip_excess"],
-                                              arrayminus=g["flip_excess"] - g["flip_excess_low"])),
-                      row=1, col=j, secondary_y=True)
-        null = g[["null_seed_flip_rate_mean", "null_random_flip_rate_mean"]].max(axis=1)
-        fig.add_trace(go.Scatter(x=g["epoch"], y=null, mode="lines", name="larger null's flip rate",
+        fig.add_trace(go.Scatter(x=g["epoch"], y=g["alignment_mean"], mode="lines+markers",
+                                 name="alignment A(K_m(t), YYᵀ) ± sd", legendgroup="a", showlegend=j == 1,
+                                 line=dict(color=color), error_y=dict(type="data", array=g["alignment_sd"])),
+                      row=1, col=j)
+        fig.add_trace(go.Scatter(x=g["epoch"], y=100 * g["flip_excess"], mode="lines+markers",
+                                 name="flip excess over the larger null (95 % interval)", legendgroup="e",
+                                 showlegend=j == 1, line=dict(color=color, dash="dash"), marker=dict(symbol="diamond"),
+                                 error_y=dict(type="data", array=100 * (g["flip_excess_high"] - g["flip_excess"]),
+                                              arrayminus=100 * (g["flip_excess"] - g["flip_excess_low"]))),
+                      row=2, col=j)
+        null = 100 * g[["null_seed_flip_rate_mean", "null_random_flip_rate_mean"]].max(axis=1)
+        fig.add_trace(go.Scatter(x=g["epoch"], y=null, mode="lines", name="the larger null's own flip rate",
                                  legendgroup="n", showlegend=j == 1, line=dict(color="gray", dash="dot")),
-                      row=1, col=j, secondary_y=True)
-    fig.update_xaxes(title="epoch")
-    fig.update_yaxes(title="centred alignment", secondary_y=False)
-    fig.update_yaxes(title="share of top-τ points", tickformat=".0%", secondary_y=True)
-    return _layout(fig)
+                      row=2, col=j)
+        fig.add_hline(y=0, line=dict(color="black", width=1), row=2, col=j)
+    fig.update_xaxes(title="epoch", row=2)
+    fig.update_yaxes(title="centred alignment", row=1, col=1)
+    fig.update_yaxes(title="points of top-τ", row=2, col=1)
+    return _layout(fig, height=560)
 
 
 def alignment_figure(result, metric: str | None = None) -> go.Figure:
