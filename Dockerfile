@@ -50,9 +50,13 @@ COPY --chown=10001:10001 .streamlit ./.streamlit
 COPY --chown=10001:10001 ui ./ui
 COPY --chown=10001:10001 pages ./pages
 COPY --chown=10001:10001 grids ./grids
+# the default results every page opens on (make bundle); served only while their code fingerprint
+# is this image's engine's, and only on the same data files (the Debian Fashion-MNIST here)
+COPY --chown=10001:10001 bundle ./bundle
 
 ENV ENGINE_DATA_DIR=/data \
     ENGINE_CACHE_DIR=/cache \
+    ENGINE_BUNDLE_DIR=/app/bundle \
     PYTHONUNBUFFERED=1
 RUN mkdir -p /data /cache && chown 10001:10001 /data /cache
 VOLUME ["/data", "/cache"]

@@ -46,7 +46,7 @@ SMALL = [("data", "synthetic"), ("n", "40"), ("n_test", "10"), ("widths", "16"),
          ("repro.steps", "3"), ("scaling.kappas", "2.0"), ("scaling.kappas", "8.0"), ("scaling.epochs", "10"),
          ("scaling.max_width", "1024"), ("scaling.seeds", "2")]
 # The cancel test's server pins this machine's speed factor (ENGINE_SPEED_FACTOR) at HEAVY_SPEED,
-# so a sweep of about 13 s on the reference CPU is planned at over two minutes and waits for a
+# so a sweep of about 6 s on the reference CPU is planned at over two minutes and waits for a
 # click (above QUICK_SECONDS), yet runs long enough to be cancelled midway and short enough to
 # run again to the end; the kernel heatmaps below it stay small (ntk.width) and start by themselves.
 HEAVY_SPEED = "10"
@@ -89,8 +89,8 @@ def streamlit_server(tmp: Path, **extra_env: str):
     it is healthy."""
     port = _free_port()
     # what starts by itself must not depend on how loaded the machine running the tests is (as in conftest)
-    env = dict(os.environ, ENGINE_CACHE_DIR=str(tmp / "cache"), ENGINE_DATA_DIR=str(tmp / "no-data"),
-               **{"ENGINE_SPEED_FACTOR": "1", **extra_env})
+    env = dict(os.environ, **{"ENGINE_CACHE_DIR": str(tmp / "cache"), "ENGINE_DATA_DIR": str(tmp / "no-data"),
+                              "ENGINE_SPEED_FACTOR": "1", **extra_env})
     log = tmp / "streamlit.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -258,6 +258,32 @@ def test_every_page_renders_without_cut_off_labels(server, browser, shots, size)
         cut = page.evaluate(CUT_OFF_JS)  # covers the CSV buttons, metric labels and chips
         assert not cut, f"{title} at {size[0]}x{size[1]}: {cut}"
     page.close()
+
+
+def test_every_page_opens_on_its_chart_from_the_shipped_bundle(browser, shots, tmp_path, mnist_dir):
+    """A newcomer's first look: a fresh server (empty cache) with the shipped bundle/ on the real digits
+    shows every page's main chart at its defaults without starting a single run (no progress bar at any
+    moment). The time to the chart lives in benchmarks/page_render.py; a stale bundle fails here, with
+    the fix (make bundle), since every page would then compute its defaults."""
+    with streamlit_server(tmp_path, ENGINE_BUNDLE_DIR=str(ROOT / "bundle"), ENGINE_DATA_DIR=str(mnist_dir)) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        for title, path in app_pages().items():
+            if title in TABLE_PAGES:
+                continue
+            page.goto(f"{url}/{path}")
+            page.wait_for_selector('[data-testid="stSidebar"] [data-testid="stNumberInput"]', timeout=60_000)
+            seen_busy, quiet = False, 0.0
+            while quiet < 2.0:  # drawn, and nothing started for 2 s
+                page.wait_for_timeout(250)
+                busy = _busy(page)
+                seen_busy |= busy
+                quiet = 0.0 if busy else quiet + 0.25
+            _no_errors(page, title)
+            assert not seen_busy, f"{title} started a run at its defaults: the bundle lacks it (make bundle)"
+            assert page.locator('[data-testid="stPlotlyChart"] .js-plotly-plot').count() >= 1, f"{title} shows no chart"
+            name = re.sub(r"\W+", "-", title.lower())
+            _screenshot(page, shots / f"bundled-{name}", (1280, 800))
+        page.close()
 
 
 @pytest.fixture(scope="module")
