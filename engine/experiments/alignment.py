@@ -125,13 +125,13 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
                              "kernel_dist": relative_distance(K_e, K_inf)})
     snaps = []
     if cfg.flips:  # the vulnerability half at the same snapshots, largest width (engine.experiments.along)
-        w = max(cfg.widths)
+        w, loss = max(cfg.widths), resolve_loss(cfg.train, p.c)
         tr = results[cfg.widths.index(w)]
         for i, (e, W_e) in enumerate(sorted(tr.snapshots.items())):
             tick(progress, cancel, lo + (0.65 + 0.15 * i / len(tr.snapshots)) * (hi - lo),
                  f"{stage}: attack at epoch {e}")
             snaps.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
-                          **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, resolve_loss(cfg.train, p.c), cancel)})
+                          **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, loss, cancel)})
     tick(progress, cancel, lo + 0.8 * (hi - lo), f"{stage}: spectra and learning curves")
     key = {"data_seed": draw, "arch": arch, "seed": seed}
     power, curves = [], []

@@ -23,7 +23,6 @@ points (``engine.maths.metrics.excess_interval``), exactly as on the Malleabilit
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -33,27 +32,16 @@ import torch
 from ..maths.attacks import attack
 from ..maths.influence import aggregate, top_indices
 from ..maths.metrics import excess_interval, flip_rate, sign_flipped
-from ..maths.specs import AttackSpec
 from ..maths.training import predict_labels
 from .influence import attack_dtype, fresh_net, in_space, influence_of
-from .malleability import random_perturbation
+from .malleability import attack_spec, random_perturbation, seed_partners
 from .recipes import Reading, net_recipe
 from .runs import Prepared, check_finite
-
-COLUMNS = ("flip_rate", "null_seed_flip_rate", "null_random_flip_rate", "flip_excess", "flip_excess_low",
-           "flip_excess_high")
 
 
 def reading(cfg) -> Reading:
     """The one reading along training: ridge leave-one-out on the net's own K_m(t), float64."""
     return Reading("ridge", "entk", cfg.target, cfg.ridge, "float64", cfg.precision)
-
-
-def attack_at(cfg, seed: int, epoch: int) -> AttackSpec:
-    """The attack at one snapshot: the config's, its random start seeded by net seed and epoch."""
-    return AttackSpec(method="pgd", eps=float(cfg.eps), steps=cfg.attack.steps, step_size=cfg.attack.step_size,
-                      random_start=cfg.attack.random_start, seed=int(seed) * 100_003 + int(epoch),
-                      norm=cfg.attack.norm)
 
 
 def snapshot_flips(cfg, p: Prepared, arch: str, width: int, seed: int, epoch: int, W: torch.Tensor,
@@ -67,14 +55,15 @@ def snapshot_flips(cfg, p: Prepared, arch: str, width: int, seed: int, epoch: in
     net = fresh_net(net_recipe(cfg, arch, width, seed), X32, p.c, p.device)
     with torch.no_grad():
         net.mlp.W.copy_(W)
-    net = copy.deepcopy(net).to(attack_dtype(r))
+    net = net.to(attack_dtype(r))  # our own copy: converted in place
     I0 = influence_of(r, net, X, p.Y, Xt, p.yt)
     check_finite(I0, f"the influence of {arch} m={width} at epoch {epoch}")
     agg0 = aggregate(I0)
     top = torch.sort(top_indices(agg0, cfg.tau)).values
     mask = torch.zeros(X.shape[0], dtype=torch.bool, device=X.device)
     mask[top] = True
-    Xp = attack(net, X, p.y, p.c, attack_at(cfg, seed, epoch), loss, mask, box, cancel)
+    spec = attack_spec(cfg, "pgd", cfg.eps, int(seed) * 100_003 + int(epoch))  # random start per net and epoch
+    Xp = attack(net, X, p.y, p.c, spec, loss, mask, box, cancel)
     after = aggregate(influence_of(r, net, Xp, p.Y, Xt, p.yt, X_ref=Xp))
     Xr = random_perturbation(X, Xp, int(seed) * 7919 + int(epoch) + 1)
     rand = aggregate(influence_of(r, net, Xr, p.Y, Xt, p.yt, X_ref=Xr))
@@ -94,16 +83,17 @@ def seed_nulls(snaps: list[dict], seeds: tuple[int, ...]) -> list[dict]:
     """Pair every snapshot with the next seed's at the same (draw, arch, width, epoch), cyclically
     (``malleability``'s pairing), and add its seed null's per-point flips (None with one seed)."""
     by_key = {(s["data_seed"], s["arch"], s["width"], s["epoch"], s["seed"]): s for s in snaps}
-    partner = {int(s): int(seeds[(i + 1) % len(seeds)]) for i, s in enumerate(seeds)} if len(seeds) > 1 else {}
+    partner = seed_partners(seeds)
     out = []
     for s in snaps:
         other = by_key.get((s["data_seed"], s["arch"], s["width"], s["epoch"], partner.get(s["seed"], -1)))
+        if other is None:
+            out.append({**s, "seed_null": None, "null_seed_partner": None, "null_seed_flip_rate": math.nan})
+            continue
         top = np.asarray(s["top"], dtype=int)
-        seed_flips = None if other is None else \
-            sign_flipped(np.asarray(s["agg"])[top], np.asarray(other["agg"])[top]).tolist()
-        out.append({**s, "seed_null": seed_flips, "null_seed_partner": None if other is None else other["seed"],
-                    "null_seed_flip_rate": math.nan if other is None else
-                    flip_rate(np.asarray(s["agg"])[top], np.asarray(other["agg"])[top])})
+        mine, theirs = np.asarray(s["agg"])[top], np.asarray(other["agg"])[top]
+        out.append({**s, "seed_null": sign_flipped(mine, theirs).tolist(), "null_seed_partner": other["seed"],
+                    "null_seed_flip_rate": flip_rate(mine, theirs)})
     return out
 
 

@@ -79,8 +79,8 @@ NAN_OK = ("null_seed_flip_rate", "null_seed_spearman", "null_random_flip_rate", 
           "flip_excess", "flip_excess_low", "flip_excess_high", "spearman")
 
 
-def attack_spec(cfg: MalleabilityConfig, method: str, eps: float, seed: int) -> AttackSpec:
-    """The config's attack with one method, radius and seed filled in."""
+def attack_spec(cfg, method: str, eps: float, seed: int) -> AttackSpec:
+    """The attack of a config (anything with an ``attack`` AttackSpec) with one method, radius and seed filled in."""
     return replace(cfg.attack, method=method, eps=float(eps), seed=int(seed))
 
 
@@ -185,7 +185,7 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter,
             "source": sample.source, "shown_seed": cfg.seeds[0], "shown_width": cfg.widths[0], "space": cfg.space,
             "norm": cfg.attack.norm, "target": cfg.target, "adversarial_training": cfg.adversarial_training,
             "storage": cfg.storage, "influence_kernel": cfg.influence_kernel, "precision": cfg.precision,
-            "readings": list(cfg.readings), "loss": loss, "null_seed_pairs": _partners(cfg.seeds)}
+            "readings": list(cfg.readings), "loss": loss, "null_seed_pairs": seed_partners(cfg.seeds)}
 
 
 def train_net(cfg: MalleabilityConfig, p: Prepared, recipe: NetRecipe, X32: torch.Tensor, box,
@@ -218,7 +218,7 @@ def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, in
         nets[seed], base[seed] = t, {**row, "weight_movement": t.weight_movement()}
         clean[seed] = {"ridge": ReadOut(torch.arange(X.shape[0], device=I0.device), I0, aggregate(I0))}
         tops[seed] = top_indices(clean[seed]["ridge"].agg, cfg.tau)
-    partners = _partners(cfg.seeds) if cfg.nulls else {}
+    partners = seed_partners(cfg.seeds) if cfg.nulls else {}
     for seed in cfg.seeds:  # the other readings, at this seed's points and those it is the seed null of
         points = torch.unique(torch.cat([tops[seed], *(tops[q] for q, s in partners.items() if s == seed)]))
         for r in readings:
@@ -350,7 +350,7 @@ def _null_seed(seed: int, combo: int) -> int:
     return (int(seed) * 1_000_003 + 7919 * (combo + 1)) % (2**63 - 1)
 
 
-def _partners(seeds: tuple[int, ...]) -> dict:
+def seed_partners(seeds: tuple[int, ...]) -> dict:
     """The seed null's pairs: each seed → the next one of the run, cyclically (none for one seed)."""
     return {} if len(seeds) < 2 else {int(s): int(seeds[(i + 1) % len(seeds)]) for i, s in enumerate(seeds)}
 

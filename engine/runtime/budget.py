@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import BadInput
-from .memory import GIB, _cgroup_paths, available_bytes, cgroup_free_bytes, free_bytes  # noqa: F401 (re-exported)
+from .memory import GIB, available_bytes, cgroup_free_bytes, free_bytes  # noqa: F401 (re-exported for B.*)
 
 if TYPE_CHECKING:  # annotations only: an estimate loads no torch
     import torch
@@ -38,7 +38,6 @@ FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
 DEFAULT_SECONDS = 6 * 3600.0  # the engine's own limit; the CLI can raise it
-
 
 INPUT_DIMS = {"mnist": 784, "fashion-mnist": 784, "cifar10": 3072}
 
