@@ -134,6 +134,13 @@ def space(default: str = "raw"):
                    "networks see", choices=SPACES)
 
 
+def check_space(space: str, normalize: bool) -> None:
+    """One-line ``BadInput`` when the attack lives on normalised rows the nets do not see (call in
+    ``__post_init__`` with the config's ``space`` and ``data.normalize``)."""
+    if space == "normalized" and not normalize:
+        raise BadInput("space 'normalized' needs normalised rows; drop --no-normalize or use --space raw")
+
+
 def tau(default: float = 0.1):
     """The share of training points an influence tracks (top by |aggregate influence|)."""
     return setting(default, "share of training points tracked (top by |aggregate influence|)",

@@ -97,7 +97,7 @@ def readme_paragraph(results) -> str:
     cells: per cell, the alignment of K∞ and of the trained K_m per net, k at C(k) = 0.9, the
     K_m ridge accuracy, the verdict with its rule, and both halves along training (``along_sentence``)
     where the cell measured flips."""
-    parts = []
+    parts, along_any = [], False
     for label, r in results:
         if r is None:
             parts.append(f"{label}: not computed yet (run `python -m engine grid grids/readme.toml`).")
@@ -113,10 +113,10 @@ def readme_paragraph(results) -> str:
             f"{_pct(at.loc[a, 'test_acc_kernel_trained_mean'])}" for a in at.index)
         verdict = "" if v is None else f" Verdict: **{v['outcome']}** ({v['why']})."
         along = r.frames.get("flips_training_summary")
+        along_any |= along is not None and not along.empty
         along = "" if along is None or along.empty else " " + along_sentence(along, rule=False)
         parts.append(f"{label} (m = {width}, {int(at['n_seeds'].min())} (seed, draw) pairs): {nets}.{verdict}{along}")
     rule = VERDICT_WORDS.replace("**", "")
     return ("**The power half — data-dependent kernel aligns better with the task?** Centred kernel–target "
             "alignment A(K, YYᵀ) of the trained eNTK, mean ± sd over seeds and data draws. "
-            + " ".join(parts) + f" Rule: {rule}" + (f" Along training, {ALONG_RULE}" if "Along training" in
-                                                    " ".join(parts) else "") + "\n")
+            + " ".join(parts) + f" Rule: {rule}" + (f" Along training, {ALONG_RULE}" if along_any else "") + "\n")

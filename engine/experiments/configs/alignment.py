@@ -51,8 +51,7 @@ class AlignmentConfig:
         normalised(self)
         validate(self)
         options.check_init_widths(self.init, self.widths)
-        if self.space == "normalized" and not self.data.normalize:
-            raise BadInput("space 'normalized' needs normalised rows; drop --no-normalize or use --space raw")
+        options.check_space(self.space, self.data.normalize)
         big = [p for p in self.curve_ns if p > self.data.n]
         if big:
             raise BadInput(f"curve sizes {big} exceed the pool n = {self.data.n}; allowed: each ≤ n")

@@ -60,8 +60,7 @@ class MalleabilityConfig:
         normalised(self)
         validate(self)
         options.check_init_widths(self.init, self.widths)
-        if self.space == "normalized" and not self.data.normalize:
-            raise BadInput("space 'normalized' needs normalised rows; drop --no-normalize or use space raw")
+        options.check_space(self.space, self.data.normalize)
         network = [r for r in self.readings if r != "ridge"]
         if network and self.adversarial_training:
             raise BadInput(f"reading {network[0]!r} reads nets trained on clean data; drop --adversarial-training "
