@@ -40,15 +40,17 @@ def test_a_snapshot_equals_numpy_refits_on_a_numpy_attack(arch):
     cfg = AlignmentConfig(data=SYN, train=TrainSpec(epochs=2, snapshot_epochs=(0, 2)), widths=(16,), seeds=(0,),
                           tau=0.25, eps=0.3, attack=AttackSpec(steps=3, norm="l2"), curve_ns=(8,), curve_trials=2)
     p = prepare(SYN, None, "cpu", None, None)
-    W = fresh_net(net_recipe(cfg, arch, 16, 0), p.X, p.c, "cpu").mlp.W.detach()
+    seed, epoch = 0, 2
+    init = fresh_net(net_recipe(cfg, arch, 16, seed), p.X, p.c, "cpu").mlp
+    W = init.W.detach()
     W = W + 0.3 * torch.randn(W.shape, generator=torch.Generator().manual_seed(5))  # a moved snapshot
-    got = along.snapshot_flips(cfg, p, arch, 16, 0, 2, W, "ce")
+    got = along.snapshot_flips(cfg, p, arch, 16, seed, epoch, W, "ce")
 
     X32, Xt32, box = in_space(cfg, p)  # space "normalized": the attack moves the float32 unit rows, no box
     assert box is None
     X, Xt, Y, y, yt = X32.double().numpy(), Xt32.double().numpy(), p.Y.numpy(), p.y.numpy(), p.yt.numpy()
     Wn = W.double().numpy()
-    a = fresh_net(net_recipe(cfg, arch, 16, 0), p.X, p.c, "cpu").mlp.a.double().numpy()
+    a = init.a.double().numpy()
     agg0 = _reference_agg(X, Xt, Y, yt, Wn, arch, cfg.ridge)
     np.testing.assert_allclose(got["agg"], agg0, rtol=RTOL64_REFIT, atol=ATOL64_REFIT)
     k = round(cfg.tau * len(X))
@@ -63,7 +65,7 @@ def test_a_snapshot_equals_numpy_refits_on_a_numpy_attack(arch):
     assert got["attack"] == (np.sign(agg0[top]) != np.sign(after[top])).tolist()
     assert got["flip_rate"] == pytest.approx(np.mean(np.sign(agg0[top]) != np.sign(after[top])))
     # the random null: the attack's per-row norms in the seeded random directions, read the same way
-    Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), 7919 * 0 + 2 + 1).numpy()
+    Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), 7919 * seed + epoch + 1).numpy()
     np.testing.assert_allclose(np.linalg.norm(Xr - X, axis=1), np.linalg.norm(Xp - X, axis=1), rtol=RTOL64_SAME, atol=ATOL64_SAME)
     rand = _reference_agg(Xr, Xt, Y, yt, Wn, arch, cfg.ridge)
     assert got["random"] == (np.sign(agg0[top]) != np.sign(rand[top])).tolist()
