@@ -393,3 +393,24 @@ def test_page_section_waits_for_its_button_then_shows_the_chart(page, n, tmp_pat
     assert not at.error, [e.value for e in at.error]
     assert len(at.get("plotly_chart")) == before + 1
     assert not [b for b in at.button if b.label == "Retrain without each point"]
+
+
+def test_span_run_reads_new_rows_and_keeps_snapshots_without_forming_weights():
+    """``span.SpanRun``: pre-activations of new rows, s·X W₀ᵀ + (X φᵀ) C, are those of the weights it
+    forms (X Wᵀ), and the weights kept after epoch e are those a run of e epochs ends with."""
+    from engine.maths.span import sgd_in_span
+
+    n = 40
+    X, y = _features(n, 96, 3, seed=21, dtype=torch.float64)
+    Xt, _ = _features(12, 96, 3, seed=22, dtype=torch.float64)
+    net = Net("relu", X, 32, 3, seed=23, init="antisymmetric", dtype=torch.float64)
+    phi, phi_t = net.features(X).detach(), net.features(Xt).detach()
+    keep = _keep(n, [3, 17]).to(phi.dtype)
+    spec = TrainSpec(epochs=4, lr=0.5, batch_size=16, weight_decay=1e-2, optimizer="sgd", loss="mse")
+    run = sgd_in_span(phi, y, 3, [net.mlp] * 3, keep, spec, 5, None, None, None, None, "mse", snapshots=(0, 2))
+    torch.testing.assert_close(run.pre_activations(phi_t), phi_t @ run.W.T, rtol=RTOL64, atol=ATOL64)
+    assert torch.equal(run.W_at(0), run.W0)
+    short = sgd_in_span(phi, y, 3, [net.mlp] * 3, keep, replace(spec, epochs=2), 5, None, None, None, None, "mse")
+    torch.testing.assert_close(run.W_at(2), short.W, rtol=0, atol=0)
+    with pytest.raises(BadInput, match="no snapshot at epoch 3; kept: \\[0, 2\\]"):
+        run.W_at(3)

@@ -113,7 +113,7 @@ def _retrained(r: Reading, t: Trained, p: Prepared, Xs, Xt, points, X_ref, cance
     keep[torch.arange(1, k, device=phi.device), points] = False
     run = train_masked(phi, p.y, p.c, [head] * k, keep, t.recipe.train, t.recipe.seed, cancel=cancel)
     with torch.no_grad():
-        out = head_outputs(phi_t @ run.W.T, [head] * k).double()  # (k, n_test, c)
+        out = head_outputs(run.pre_activations(phi_t), [head] * k).double()  # (k, n_test, c)
     check_finite(out, "the retrained heads' test outputs", "lower the learning rate")
     D = (out[0][None] - out[1:]).permute(1, 0, 2)  # (n_test, p, c): f − f₋ᵢ
     loo = KernelLOO(D, points, best_other(out[0], p.yt))

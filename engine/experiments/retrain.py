@@ -231,13 +231,15 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
     tick(progress, cancel, lo + 0.95 * (hi - lo), f"{stage}: comparing")
     seconds = (time.perf_counter() - t0) / len(sizes)
     units = np.cumsum([0, *[h.width for h in batch_heads]])
+    H_t = run.pre_activations(phi_t)  # (n_test, Σ heads' units), every retrained head's
+    H_x, H_full_t = full.pre_activations(phi), full.pre_activations(phi_t)  # the full runs', as the retrained
     first = 0
     for i, (head, pts, pk, mine) in enumerate(zip(heads, points, chosen, preds, strict=True)):
         seg = slice(int(offsets[i]), int(offsets[i + 1]))
         group = slice(int(units[first]), int(units[first + 1 + len(pts)]))
         with torch.no_grad():
-            out_t = head_outputs(phi_t @ run.W[group].T, batch_heads[first:first + 1 + len(pts)]).double()
-            out_x, ref_t = (head_outputs(f @ full.W[seg].T, [head])[0].double() for f in (phi, phi_t))
+            out_t = head_outputs(H_t[:, group], batch_heads[first:first + 1 + len(pts)]).double()
+            out_x, ref_t = (head_outputs(H[:, seg], [head])[0].double() for H in (H_x, H_full_t))
         first += 1 + len(pts)
         gap = max(gap, float((out_t[0] - ref_t).abs().max()))
         D_act = (out_t[0][None] - out_t[1:]).permute(1, 0, 2)  # (n_test, points, c): f − f₋ᵢ

@@ -18,13 +18,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..runtime.errors import BadInput, Cancelled
+from ..runtime.errors import BadInput
 from .flow import KernelFlow, flow_rates
 from .influence import loo_influence
 from .models import TwoLayerReLU
 from .ridge import kernel_regression
+from .span import SpanRun, sgd_in_span
 from .specs import INFLUENCE_TARGETS, TrainSpec
-from .training import BATCH_SEED_OFFSET, CancelFlag, optimise, resolve_loss, targets
+from .training import CancelFlag, optimise, resolve_loss, targets
 
 # ---------------------------------------------------------------- the batched masked trainer
 
@@ -72,11 +73,15 @@ class MaskedRun:
     W0: torch.Tensor       # (Σm, d) initial stacked weights
     losses: list           # (epochs + 1) rows of k losses: [0] full-batch at init, then each epoch's mean
 
+    def pre_activations(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats Wᵀ (rows, Σm) for feature rows (rows, d); ``span.SpanRun`` has the same, without W."""
+        return feats @ self.W.T
+
 
 def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequence[TwoLayerReLU],
                  keep: torch.Tensor, spec: TrainSpec, seed: int = 0, progress: Callable[[float, str], None] | None = None,
                  cancel: CancelFlag | None = None, frozen: torch.Tensor | None = None,
-                 in_span: bool | None = None) -> MaskedRun:
+                 in_span: bool | None = None) -> MaskedRun | SpanRun:
     """Train k heads as one batched model, head j on the points where ``keep[j]`` is True.
 
     phi (n, d) fixed features (their dtype is the training dtype); y (n,) labels; heads: k
@@ -86,9 +91,11 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
     decay, batch size, loss and parametrisation (μP weights head j's loss by its width, as
     ``engine.maths.training.loss_weights`` does). ``frozen`` (n, Σm) bool: train the linearised
     heads instead (``head_outputs``). A head kept everywhere follows ``engine.maths.training.train``.
-    ``in_span``: plain SGD run in the span of the training features (``_sgd_in_span``: the same
+    ``in_span``: plain SGD run in the span of the training features (``engine.maths.span``: the same
     steps, summed in another order), where it takes fewer FLOPs; None chooses it for float32 SGD
     when n < 2d (bfloat16 GEMMs stay in weight space), False keeps the weight-space steps (which follow a lone head's run bit for bit).
+    Returns a ``MaskedRun`` or, in the span, a ``span.SpanRun`` (its W formed on first use): read new
+    rows' outputs through ``pre_activations``.
     """
     k, n = keep.shape
     if k != len(heads) or n != phi.shape[0]:
@@ -96,18 +103,16 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
     loss_name = resolve_loss(spec, n_classes)
     for head in heads:  # as engine.maths.training: the spec decides the parametrisation
         head.param = spec.param
-    W0 = torch.cat([h.W.detach() for h in heads]).to(phi.dtype).clone()
-    W = torch.nn.Parameter(W0.clone())
     w8 = keep.to(phi.dtype)
     weights = None if spec.param == "ntk" else torch.tensor([float(h.width) for h in heads], dtype=phi.dtype,
                                                             device=phi.device)
 
     if in_span if in_span is not None else (spec.optimizer == "sgd" and spec.train_precision == "float32"
                                             and n < 2 * phi.shape[1]):
-        if spec.optimizer != "sgd" or spec.train_precision != "float32":
-            raise BadInput(f"training in the features' span is plain SGD's in float32; optimizer {spec.optimizer!r} "
-                           f"with train precision {spec.train_precision!r} is not")
-        return _sgd_in_span(phi, y, n_classes, heads, w8, spec, seed, progress, cancel, frozen, weights, loss_name)
+        return sgd_in_span(phi, y, n_classes, heads, w8, spec, seed, progress, cancel, frozen, weights, loss_name)
+
+    W0 = torch.cat([h.W.detach() for h in heads]).to(phi.dtype).clone()
+    W = torch.nn.Parameter(W0.clone())
 
     def batch_losses(idx):
         out = head_outputs(phi[idx] @ W.T, heads, None if frozen is None else frozen[idx])
@@ -118,60 +123,6 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
 
     losses, _, _ = optimise([W], per_model, y, k, spec, seed, progress, cancel, None, weights)
     return MaskedRun(W.detach(), W0, losses)
-
-
-def _sgd_in_span(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequence[TwoLayerReLU],
-                 w8: torch.Tensor, spec: TrainSpec, seed: int, progress: Callable[[float, str], None] | None,
-                 cancel: CancelFlag | None, frozen: torch.Tensor | None, weights: torch.Tensor | None,
-                 loss_name: str) -> MaskedRun:
-    """``train_masked`` for plain SGD (coupled decay λ), with W kept as s·W₀ + Cᵀφ.
-
-    An SGD step moves W by −η(δᵀφ_b + λW), δ = ∂L/∂H on the batch b: a decay and rows of the
-    features. So W = s·W₀ + Cᵀφ with s = (1 − ηλ)^t and C (n, Σm), and the batch's
-    pre-activations are H_b = s·(φW₀ᵀ)_b + G_b C with the features' Gram G = φφᵀ: a step is one
-    (B, n)·(n, Σm) product and a row update of C, against the weight-space step's two
-    (B, d)·(d, Σm) products, 2d/n times the FLOPs (7.8× at n = 200 on MNIST's d = 784). Batches,
-    losses, curves and μP weights are ``training.optimise``'s; W is formed once at the end."""
-    n = phi.shape[0]
-    distinct = {id(h): h for h in heads}  # a head repeated k times (the leave-one-out copies) is projected once
-    P = {key: phi @ h.W.detach().to(phi.dtype).T for key, h in distinct.items()}
-    P0 = torch.cat([P[id(h)] for h in heads], dim=1)               # (n, Σm) = φ W₀ᵀ
-    W0 = torch.cat([h.W.detach() for h in heads]).to(phi.dtype).clone()
-    G, C = phi @ phi.T, torch.zeros_like(P0)
-    scale, decay = 1.0, 1.0 - spec.lr * spec.weight_decay
-    w = None if weights is None else weights.to(phi.dtype)
-
-    def losses_at(idx: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-        out = head_outputs(H, heads, None if frozen is None else frozen[idx])
-        return masked_losses(out, y[idx], w8[:, idx], loss_name, n_classes)
-
-    with torch.no_grad():
-        curve = [losses_at(torch.arange(n, device=phi.device), P0)]
-    g = torch.Generator().manual_seed(int(seed) + BATCH_SEED_OFFSET)  # training.optimise's batch order
-    for epoch in range(1, spec.epochs + 1):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("training cancelled")
-        order = torch.randperm(n, generator=g).to(y.device)
-        total = torch.zeros(len(heads), dtype=phi.dtype, device=phi.device)
-        for start in range(0, n, spec.batch_size):
-            idx = order[start:start + spec.batch_size]
-            H = torch.addmm(P0[idx], G[idx], C, alpha=1.0, beta=scale).requires_grad_()
-            batch = losses_at(idx, H)
-            (delta,) = torch.autograd.grad(batch.sum() if w is None else (batch * w).sum(), H)  # ∂L/∂H
-            with torch.no_grad():
-                if decay != 1.0:
-                    scale *= decay
-                    C.mul_(decay)
-                C.index_add_(0, idx, delta, alpha=-spec.lr)  # a batch's rows are distinct: one update per row
-            total += batch.detach() * idx.numel()
-        curve.append(total / n)
-        if not bool(torch.isfinite(curve[-1]).all()):
-            raise BadInput(f"training diverged at epoch {epoch}: the loss is not finite; lower the learning "
-                           f"rate (now {spec.lr:g}) or the weight decay")
-        if progress is not None:
-            progress(epoch / spec.epochs, f"epoch {epoch}/{spec.epochs}")
-    W = torch.addmm(W0, C.T, phi, beta=scale)
-    return MaskedRun(W, W0, torch.stack(curve).cpu().tolist())
 
 
 # ---------------------------------------------------------------- kernels' predictions and agreement

@@ -33,7 +33,7 @@ FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, m
 FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
 STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
 TRAIN_FLOPS, TRAIN_STEP_S = 1.3e11, 6e-4  # training's GEMM rate and cost per step (fitted: benchmarks/RESULTS.md)
-ELEMENT_S = 5e-9        # one activation's elementwise passes per epoch (relu, readout, loss; 2 cores, measured)
+ELEMENT_S = 2e-9        # one activation's elementwise passes per epoch in the span (relu, mask, update; 2 cores, measured)
 FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
@@ -234,15 +234,20 @@ def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: 
     return epochs * 2 * n * m_total * (3 * d + n_out) / TRAIN_FLOPS + steps * TRAIN_STEP_S
 
 
+def in_span(n: float, d: float, tr: Any) -> bool:
+    """Whether ``engine.maths.loo.train_masked`` trains in the features' span (``engine.maths.span``)."""
+    return tr.optimizer == "sgd" and getattr(tr, "train_precision", "float32") == "float32" and n < 2 * d
+
+
 def masked_train_s(n: float, d: float, m_total: float, tr: Any, n_out: int = 10) -> float:
-    """``engine.maths.loo.train_masked``'s batched heads: for plain SGD with n < 2d in the features'
-    span (per epoch one (n, n)·(n, Σm) product and ``ELEMENT_S`` per activation for the relu,
-    readout and loss passes; W formed once at the end), else ``train_s``."""
-    if tr.optimizer != "sgd" or getattr(tr, "train_precision", "float32") != "float32" or n >= 2 * d:
+    """``engine.maths.loo.train_masked``'s batched heads: in the features' span (``in_span``) per epoch
+    one (n, n)·(n, Σm) product and the readout's at training's GEMM rate, and ``ELEMENT_S`` per activation for the relu, mask and
+    update passes (the weights are never formed for the heads' outputs), else ``train_s``."""
+    if not in_span(n, d, tr):
         return train_s(n, d, m_total, tr.epochs, tr.batch_size, n_out)
-    steps = tr.epochs * math.ceil(n / tr.batch_size)
-    return (tr.epochs * (gemm_s(n, m_total, n) + gemm_s(n, m_total, n_out) + ELEMENT_S * n * m_total)
-            + gemm_s(m_total, d, n) + steps * STEP_OVERHEAD_S)
+    steps = tr.epochs * math.ceil(n / tr.batch_size)  # a span step is ~15 tensor ops, no autograd
+    return tr.epochs * (2 * n * m_total * (n + n_out) / TRAIN_FLOPS + ELEMENT_S * n * m_total) \
+        + steps * STEP_OVERHEAD_S / 4
 
 
 def kernel_bytes(n1: float, n2: float, itemsize: int = 8) -> int:

@@ -90,9 +90,11 @@ def kernel_seconds(cfg, n, nt, d, m) -> float:
 
 
 def retrain_seconds(n: int, d: int, m: int, heads: int, tr: TrainSpec, c_out: int) -> float:
-    """``heads`` heads of width m trained as one batched model, with their head-by-head readout."""
+    """``heads`` heads of width m trained as one batched model; in weight space each step reads out
+    head by head (in the span the copies of a head read out together)."""
     steps = tr.epochs * math.ceil(n / tr.batch_size)
-    return B.masked_train_s(n, d, heads * m, tr, c_out) + steps * heads * B.STEP_OVERHEAD_S / 5
+    per_head = 0.0 if B.in_span(n, d, tr) else steps * heads * B.STEP_OVERHEAD_S / 5
+    return B.masked_train_s(n, d, heads * m, tr, c_out) + per_head
 
 
 def flow_seconds(n: int, nt: int, points: int) -> float:
