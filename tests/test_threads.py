@@ -161,3 +161,19 @@ def test_serial_limits_torch_ops_in_its_own_thread_only(two_threads):
         t.join()
     assert seen == {"here": 1, "other": 2}
     assert torch.get_num_threads() == 2
+
+
+def test_small_eigendecompositions_run_on_one_thread_and_large_ones_on_all(two_threads):
+    """``tiles.eig_threads``: one thread up to ``SERIAL_EIGH`` (LAPACK's many small parallel regions
+    wait on each other there), every thread above it and off the CPU; the result is the same."""
+    K = torch.randn(60, 80, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    K = K @ K.T
+    with tiles.eig_threads(60, "cpu"):
+        inside = torch.get_num_threads()
+        mu, _ = torch.linalg.eigh(K)
+    assert inside == 1 and torch.get_num_threads() == 2
+    torch.testing.assert_close(mu, torch.linalg.eigvalsh(K), rtol=RTOL64, atol=ATOL64 * float(mu.max()))
+    with tiles.eig_threads(tiles.SERIAL_EIGH + 1, "cpu"):
+        assert torch.get_num_threads() == 2
+    with tiles.eig_threads(60, "cuda"):
+        assert torch.get_num_threads() == 2

@@ -15,6 +15,7 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
+from .tiles import eig_threads
 
 
 def relative_distance(K: torch.Tensor, K_ref: torch.Tensor, block: int = 1024) -> float:
@@ -133,7 +134,8 @@ def whitened_distance(K_m: torch.Tensor, K_inf: torch.Tensor, ridge: float = 1e-
                          what, ridge, lam)
     Z = torch.linalg.solve_triangular(L, D, upper=False)        # L⁻¹ D
     W = check_solution(torch.linalg.solve_triangular(L, Z.T, upper=False), what, ridge)  # L⁻¹ D L⁻ᵀ
-    return float(torch.linalg.eigvalsh((W + W.T) / 2).abs().max())
+    with eig_threads(W.shape[0], W.device.type):
+        return float(torch.linalg.eigvalsh((W + W.T) / 2).abs().max())
 
 
 def whitened_bytes(n: int) -> int:

@@ -19,6 +19,7 @@ import torch
 
 from ..runtime import budget as B
 from ..runtime.errors import BadInput
+from .tiles import eig_threads
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -53,11 +54,10 @@ def gram_spectrum(F: torch.Tensor | np.ndarray, rtol: float | None = None) -> Sp
     if not B.all_finite(F64):  # eigvalsh would fail to converge, or return NaN
         raise BadInput(f"the spectrum of a {n} x {d} Gram: its rows hold NaN or infinite values; rescale the "
                        "data or use another attention variant")
+    with eig_threads(min(n, d), F64.device.type):
+        lam = torch.linalg.eigvalsh(F64.T @ F64 if n > d else F64 @ F64.T).cpu().numpy()
     if n > d:
-        lam = torch.linalg.eigvalsh(F64.T @ F64).cpu().numpy()
         lam = np.concatenate([lam, np.zeros(n - d)])  # eig_spectrum's default rtol counts all n
-    else:
-        lam = torch.linalg.eigvalsh(F64 @ F64.T).cpu().numpy()
     return eig_spectrum(lam, rtol)
 
 

@@ -19,6 +19,11 @@ from ..runtime.cores import limit_own_threads, restore_own_threads
 _SERIAL_BELOW = 2**21  # element-wise passes over fewer entries run on one thread: every CPU tile (serial)
 _GRAIN = 32768         # torch's own grain: smaller element-wise ops run on one thread anyway
 SERIAL_WORK = 2**29   # kernels with fewer GEMM multiply-adds (~30 ms on one core) run on one thread whole
+# Symmetric eigendecompositions up to this order run on one thread: LAPACK's tridiagonal reduction is a
+# long chain of small parallel regions, and with passive waits each wakes the other thread. Measured
+# (2-core Zen 4, idle, float64 eigh): n = 199 one thread 3.2 ms, two 13.0 ms; n = 500 32 ms, 53 ms;
+# n = 1000 187 ms, 194 ms; n = 2000 1.33 s, 0.88 s (benchmarks/RESULTS.md, "Eigendecompositions").
+SERIAL_EIGH = 1000
 
 
 def row_blocks(n: int, size: int) -> list[tuple[int, int]]:
@@ -71,3 +76,8 @@ class serial:
 def one_thread() -> serial:
     """The enclosed CPU ops run on one thread (the thread count is restored after)."""
     return serial(0, "cpu", below=1, grain=0)
+
+
+def eig_threads(n: int, device_type: str) -> serial:
+    """The enclosed eigendecomposition of an (n, n) matrix runs on one thread when n <= ``SERIAL_EIGH``."""
+    return serial(n, device_type, below=SERIAL_EIGH + 1, grain=0)
