@@ -131,3 +131,31 @@ def test_the_engine_makes_openmp_wait_passively_unless_told_otherwise():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
     assert p.stdout.strip() == "ACTIVE", p.stderr
+
+
+FAULTS = """
+import resource, sys, torch, engine
+buf = [torch.empty(1_600_000).fill_(1.0) for _ in range(2)]  # warm: the first blocks fault in either way
+del buf
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    x = torch.empty(1_600_000)  # 6.4 MB, above glibc's default mmap threshold
+    x.fill_(1.0)
+    del x
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_engine_keeps_freed_blocks_so_repeated_steps_fault_no_pages_in(monkeypatch):
+    """keep_freed_blocks (on ``import engine``): a freed 6.4 MB block is reused, so twenty fresh
+    allocations of it fault (almost) no pages in; glibc's defaults (ENGINE_MALLOC_KEEP=0) map and
+    fault each one afresh. Page faults counted by the kernel, not timed."""
+    from engine.runtime.memory import keep_freed_blocks
+
+    env = {k: v for k, v in os.environ.items() if k != "ENGINE_MALLOC_KEEP"}
+    run = lambda extra: int(subprocess.run([sys.executable, "-c", FAULTS], cwd=ROOT, capture_output=True,  # noqa: E731
+                                           text=True, env={**env, **extra}, check=True).stdout)
+    kept, default = run({}), run({"ENGINE_MALLOC_KEEP": "0"})
+    assert default >= 20 and kept * 10 <= default, (kept, default)
+    monkeypatch.setenv("ENGINE_MALLOC_KEEP", "0")
+    assert keep_freed_blocks() is False
