@@ -192,9 +192,9 @@ def _resume_cases():
         found = re.search(r"(relu|attn) seed \d", stage)
         return found and found.group(0)
 
-    def widths(stage):
-        found = re.search(r"(relu|attn) \S* ?m = \d+", stage)
-        return found and found.group(0)
+    def models(stage):  # scaling's unit: a κ and a model, every width
+        found = re.search(r"κ = [^,]+, (relu|attn(?: \w+)?)", stage)
+        return found and found.group(1)
 
     def cells(stage):
         found = re.search(r"(relu|attn) m=\d+", stage)
@@ -214,9 +214,8 @@ def _resume_cases():
                                                                  weight_decay=0.0), widths=(16, 32), seeds=(0, 1), k=2),
          seeds, *by_seed),
         ("scaling", ScalingConfig(n=16, d=8, kappas=(2.0,), min_width=16, max_width=32, per_octave=1, seeds=(0, 1),
-                                  train=TrainSpec(epochs=2)), widths,
-         ['{"arch": "relu", "attention": null, "kappa": 2.0, "width": 16}',
-          '{"arch": "relu", "attention": null, "kappa": 2.0, "width": 32}'], {"attn linear m = 16", "attn linear m = 32"}),
+                                  train=TrainSpec(epochs=2)), models,
+         ['{"arch": "relu", "attention": null, "kappa": 2.0, "widths": [16, 32]}'], {"attn linear"}),
     ]
 
 
@@ -224,8 +223,8 @@ def _resume_cases():
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_a_cancelled_run_resumes_from_its_finished_units_and_gives_the_same_result(tmp_path, name, cfg, unit_of,
                                                                                    kept_units, rerun):
-    """Cancel keeps each finished unit (an architecture and seed; for scaling a κ, model and
-    width) in the cache; Run again computes only the rest, and its result is the one a run
+    """Cancel keeps each finished unit (an architecture and seed; for scaling a κ and model,
+    every width) in the cache; Run again computes only the rest, and its result is the one a run
     that never stopped gives (timings aside), arrays included."""
     import threading
 

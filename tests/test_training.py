@@ -209,3 +209,28 @@ def test_sgd_lr_limit_is_twice_n_c_over_the_top_eigenvalue_and_the_lr_setting_re
     assert TrainSpec(lr=sgd_lr_limit(K, 3), optimizer="sgd").lr > 10      # the old cap of 10 is gone
     with pytest.raises(BadInput, match="lr"):
         TrainSpec(lr=2 * MAX_LR)
+
+
+@pytest.mark.parametrize("n,batch", [(48, 64), (48, 16)])
+def test_nets_of_several_seeds_train_as_their_lone_runs(n, batch):
+    """train_seeds: one batched model for every seed and width when an epoch is one full batch (the
+    seed's order then only permutes the rows of a mean), one per seed otherwise; each net ends where
+    train(net, seed) takes it alone (float64: up to the order of a sum)."""
+    from engine.maths.training import train_seeds
+
+    X, y = _blobs(n, 6, 3, seed=5)
+    spec = TrainSpec(epochs=6, lr=5e-3, batch_size=batch, weight_decay=1e-3)
+    plan = [(8, 0), (32, 0), (8, 1), (32, 2)]
+    nets = [Net("relu", X, w, 3, seed=10 + s, dtype=torch.float64) for w, s in plan]
+    runs = train_seeds(nets, [s for _, s in plan], X, y, 3, spec)
+    for net, (w, s), run in zip(nets, plan, runs, strict=True):
+        alone = Net("relu", X, w, 3, seed=10 + s, dtype=torch.float64)
+        lone = train(alone, X, y, 3, spec, seed=s)
+        torch.testing.assert_close(net.mlp.W, alone.mlp.W, rtol=RTOL64, atol=ATOL64)
+        np.testing.assert_allclose(run.losses, lone.losses, rtol=RTOL64)
+    if batch < n:  # seeds 1 and 2 alone differ from seed 0's order: the grouping is not a no-op
+        other = Net("relu", X, 8, 3, seed=11, dtype=torch.float64)
+        train(other, X, y, 3, spec, seed=0)
+        assert not torch.allclose(other.mlp.W, nets[2].mlp.W)
+    with pytest.raises(BadInput, match="4 nets for 3 seeds"):
+        train_seeds(nets, [0, 1, 2], X, y, 3, spec)

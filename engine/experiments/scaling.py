@@ -28,7 +28,7 @@ from ..maths.models import Net
 from ..maths.ntk import empirical_ntk
 from ..maths.ridge import relative_distance, whitened_distance
 from ..maths.specs import parse_attention
-from ..maths.training import n_outputs, train
+from ..maths.training import n_outputs, train_seeds
 from ..runtime.cache import Result
 from ..runtime.errors import BadInput
 from .configs.scaling import ScalingConfig, measured_models, width_grid
@@ -85,21 +85,24 @@ def _distance(cfg, K, K_ref) -> float:
     return relative_distance(K, K_ref)
 
 
-def _distances(cfg, arch, attention, width, X, y, c, dev, K_inf, cancel, report) -> dict[str, list[float]]:
-    """One resumable unit: ``distances``, that of each seed's net at one width (``report``:
-    progress, fraction, stage)."""
-    tick(report[0], cancel, report[1], report[2])
-    out = []
-    for seed in cfg.seeds:
-        net = Net(arch, X, width, n_outputs(c), seed, 1.0, attention, cfg.normalize).to(dev)
-        K0 = empirical_ntk(net, X)
-        if cfg.measure == "init":
-            out.append(_distance(cfg, K0, K_inf))
-            continue
-        train(net, X, y, c, cfg.train, seed, cancel=cancel)
-        Kt = empirical_ntk(net, X)
-        out.append(_distance(cfg, Kt, K_inf if cfg.measure == "trained" else K0))
-    return {"distances": out}
+def _distances(cfg, arch, attention, grid, X, y, c, dev, K_inf, cancel, report) -> dict[str, list]:
+    """One resumable unit: ``distances``, per grid width the distance of each seed's net (``report``:
+    progress, fraction, share of the run, stage). Every width and seed trains as one batched model
+    where the batch orders allow it (``train_seeds``)."""
+    progress, lo, share, stage = report
+    tick(progress, cancel, lo, stage)
+    nets = [Net(arch, X, w, n_outputs(c), seed, 1.0, attention, cfg.normalize).to(dev)
+            for w in grid for seed in cfg.seeds]
+    K0 = [empirical_ntk(net, X) for net in nets]
+    if cfg.measure == "init":
+        flat = [_distance(cfg, K, K_inf) for K in K0]
+    else:
+        sub = None if progress is None else (lambda f, msg: progress(lo + 0.9 * share * f, f"{stage}: {msg}"))
+        train_seeds(nets, [seed for _ in grid for seed in cfg.seeds], X, y, c, cfg.train, sub, cancel)
+        flat = [_distance(cfg, empirical_ntk(net, X), K_inf if cfg.measure == "trained" else K)
+                for net, K in zip(nets, K0, strict=True)]
+    k = len(cfg.seeds)
+    return {"distances": [flat[i * k:(i + 1) * k] for i in range(len(grid))]}
 
 
 @experiment_run("scaling")
@@ -113,7 +116,7 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
     """
     grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
     models = measured_models(cfg)
-    total = len(models) * len(cfg.kappas) * len(grid)
+    total = len(models) * len(cfg.kappas)
     rows, evals, done = [], [], 0
     for kappa in cfg.kappas:
         spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
@@ -129,13 +132,15 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
             with torch.no_grad():
                 K_inf = infinite_ntk(probe.features(X))
             label = attention if arch == "attn" else None
-            for w in grid:
-                unit, frac, done = f"κ = {kappa:g}, {arch} {label or ''} m = {w}", done / total, done + 1
-                key = {"kappa": float(kappa), "arch": arch, "attention": label, "width": w}  # exact: κ's repr
-                dists = resumable(key, partial(_distances, cfg, arch, attention, w, X, y, c, dev, K_inf, cancel,
-                                               (progress, frac, unit)), shape(distances=list))["distances"]
-                if len(dists) != len(cfg.seeds) or not all(isinstance(d, float) for d in dists):
-                    raise BadInput(f"unit {unit} holds {len(dists)} distances for {len(cfg.seeds)} seeds")
+            unit, frac, done = f"κ = {kappa:g}, {arch} {label or ''}", done / total, done + 1
+            key = {"kappa": float(kappa), "arch": arch, "attention": label, "widths": grid}  # exact: κ's repr
+            table = resumable(key, partial(_distances, cfg, arch, attention, grid, X, y, c, dev, K_inf, cancel,
+                                           (progress, frac, 1 / total, unit)), shape(distances=list))["distances"]
+            if len(table) != len(grid) or not all(len(ds) == len(cfg.seeds) and all(isinstance(d, float) for d in ds)
+                                                  for ds in table):
+                raise BadInput(f"unit {unit} holds distances for {len(table)} widths; expected {len(grid)} widths "
+                               f"of {len(cfg.seeds)} seeds each")
+            for w, dists in zip(grid, table, strict=True):
                 for seed, dist in zip(cfg.seeds, dists, strict=True):
                     evals.append({"arch": arch, "attention": label, "kappa": float(kappa), "width": w,
                                   "seed": seed, "distance": dist})
@@ -166,15 +171,15 @@ def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
     seeds = list(cfg.seeds)
     if slope is not None and len(seeds) > 1:
         e = ev[(ev.arch == arch) & (ev.attention.fillna("") == (label or ""))]
-        table = {(k, w): g.set_index("seed")["distance"] for (k, w), g in e.groupby(["kappa", "width"])}
+        # D[κ, width, seed]: the distances as one array, so that a resample is one fancy index
+        D = (e.pivot_table(index=["kappa", "width"], columns="seed", values="distance")
+             .reindex(index=pd.MultiIndex.from_product([list(mine.kappa), list(grid)]), columns=seeds)
+             .to_numpy().reshape(len(mine), len(grid), len(seeds)))
         rng = np.random.default_rng(12345)
         slopes = []
         for _ in range(BOOTSTRAP):
-            pick = rng.choice(seeds, size=len(seeds), replace=True)
-            found = []
-            for k in mine.kappa:
-                means = [float(table[(k, w)].loc[pick].mean()) for w in grid]
-                found.append(width_needed(grid, means, cfg.target)[0])
+            means = D[:, :, rng.choice(len(seeds), size=len(seeds), replace=True)].mean(axis=2)  # (κ, width)
+            found = [width_needed(grid, row, cfg.target)[0] for row in means]
             s, _ = fit_exponent(mine.kappa.tolist(), found)
             if s is not None:
                 slopes.append(s)

@@ -189,6 +189,36 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     return results
 
 
+def full_batch(n: int, spec: TrainSpec) -> bool:
+    """Whether every epoch of ``spec`` on n points is one batch of all of them."""
+    return n <= spec.batch_size
+
+
+def train_seeds(nets: list[Net], seeds: Sequence[int], X: torch.Tensor, y: torch.Tensor, n_classes: int,
+                spec: TrainSpec, progress: Progress | None = None,
+                cancel: CancelFlag | None = None) -> list[TrainResult]:
+    """Train nets of several seeds (and widths), ``nets[j]`` with batch order ``seeds[j]``, as few
+    batched models as their batch orders allow; same result as ``train(nets[j], …, seeds[j])`` each.
+
+    Where every epoch is one full batch (``full_batch``) the seed's order only permutes the rows of
+    each step's mean, so all nets train as one model (``train_many``): each follows its lone run up to
+    the order of that sum (float rounding). Otherwise the nets of each seed train as one model.
+    Nets must share arch, attention and training set, as for ``train_many``."""
+    if len(nets) != len(seeds):
+        raise BadInput(f"{len(nets)} nets for {len(seeds)} seeds")
+    groups: dict[int, list[int]] = {}
+    for j, s in enumerate(seeds):
+        groups.setdefault(0 if full_batch(X.shape[0], spec) else int(s), []).append(j)
+    out: list[TrainResult | None] = [None] * len(nets)
+    for g, (s, members) in enumerate(groups.items()):
+        part = None if progress is None else \
+            (lambda f, msg, g=g: progress((g + f) / len(groups), msg))
+        for j, r in zip(members, train_many([nets[j] for j in members], X, y, n_classes, spec, s, part, cancel),
+                        strict=True):
+            out[j] = r
+    return [r for r in out if r is not None]
+
+
 def autograd_head(phi: torch.Tensor, y: torch.Tensor, W: torch.Tensor, A: torch.Tensor, k: int, loss: str,
                   n_classes: int, features: Callable[[torch.Tensor], torch.Tensor] | None = None) -> PerModel:
     """``per_model(idx, new_inputs)`` for ``optimise``: the k mean losses of the stacked head

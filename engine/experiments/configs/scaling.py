@@ -76,10 +76,12 @@ def measured_models(cfg) -> list[tuple[str, str]]:
 def estimate_scaling(cfg: ScalingConfig) -> Estimate:
     grid = width_grid(cfg.min_width, cfg.max_width, cfg.per_octave)
     epochs = 0 if cfg.measure == "init" else cfg.train.epochs
-    per_kappa_model = 0.0
+    c_out, k = (1 if cfg.classes == 2 else cfg.classes), len(cfg.seeds)
+    # training.train_seeds: every width and seed one batched model when an epoch is one batch, else one per seed
+    models = 1 if cfg.n <= cfg.train.batch_size else k
+    per_kappa_model = models * B.train_s(cfg.n, cfg.d, k * sum(grid) / models, epochs, cfg.train.batch_size, c_out)
     for w in grid:
-        per_kappa_model += len(cfg.seeds) * (B.train_s(cfg.n, cfg.d, w, epochs, cfg.train.batch_size, 1 if cfg.classes == 2 else cfg.classes)
-                                             + 2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
+        per_kappa_model += k * (2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
     attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
     seconds = B.FIXED_S + len(cfg.kappas) * (len(measured_models(cfg)) * per_kappa_model + attention)
     return Estimate(seconds, int(8 * 6 * cfg.n ** 2 + 16 * max(grid) * cfg.d + 8 * cfg.n * max(grid)))
