@@ -81,11 +81,17 @@ def test_linearised_head_is_the_first_order_taylor_model_of_torch_func():
                                    rtol=RTOL64, atol=ATOL64)
 
 
-@pytest.mark.parametrize("param,optimizer,wd", [("ntk", "sgd", 0.01), ("mup", "sgd", 0.0), ("ntk", "adam", 1e-3)])
-def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_training(param, optimizer, wd):
+# n = 48 points: d = 12 trains in weight space, d = 64 (n < 2d) plain SGD in the features' span
+WIDE = replace(BIN, synthetic_d=64)
+
+
+@pytest.mark.parametrize("param,optimizer,wd,data", [("ntk", "sgd", 0.01, BIN), ("mup", "sgd", 0.0, BIN),
+                                                     ("ntk", "adam", 1e-3, BIN), ("ntk", "sgd", 0.01, WIDE),
+                                                     ("mup", "sgd", 0.0, WIDE)])
+def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_training(param, optimizer, wd, data):
     """Two epochs of train_pair against (a) the jvp model trained by hand with torch's own
     optimiser on the same batches, (b) engine.maths.training.train of the same net (float64)."""
-    X, y, _, _ = _sample64(BIN)
+    X, y, _, _ = _sample64(data)
     spec = TrainSpec(epochs=2, batch_size=16, optimizer=optimizer, lr=0.3 if optimizer == "sgd" else 0.01,
                      weight_decay=wd, param=param)
     net = Net("relu", X, 32, 1, seed=2, dtype=torch.float64)
@@ -114,6 +120,25 @@ def test_linearised_training_follows_the_jvp_model_and_the_net_follows_engine_tr
     twin = Net("relu", X, 32, 1, seed=2, dtype=torch.float64)
     train(twin, X, y, 2, spec, seed=4)
     torch.testing.assert_close(W, twin.mlp.W.detach(), rtol=RTOL64_STEP * 100, atol=ATOL64_STEP * 100)
+
+
+def test_recorded_weights_in_the_span_are_those_of_shorter_runs():
+    """In the features' span train_pair records each epoch from snapshots after both runs: the weights
+    recorded at epoch e are those a run of e epochs ends with, for the net and its linearisation."""
+    X, y, _, _ = _sample64(WIDE)
+    spec = TrainSpec(epochs=3, batch_size=16, optimizer="sgd", lr=0.3, weight_decay=0.01)
+    net = Net("relu", X, 32, 1, seed=2, dtype=torch.float64)
+    phi = net.features(X)
+    seen = {}
+    W, W_lin, W0 = train_pair([net], phi, y, 2, spec, seed=4, record=(0, 1, 3),
+                              on_record=lambda e, a, b: seen.setdefault(e, (a.clone(), b.clone())))
+    assert sorted(seen) == [0, 1, 3]
+    assert torch.equal(seen[0][0], W0) and torch.equal(seen[0][1], W0)
+    torch.testing.assert_close(seen[3][0], W, rtol=0, atol=0)
+    torch.testing.assert_close(seen[3][1], W_lin, rtol=0, atol=0)
+    W1, W1_lin, _ = train_pair([net], phi, y, 2, replace(spec, epochs=1), seed=4)
+    torch.testing.assert_close(seen[1][0], W1, rtol=RTOL64, atol=ATOL64)
+    torch.testing.assert_close(seen[1][1], W1_lin, rtol=RTOL64, atol=ATOL64)
 
 
 def test_gap_after_one_step_scales_with_the_step_size():

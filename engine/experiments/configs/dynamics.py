@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...data import DataSpec
@@ -72,7 +73,14 @@ def estimate_dynamics(cfg: DynamicsConfig) -> Estimate:
     tr, groups, m = cfg.train, len(cfg.archs) * len(cfg.seeds), sum(cfg.widths)
     c_out = B.n_outputs(cfg.data)
     records = len(record_epochs(cfg))
-    per_group = (B.train_s(n, d, 2 * m, tr.epochs, tr.batch_size, c_out)
+    if B.in_span(n, d, tr):  # flow.train_pair in the features' span: the net, then its linearisation, one run
+        # per width each; the weights formed at every recorded epoch
+        steps = tr.epochs * math.ceil(n / tr.batch_size)
+        train = 2 * (B.masked_train_s(n, d, m, tr, c_out) + steps * (len(cfg.widths) - 1) * B.STEP_OVERHEAD_S / 4
+                     + records * B.gemm_s(m, d, n))
+    else:
+        train = B.train_s(n, d, 2 * m, tr.epochs, tr.batch_size, c_out)
+    per_group = (train
                  + records * (2 * B.gemm_s(n + nt, m, d) + 2 * B.gemm_s(n + nt, m, c_out) + 4 * (n + nt) * m / B.FLOPS
                               + len(cfg.widths) * (B.gemm_s(nt, n, c_out, True) + 4 * n * n / B.FLOPS64)))
     reference = len(cfg.archs) * (B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True)
