@@ -33,7 +33,7 @@ FLOPS = 6.0e10          # effective float32 rate of GEMM-bound steps (2 cores, m
 FLOPS64 = 2.0e10        # float64 GEMMs, eigendecompositions, Cholesky (2 cores, measured)
 STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, autograd, kernel launches)
 TRAIN_FLOPS, TRAIN_STEP_S = 1.3e11, 6e-4  # training's GEMM rate and cost per step (fitted: benchmarks/RESULTS.md)
-ELEMENT_S = 2e-9        # one activation's elementwise passes per epoch in the span (relu, mask, update; 2 cores, measured)
+ELEMENT_S = 2e-9        # one activation's elementwise passes per epoch (relu, mask, loss, update; 2 cores, measured)
 FIXED_S = 0.1           # loading a cached draw, building the result
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
@@ -228,10 +228,13 @@ def ntk_s(n1: float, n2: float, d: float, m: float) -> float:
     return gemm_s(n1 + n2, m, d) + 0.5 * gemm_s(n1, n2, m) + gemm_s(n1, n2, d) + 3 * n1 * n2 / FLOPS64
 
 
-def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: int = 10) -> float:
-    """Batched training of total width m_total: forward, readout and weight-gradient GEMMs, at training's rates."""
+def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: int = 10, nets: int = 1) -> float:
+    """Batched training of ``nets`` heads of total width m_total: forward, block-diagonal readout and
+    weight-gradient GEMMs at training's rates, and ``ELEMENT_S`` per activation for the relu, mask and
+    loss passes (the larger share where d is small: at d = 32 they took twice the GEMMs' time)."""
     steps = epochs * math.ceil(n / batch)
-    return epochs * 2 * n * m_total * (3 * d + n_out) / TRAIN_FLOPS + steps * TRAIN_STEP_S
+    return (epochs * n * m_total * (2 * (3 * d + 2 * nets * n_out) / TRAIN_FLOPS + ELEMENT_S)
+            + steps * TRAIN_STEP_S)
 
 
 def in_span(n: float, d: float, tr: Any) -> bool:

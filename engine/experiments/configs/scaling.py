@@ -79,7 +79,8 @@ def estimate_scaling(cfg: ScalingConfig) -> Estimate:
     c_out, k = (1 if cfg.classes == 2 else cfg.classes), len(cfg.seeds)
     # training.train_seeds: every width and seed one batched model when an epoch is one batch, else one per seed
     models = 1 if cfg.n <= cfg.train.batch_size else k
-    per_kappa_model = models * B.train_s(cfg.n, cfg.d, k * sum(grid) / models, epochs, cfg.train.batch_size, c_out)
+    per_kappa_model = models * B.train_s(cfg.n, cfg.d, k * sum(grid) / models, epochs, cfg.train.batch_size, c_out,
+                                         nets=k * len(grid) // models)
     for w in grid:
         per_kappa_model += k * (2 * B.ntk_s(cfg.n, cfg.n, cfg.d, w) + 2 * B.eig_s(cfg.n))
     attention = sum(B.attention_s(a, cfg.n, cfg.d) for a in cfg.attentions)
