@@ -234,3 +234,25 @@ def test_nets_of_several_seeds_train_as_their_lone_runs(n, batch):
         assert not torch.allclose(other.mlp.W, nets[2].mlp.W)
     with pytest.raises(BadInput, match="4 nets for 3 seeds"):
         train_seeds(nets, [0, 1, 2], X, y, 3, spec)
+
+
+@pytest.mark.parametrize("param,decay,c", [("ntk", 1e-2, 3), ("mup", 0.0, 2)])
+def test_sgd_with_fewer_points_than_twice_the_features_trains_in_their_span(param, decay, c):
+    """train_many for plain SGD with n < 2d takes its steps in the features' span
+    (engine.maths.span); weights, loss curves and snapshots are those of the weight-space steps
+    (gradient="autograd", the reference), up to the order of the sums (float64)."""
+    from engine.maths.training import train_many
+
+    X, y = _blobs(40, 48, c, seed=6)  # n = 40 < 2d = 96
+    spec = TrainSpec(epochs=5, lr=0.5, batch_size=16, weight_decay=decay, optimizer="sgd", loss="mse",
+                     param=param, snapshot_epochs=(0, 3))
+    runs = {}
+    for grad in ("closed", "autograd"):
+        nets = [Net("relu", X, w, 1 if c == 2 else c, seed=4, dtype=torch.float64) for w in (16, 64)]
+        runs[grad] = (nets, train_many(nets, X, y, c, spec, seed=2, gradient=grad))
+    for a, ra, b, rb in zip(*runs["closed"], *runs["autograd"], strict=True):
+        torch.testing.assert_close(a.mlp.W, b.mlp.W, rtol=RTOL64, atol=ATOL64)
+        np.testing.assert_allclose(ra.losses, rb.losses, rtol=RTOL64)
+        assert sorted(ra.snapshots) == [0, 3] and torch.equal(ra.W0, rb.W0)
+        torch.testing.assert_close(ra.snapshots[3], rb.snapshots[3], rtol=RTOL64, atol=ATOL64)
+        assert not torch.allclose(a.mlp.W, ra.W0)

@@ -163,6 +163,11 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
         phi = nets[0].features(X)
+    if gradient == "closed" and epoch_inputs is None and spec.optimizer == "sgd" \
+            and spec.train_precision == "float32" and phi.shape[0] < 2 * phi.shape[1]:
+        from .span import train_in_span  # span builds on this module
+
+        return train_in_span(nets, phi, y.to(phi.device), n_classes, spec, seed, progress, cancel, loss_name)
     k = len(nets)
     W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
     A = torch.block_diag(*[net.mlp.readout() for net in nets])
