@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..runtime.errors import BadInput, Cancelled
 from .models import Net, TwoLayerReLU
 from .specs import TrainSpec
-from .training import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets
+from .training import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets, write_back
 
 
 @dataclass
@@ -224,14 +224,5 @@ def train_in_span(nets: list[Net], phi: torch.Tensor, y: torch.Tensor, n_classes
     keep = torch.ones(len(nets), phi.shape[0], dtype=phi.dtype, device=phi.device)
     run = sgd_in_span(phi, y, n_classes, [net.mlp for net in nets], keep, spec, seed, progress, cancel, None,
                       loss_weights(nets, spec), loss_name, spec.snapshot_epochs)
-    W0, W = run.W0, run.W
-    snaps = {e: run.W_at(e) for e in spec.snapshot_epochs if e <= spec.epochs}
-    results, offset = [], 0
-    for j, net in enumerate(nets):
-        seg = slice(offset, offset + net.mlp.width)
-        offset += net.mlp.width
-        with torch.no_grad():
-            net.mlp.W.copy_(W[seg])
-        results.append(TrainResult([row[j] for row in run.losses], W0[seg].clone(),
-                                   {e: w[seg].clone() for e, w in snaps.items()}))
-    return results
+    return write_back(nets, run.W, run.W0, run.losses,
+                      {e: run.W_at(e) for e in spec.snapshot_epochs if e <= spec.epochs})

@@ -183,14 +183,21 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     else:
         curves, snapshots, W0 = optimise([W], autograd_head(phi, yd, W, A, k, loss_name, n_classes, feats), yd, k,
                                          spec, seed, progress, cancel, epoch_inputs, loss_weights(nets, spec))
+    return write_back(nets, W, W0[0], curves, {e: w[0] for e, w in snapshots.items()})
+
+
+def write_back(nets: list[Net], W: torch.Tensor, W0: torch.Tensor, curves: list,
+               snapshots: dict[int, torch.Tensor]) -> list[TrainResult]:
+    """Each net's rows of the stacked trained weights W (Σm, d) copied into it, and its ``TrainResult``:
+    its column of the loss curves ((epochs + 1) rows of k), its rows of W0 and of each snapshot."""
     results, offset = [], 0
     for j, net in enumerate(nets):
         seg = slice(offset, offset + net.mlp.width)
         offset += net.mlp.width
         with torch.no_grad():
             net.mlp.W.copy_(W[seg])
-        results.append(TrainResult([row[j] for row in curves], W0[0][seg].clone(),
-                                   {e: w[0][seg].clone() for e, w in snapshots.items()}))
+        results.append(TrainResult([row[j] for row in curves], W0[seg].clone(),
+                                   {e: w[seg].clone() for e, w in snapshots.items()}))
     return results
 
 
