@@ -44,7 +44,8 @@ archs = ["relu", "attn"]
 # every driver must agree (a token file there would turn it on for the head alone).
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 FAST = TINY.format(n=40, epochs=5)      # 4 cells, well under a second of work each
-SLOW = TINY.format(n=100, epochs=300)   # 4 cells of a few seconds: long enough to be killed mid-run
+SLOW_EPOCHS = 2000
+SLOW = TINY.format(n=100, epochs=SLOW_EPOCHS)  # 4 cells of 2-3 s each on 2 cores: long enough to be killed mid-run
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -326,6 +327,6 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_doubled(ray_head, src
     for cell in G.load_spec(spec).cells:  # every entry whole: it decodes and says what the cell says
         res = cache.get(cell.cache_kind, cell.config)
         assert res is not None and G.digest(res) == obj["results"][cell.index]["digest"]
-        assert len(res.frames["rows"]) == 2 and res.frames["losses"]["epoch"].max() == 300
+        assert len(res.frames["rows"]) == 2 and res.frames["losses"]["epoch"].max() == SLOW_EPOCHS
     cache.close()
     assert results(obj) == results(local)  # the same as a run nobody disturbed
