@@ -24,7 +24,7 @@ import pytest
 from engine.experiments.runs import resumable, shape, unit_name
 from engine.runtime.cache import CHECKPOINT_PREFIX, Cache, Checkpoints, Result, _key, cached_run, provenance_of
 from engine.runtime.errors import BadInput, CacheError, CacheWarning
-from test_grid import FAST, SLOW, write
+from test_grid import FAST, TINY, write
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"what": "checkpoint faults"}   # any JSON-able config keys a cached run
@@ -227,7 +227,8 @@ def test_report_run_exits_4_naming_the_failed_cell(tmp_path):
 
 @pytest.mark.slow
 def test_report_run_ctrl_c_is_one_line_and_exit_130(tmp_path):
-    spec = write(tmp_path, "slow.toml", SLOW)
+    # minutes of work, so that the Ctrl-C always lands inside it, whatever the machine's speed and load
+    spec = write(tmp_path, "slow.toml", TINY.format(n=100, epochs=20_000))
     p = subprocess.Popen([sys.executable, "-m", "engine", "report", str(spec), "--run", "--cache-dir",
                           str(tmp_path / "cache")], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
