@@ -229,9 +229,12 @@ def test_report_run_exits_4_naming_the_failed_cell(tmp_path):
 def test_report_run_ctrl_c_is_one_line_and_exit_130(tmp_path):
     # minutes of work, so that the Ctrl-C always lands inside it, whatever the machine's speed and load
     spec = write(tmp_path, "slow.toml", TINY.format(n=100, epochs=20_000))
+    # Ctrl-C as a user's shell delivers it: the child starts with SIGINT's default action even where this
+    # test process ignores it (an ignored SIGINT is inherited, and Python then installs no handler)
     p = subprocess.Popen([sys.executable, "-m", "engine", "report", str(spec), "--run", "--cache-dir",
                           str(tmp_path / "cache")], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "cache").glob("cache.db")):
         time.sleep(0.2)
