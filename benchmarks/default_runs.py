@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    bad = [p for p in args.preset if p.count(":") != 1]
+    if bad:
+        parser.error(f"--preset {bad[0]!r}: expected NAME:PRESET, e.g. malleability:network")
     jobs = [(r, "quick") for r in args.runs.split(",") if r] + [tuple(p.split(":", 1)) for p in args.preset]
     print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} usable cores, load {os.getloadavg()[0]:.2f} at the start")
     rows = []
