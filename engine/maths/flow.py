@@ -135,8 +135,7 @@ def train_pair(nets: list[Net], phi: torch.Tensor, y: torch.Tensor, n_classes: i
         return both.sum() if weights is None else (both * weights.to(both.dtype)).sum()
 
     record = set(record)
-    if spec.epochs > 0 and spec.optimizer == "sgd" and spec.train_precision == "float32" \
-            and phi.shape[0] < 2 * phi.shape[1]:
+    if spec.epochs > 0 and B.in_span(phi.shape[0], phi.shape[1], spec):
         return _pair_in_span(nets, phi, y, n_classes, spec, seed, record, on_record, progress, cancel, W0, mask0,
                              weights, loss_name)
     if on_record is not None and 0 in record:

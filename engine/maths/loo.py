@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..runtime import budget as B
 from ..runtime.errors import BadInput
 from .flow import KernelFlow, flow_rates
 from .influence import loo_influence
@@ -107,8 +108,7 @@ def train_masked(phi: torch.Tensor, y: torch.Tensor, n_classes: int, heads: Sequ
     weights = None if spec.param == "ntk" else torch.tensor([float(h.width) for h in heads], dtype=phi.dtype,
                                                             device=phi.device)
 
-    if in_span if in_span is not None else (spec.optimizer == "sgd" and spec.train_precision == "float32"
-                                            and n < 2 * phi.shape[1]):
+    if in_span if in_span is not None else B.in_span(n, phi.shape[1], spec):
         return sgd_in_span(phi, y, n_classes, heads, w8, spec, seed, progress, cancel, frozen, weights, loss_name)
 
     W0 = torch.cat([h.W.detach() for h in heads]).to(phi.dtype).clone()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
 from .grads import StackedHead, autocast, check_precision
 from .specs import TrainSpec
@@ -163,8 +164,7 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     loss_name = resolve_loss(spec, n_classes)
     with torch.no_grad():
         phi = nets[0].features(X)
-    if gradient == "closed" and epoch_inputs is None and spec.optimizer == "sgd" \
-            and spec.train_precision == "float32" and phi.shape[0] < 2 * phi.shape[1]:
+    if gradient == "closed" and epoch_inputs is None and B.in_span(phi.shape[0], phi.shape[1], spec):
         from .span import train_in_span  # span builds on this module
 
         return train_in_span(nets, phi, y.to(phi.device), n_classes, spec, seed, progress, cancel, loss_name)
@@ -219,8 +219,9 @@ def train_seeds(nets: list[Net], seeds: Sequence[int], X: torch.Tensor, y: torch
     if len(nets) != len(seeds):
         raise BadInput(f"{len(nets)} nets for {len(seeds)} seeds")
     groups: dict[int, list[int]] = {}
+    merge = full_batch(X.shape[0], spec)
     for j, s in enumerate(seeds):
-        groups.setdefault(0 if full_batch(X.shape[0], spec) else int(s), []).append(j)
+        groups.setdefault(0 if merge else int(s), []).append(j)
     out: list[TrainResult | None] = [None] * len(nets)
     for g, (s, members) in enumerate(groups.items()):
         part = None if progress is None else \
@@ -339,9 +340,9 @@ def optimise(params: Sequence[torch.Tensor], per_model: PerModel | None, y: torc
     else:
         batches = head
     g = torch.Generator().manual_seed(int(seed) + BATCH_SEED_OFFSET)
-    n, B = y.shape[0], spec.batch_size
+    n, size = y.shape[0], spec.batch_size
     losses = [batches.losses()]
-    sizes = torch.tensor([min(B, n - s) for s in range(0, n, B)], dtype=losses[0].dtype, device=y.device)
+    sizes = torch.tensor([min(size, n - s) for s in range(0, n, size)], dtype=losses[0].dtype, device=y.device)
     snapshots = {0: [p.clone() for p in init]} if 0 in spec.snapshot_epochs else {}
     for epoch in range(1, spec.epochs + 1):
         if cancel is not None and cancel.is_set():
@@ -349,8 +350,8 @@ def optimise(params: Sequence[torch.Tensor], per_model: PerModel | None, y: torc
         inputs = None if epoch_inputs is None else epoch_inputs(epoch).detach()
         batches.epoch(torch.randperm(n, generator=g).to(y.device), inputs)
         per_batch = []
-        for start in range(0, n, B):
-            per_batch.append(batches.step(start, min(start + B, n)))
+        for start in range(0, n, size):
+            per_batch.append(batches.step(start, min(start + size, n)))
             opt.step()
         losses.append(sizes @ torch.stack(per_batch) / n)  # the epoch's mean: batches weighted by their rows
         if not bool(torch.isfinite(losses[-1]).all()):

@@ -238,7 +238,9 @@ def train_s(n: float, d: float, m_total: float, epochs: int, batch: int, n_out: 
 
 
 def in_span(n: float, d: float, tr: Any) -> bool:
-    """Whether ``engine.maths.loo.train_masked`` trains in the features' span (``engine.maths.span``)."""
+    """Whether plain SGD on n points of d features trains in their span (``engine.maths.span``): float32
+    SGD with n < 2d, where a step's one (B, n)·(n, m) product beats weight space's two (B, d)·(d, m).
+    The one rule ``train_masked``, ``train_many``, ``train_pair`` and the estimates follow."""
     return tr.optimizer == "sgd" and getattr(tr, "train_precision", "float32") == "float32" and n < 2 * d
 
 
