@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +37,11 @@ print(json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": time.process_time(
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+    """The CPU's model and SIMD flags, as every figure in RESULTS.md names them (``engine.bench.timing``)."""
+    from engine.bench.timing import machine_info  # loads torch here, never in the timed children
+
+    info = machine_info()
+    return f"{info['cpu_model']} ({' '.join(info['cpu_flags']) or 'no listed SIMD flags'})"
 
 
 def one(name: str, which: str, mode: str) -> dict:
@@ -64,7 +64,8 @@ def main() -> None:
     if bad:
         parser.error(f"--preset {bad[0]!r}: expected NAME:PRESET, e.g. malleability:network")
     jobs = [(r, "quick") for r in args.runs.split(",") if r] + [tuple(p.split(":", 1)) for p in args.preset]
-    print(f"{cpu_name()}, {len(os.sched_getaffinity(0))} usable cores, load {os.getloadavg()[0]:.2f} at the start")
+    cpu = cpu_name()
+    print(f"{cpu}, {len(os.sched_getaffinity(0))} usable cores, load {os.getloadavg()[0]:.2f} at the start")
     rows = []
     for r in range(args.rounds):
         for name, which in jobs:
@@ -74,7 +75,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 if args.out:
                     with args.out.open("a") as f:
-                        f.write(json.dumps({**row, "cpu": cpu_name()}) + "\n")
+                        f.write(json.dumps({**row, "cpu": cpu}) + "\n")
     print("| run | preset | keep: wall s | CPU s | estimate ÷ wall | default malloc: wall s | default ÷ keep |")
     print("|---|---|---|---|---|---|---|")
     for name, which in jobs:
