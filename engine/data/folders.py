@@ -100,8 +100,10 @@ def read_regular(path: str | os.PathLike, what: str, limit: int, missing: type =
     with os.fdopen(fd, "rb") as f:
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; the limit is {limit:,}")
-        try:
-            data = f.read(limit + 1)
+        try:  # sized by the file, not the limit: a small file costs no buffer of `limit` bytes
+            data = f.read(st.st_size + 1)
+            if len(data) > st.st_size:  # it grew since fstat: read on, up to one byte past the limit
+                data += f.read(max(limit + 1 - len(data), 0))
         except OSError as exc:
             raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc})") from None
     if len(data) > limit:

@@ -15,47 +15,50 @@ import math
 import os
 import zipfile
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 import numpy.lib.format as npy
-import torch
 
 from ..runtime.errors import BadInput, DataCorrupt
 from .folders import regular_file
 from .spec import DataSpec, Sample, draw
+
+if TYPE_CHECKING:  # checking sizes loads no torch (the disk cache does it for every entry it reads)
+    import torch
 
 MAX_NPZ_BYTES = 200 * 2**20  # the file itself, and all its arrays once unpacked
 MAX_ABS_VALUE = 1e100  # larger inputs overflow float64 Grams (x·x ~ 1e200 * d) or their kernels
 
 
 def _mb(nbytes: int) -> str:
-    return f"{nbytes / 2**20:,.0f} MB"
+    return f"{nbytes / 2**20:,.0f} MB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
 
 
-def check_npz_sizes(source: str | os.PathLike | IO[bytes], name: str) -> dict[str, tuple]:
+def check_npz_sizes(source: str | os.PathLike | IO[bytes], name: str, limit: int = MAX_NPZ_BYTES) -> dict[str, tuple]:
     """Declared (shape, dtype) of each ``.npy`` member of an .npz, read from headers only.
 
     Raises BadInput (naming the member, its size and the limit) when a member or all of them
-    would unpack to more than ``MAX_NPZ_BYTES``, and DataCorrupt when the file is not a zip of
-    plain numeric .npy arrays. Reads no array data.
+    would unpack to more than ``limit`` bytes (default ``MAX_NPZ_BYTES``; the disk cache passes
+    an entry's own size), and DataCorrupt when the file is not a zip of plain numeric .npy
+    arrays. Reads no array data.
     """
     try:
         zf = zipfile.ZipFile(source)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as e:
         raise DataCorrupt(f"{name} cannot be read as plain numeric arrays (not a zip file: {e}); "
                           "save X and y with numpy.savez") from e
-    limit = f"the limit is {_mb(MAX_NPZ_BYTES)} uncompressed"
+    allowed = f"the limit is {_mb(limit)} uncompressed"
     out = {}
     with zf:
         infos = zf.infolist()
         for info in infos:
-            if info.file_size > MAX_NPZ_BYTES:
+            if info.file_size > limit:
                 raise BadInput(f"{name}: member {info.filename} unpacks to {_mb(info.file_size)}; "
-                               f"{limit}")
-        if sum(i.file_size for i in infos) > MAX_NPZ_BYTES:
+                               f"{allowed}")
+        if sum(i.file_size for i in infos) > limit:
             raise BadInput(f"{name}: its members unpack to {_mb(sum(i.file_size for i in infos))} "
-                           f"in all; {limit}")
+                           f"in all; {allowed}")
         for info in (i for i in infos if i.filename.endswith(".npy")):
             try:
                 with zf.open(info) as f:
@@ -72,13 +75,13 @@ def check_npz_sizes(source: str | os.PathLike | IO[bytes], name: str) -> dict[st
             if any(s < 0 for s in shape):
                 raise DataCorrupt(f"{name}: member {info.filename} declares the shape {shape}")
             nbytes = math.prod(shape) * dtype.itemsize
-            if nbytes > MAX_NPZ_BYTES:
+            if nbytes > limit:
                 raise BadInput(f"{name}: member {info.filename} declares {dtype} {shape}, "
-                               f"{_mb(nbytes)} unpacked; {limit}")
+                               f"{_mb(nbytes)} unpacked; {allowed}")
             out[info.filename[:-4]] = (tuple(shape), dtype)
         total = sum(math.prod(s) * t.itemsize for s, t in out.values())
-        if total > MAX_NPZ_BYTES:
-            raise BadInput(f"{name}: its arrays declare {_mb(total)} in all; {limit}")
+        if total > limit:
+            raise BadInput(f"{name}: its arrays declare {_mb(total)} in all; {allowed}")
     return out
 
 
@@ -130,6 +133,8 @@ def load_npz(spec: DataSpec, path: Path) -> Sample:
     """Draw from a user .npz: train rows from X, test rows from X_test, or, without X_test,
     from a seeded hold-out of X disjoint from the training rows. Integer grey levels 0-255
     are scaled to [0, 1]; labels are mapped to 0..c-1 in sorted order."""
+    import torch
+
     a = _read(path)
     X, y = a["X"], a["y"]
     X_test, y_test = a.get("X_test", X[:0]), a.get("y_test", y[:0])

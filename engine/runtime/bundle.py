@@ -12,10 +12,15 @@ here as they are, under their cache keys, with ``index.json``::
 A key is the SHA-256 of the experiment, its settings, the code fingerprint and the data files'
 fingerprints (``engine.runtime.cache``), so an entry is served only to the very run that made
 it: same code, same settings, same data bytes. A bundle made by other code is refused as a
-whole (``state`` says so, in one line), never partly served. On a cache miss ``Cache`` reads the
-entry from here, checks that it decodes and is of the kind asked for, copies it into the cache
-and marks the result ``bundled``; a damaged entry or index is reported in one line and read as
-a miss, so the run computes as it would have without a bundle.
+whole (``state`` says so, in one line), never partly served. On a cache miss ``Cache`` asks
+``read`` for the entry, which checks that it is a regular file of at most ``MAX_ENTRY_BYTES``,
+that it decodes to no more than its own size (``Result.from_bytes``), that it is of the kind
+asked for, and that the key recomputed from the config and provenance stored inside it is the
+key it is filed under (an entry swapped for another run's is refused); the cache then copies
+it and marks the result ``bundled``. A damaged, foreign or oversized entry or index (a FIFO, a
+link, an index nested too deep to parse or over ``MAX_INDEX_BYTES``) is reported in one line
+and read as a miss, so the run computes as it would have without a bundle and nothing of it
+reaches the user's cache.
 """
 
 from __future__ import annotations
@@ -26,12 +31,26 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from .errors import CacheWarning
+from ..data.folders import read_regular
+from .errors import BadInput, CacheCorrupt, CacheWarning, EngineError
+
+if TYPE_CHECKING:  # the cache module imports this one
+    from .cache import Result
 
 INDEX = "index.json"
 MAX_ENTRY_BYTES = 64 * 2**20   # an entry larger than this is not one of the dashboard's defaults
+MAX_INDEX_BYTES = 4 * 2**20    # the index of every default result is a few kB; 4 MiB holds ~25,000 entries
 _KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def _bytes(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, a regular file (not a link) of at most ``limit`` bytes; one-line
+    BadInput otherwise. Opened without blocking (``read_regular``): a FIFO answers at once."""
+    if path.is_symlink():
+        raise BadInput(f"{path} is a link, not a file of the bundle")
+    return read_regular(path, "file", limit)
 
 
 def folder() -> Path | None:
@@ -72,11 +91,11 @@ def state() -> State:
         out = State(where, False, "no bundle of default results: every page computes its defaults", {})
     else:
         try:
-            head = json.loads(index.read_text())
+            head = json.loads(_bytes(index, MAX_INDEX_BYTES))  # bounded: a deep nesting is a RecursionError
             code, entries = str(head["code"]), dict(head["entries"])
             if not all(_KEY.fullmatch(k) and isinstance(v, dict) for k, v in entries.items()):
                 raise ValueError("an entry is not a cache key with its record")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, MemoryError) as exc:
             warnings.warn(f"bundle index {index} is unreadable ({type(exc).__name__}: {exc}); it is ignored",
                           CacheWarning, stacklevel=2)
             out = State(where, False, f"the bundle index {index} is unreadable: it is ignored", {})
@@ -92,22 +111,31 @@ def state() -> State:
     return out
 
 
-def read(key: str, kind: str) -> bytes | None:
-    """The blob of entry ``key`` (of experiment ``kind``) when the bundle may serve it, else None.
-    A missing, oversized or mislabelled file is reported in one line and read as a miss."""
+def read(key: str, kind: str, on_corrupt: Callable[[str], None] | None = None) -> tuple[bytes, Result] | None:
+    """Entry ``key``'s blob and the ``Result`` it decodes to, when the bundle may serve it to the
+    run of experiment ``kind`` whose key that is; else None. An entry that is not a regular file
+    of at most ``MAX_ENTRY_BYTES``, that does not decode within its own size, holds another kind,
+    or whose stored config and provenance give another key than the one it is filed under (the
+    bytes of another run's entry) is reported in one line through ``on_corrupt`` (default: a
+    ``CacheWarning``) and read as a miss."""
+    from .cache import Result, _key
+
     st = state()
     record = st.entries.get(key) if st.usable else None
     if record is None or st.where is None:
         return None
-    path = st.where / f"{key}.npz"
-    if record.get("kind") != kind:
-        warnings.warn(f"bundle entry {path.name} is a {record.get('kind')!r} result, not {kind!r}: ignored",
-                      CacheWarning, stacklevel=2)
-        return None
     try:
-        if path.is_symlink() or path.stat().st_size > MAX_ENTRY_BYTES:
-            raise OSError("a link, or larger than any default result")
-        return path.read_bytes()
-    except OSError as exc:
-        warnings.warn(f"bundle entry {path} cannot be read ({exc}): ignored", CacheWarning, stacklevel=2)
+        if record.get("kind") != kind:
+            raise CacheCorrupt(f"the index files it as a {record.get('kind')!r} result")
+        blob = _bytes(st.where / f"{key}.npz", MAX_ENTRY_BYTES)
+        result = Result.from_bytes(blob)
+        if result.kind != kind:
+            raise CacheCorrupt(f"it holds a {result.kind!r} result")
+        made = _key(kind, result.config, result.provenance)
+        if made != key:
+            raise CacheCorrupt(f"its own config and provenance give the key {made[:12]}: it is another run's result")
+    except (OSError, EngineError, KeyError, TypeError, ValueError) as exc:
+        message = f"bundle entry {key[:12]} for {kind} is ignored: {exc}"
+        (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=4)))(" ".join(message.splitlines()))
         return None
+    return blob, result

@@ -5,7 +5,8 @@ JSON-able ``meta`` dict and its ``provenance`` (code fingerprint, engine version
 fingerprints). It is stored as one ``.npz`` blob: arrays and every numeric frame column as
 their own ``.npy`` members, so float64 values come back bit for bit; text and object
 columns, meta and the description of each frame as JSON. It is read back with
-``allow_pickle=False``.
+``allow_pickle=False``, after its members' declared sizes (``check_npz_sizes``): written
+uncompressed, an entry never unpacks to more than its own bytes, so one that would is refused.
 
 The key is the SHA-256 of the sorted JSON of ``{kind, canonical config, code fingerprint,
 data fingerprints}``: editing any ``engine/**/*.py`` file or any data file a ``DataSpec``
@@ -247,7 +248,10 @@ class Result:
     def from_bytes(cls, blob: bytes) -> "Result":
         import numpy as np
 
-        try:
+        from ..data.npz import check_npz_sizes
+
+        try:  # written uncompressed (np.savez): an entry that would unpack to more than its own bytes is a bomb
+            check_npz_sizes(io.BytesIO(blob), "the entry", limit=len(blob))
             with np.load(io.BytesIO(blob), allow_pickle=False) as z:
                 head = json.loads(z["__head__"].tobytes().decode())
                 arrays = {k[2:]: z[k] for k in z.files if k.startswith("a_")}
@@ -323,18 +327,11 @@ class Cache:
             return None
 
     def _from_bundle(self, key: str, kind: str, on_corrupt: Callable[[str], None] | None) -> Result | None:
-        """The bundle's entry for ``key``, copied into the cache; None where none decodes (``bundle``)."""
-        blob = bundle.read(key, kind)
-        if blob is None:
+        """The bundle's entry for ``key``, copied into the cache; None where the bundle refuses it (``bundle.read``)."""
+        found = bundle.read(key, kind, on_corrupt)
+        if found is None:
             return None
-        try:
-            result = Result.from_bytes(blob)
-            if result.kind != kind:
-                raise CacheCorrupt(f"it holds a {result.kind!r} result")
-        except CacheCorrupt as exc:
-            message = f"bundle entry {key[:12]} for {kind} is ignored: {exc}"
-            (on_corrupt or (lambda m: warnings.warn(m, CacheWarning, stacklevel=5)))(message)
-            return None
+        blob, result = found
         with self._errors():
             self._store.set(key, blob)
         result.bundled = True
