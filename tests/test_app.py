@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import SHARED_DATA, steady_app_state
+from tests.conftest import MNIST_DIR, steady_app_state
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ("pages/overview.py", "pages/spectrum.py", "pages/ntk-sweep.py", "pages/influence.py",
          "pages/malleability.py", "pages/scaling.py", "pages/dynamics.py", "pages/alignment.py",
          "pages/reproduction.py")
-HAS_MNIST = (SHARED_DATA / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"],
          "scaling.kappas": ["2.0", "8.0"], "scaling.epochs": "10", "scaling.max_width": "1024",
          "scaling.seeds": "2", "regime.epochs": "5", "regime.seeds": "1", "regime.every": "1"}
@@ -25,7 +24,7 @@ SMALL = {"data": "synthetic", "n": "60", "n_test": "20", "widths": ["16", "64"],
 
 @pytest.fixture()
 def env(tmp_path, monkeypatch):
-    steady_app_state(monkeypatch, tmp_path / "cache", SHARED_DATA if HAS_MNIST else tmp_path / "no-data")
+    steady_app_state(monkeypatch, tmp_path / "cache", MNIST_DIR or tmp_path / "no-data")
     return tmp_path
 
 

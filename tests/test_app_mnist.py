@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SHARED_DATA, steady_app_state
-from tests.test_app import HAS_MNIST, PAGES, app, check_page, open_page, settle
+from tests.conftest import MNIST_DIR, NO_MNIST, steady_app_state
+from tests.test_app import PAGES, app, check_page, open_page, settle
 
 
 @pytest.fixture()
 def env(tmp_path, monkeypatch):
-    steady_app_state(monkeypatch, tmp_path / "cache", SHARED_DATA)
+    steady_app_state(monkeypatch, tmp_path / "cache", MNIST_DIR)
 
 
-@pytest.mark.skipif(not HAS_MNIST, reason="../shared/datasets/MNIST is absent")
+@pytest.mark.skipif(MNIST_DIR is None, reason=NO_MNIST)
 @pytest.mark.slow
 def test_every_page_runs_at_defaults_on_mnist(env):
     at = app()
