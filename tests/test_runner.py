@@ -216,6 +216,7 @@ def loop(cfg, progress=None, cancel=None, **kwargs):
             raise Cancelled("cancelled")
         progress(step / 600, "looping")
         time.sleep(0.1)
+    Path({marker!r}).write_text("done")
     return Result("loop", {{}})
 
 
@@ -224,8 +225,10 @@ obtain("loop", loop, {{"token": {token!r}}}, "Loop")
 
 
 @pytest.mark.slow
-def test_streamlit_stops_within_5_s_of_sigterm_while_a_job_runs(tmp_path):
-    """A real `streamlit run` with a job running: SIGTERM ends the process within 5 s."""
+def test_streamlit_stops_on_sigterm_without_finishing_a_running_job(tmp_path):
+    """A real `streamlit run` with a job running: SIGTERM ends the process, and the job's 600 steps
+    never reach their end (its marker never says "done"). Counted in work, not seconds;
+    pytest-timeout bounds a server that never exits."""
     websockets = pytest.importorskip("websockets.sync.client")
     from streamlit.proto.BackMsg_pb2 import BackMsg
 
@@ -256,10 +259,9 @@ def test_streamlit_stops_within_5_s_of_sigterm_while_a_job_runs(tmp_path):
                 except TimeoutError:
                     pass
             time.sleep(0.5)
-            t0 = time.monotonic()
             proc.terminate()                        # SIGTERM, with the tab still connected
-            proc.wait(timeout=5)
-            assert time.monotonic() - t0 < 5
+            proc.wait()
+        assert marker.read_text() == "running"      # the run did not go on to its end
     finally:
         if proc.poll() is None:
             proc.kill()
