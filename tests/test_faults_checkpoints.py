@@ -274,3 +274,22 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line_and_leaves_no_par
     assert not list((tmpfs / "cache").rglob("*.val")), "a partial value file was left"
     (tmpfs / "filler").unlink()
     assert kept.get("small") == {"x": 1}                 # what was finished is still there
+
+
+def test_checkpoints_of_older_code_are_deleted_when_the_code_moves_on(kept, monkeypatch):
+    """Rows are tagged with the code that wrote them; a cache opened by other code deletes them
+    (its runs' keys hold its own fingerprint: they would never be read), and rows from before
+    the tags (older code) go too. The same code reopening its cache keeps them."""
+    import engine.runtime.cache as C
+
+    rows = lambda c: sorted(str(k) for k in c._store.iterkeys() if str(k).startswith(CHECKPOINT_PREFIX))  # noqa: E731
+    folder, before = kept.directory, rows(kept)
+    assert len(before) == 2  # the run's unit and its list of units
+    kept.close()
+    again = Cache(folder)
+    assert rows(again) == before  # same code: kept, and resumed from
+    again._store.set(f"{CHECKPOINT_PREFIX}{'e' * 64}", b'["old"]')  # untagged: written before rows carried a tag
+    again.close()
+    assert rows(Cache(folder)) == before
+    monkeypatch.setattr(C, "code_fingerprint", lambda: "f" * 64)  # an edit under engine/
+    assert rows(Cache(folder)) == []

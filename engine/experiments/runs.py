@@ -73,8 +73,9 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
     both apply to the fresh value (a failure is a one-line ``BadInput``; nothing is cached) and to a read-back one
     (a failure drops the checkpoint with one warning line and recomputes the unit). A stored
     unit also carries its name, the run's key, the code fingerprint and its values' SHA-256,
-    checked on read, so another unit's or config's values, or edited ones, are never taken. A unit must not depend on
-    the units before it (its own seed, its own nets)."""
+    checked on read, so another unit's or config's values, or damaged ones, are never taken (the hash
+    guards against damage, not against whoever can write the private cache folder: ``engine.runtime.store``).
+    A unit must not depend on the units before it (its own seed, its own nets)."""
     name, kept = unit_name(unit), checkpoints()
     stored = kept.get(name) if kept is not None else None
     if stored is not None:

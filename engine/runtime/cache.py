@@ -283,6 +283,8 @@ class Cache:
             self._store = diskcache.Cache(str(self.directory), size_limit=SIZE_LIMIT, disk=RawDisk)
         except (sqlite3.Error, OSError, ValueError, TypeError) as exc:
             raise CacheError(f"cache database {db} cannot be opened: {exc}") from None
+        with self._errors():  # no run of this code reads another code's checkpoints: they only take room
+            Checkpoints.drop_older(self._store, code_fingerprint())
 
     def get(self, kind: str, config: Config, on_corrupt: Callable[[str], None] | None = None,
             data_dir: str | os.PathLike | None = None) -> Result | None:

@@ -5,6 +5,17 @@
 ``set_aside`` moves it away so that a fresh one starts and nothing else is lost.
 ``RawDisk`` reads rows only as bytes: a row that would need unpickling is refused.
 ``Checkpoints`` keeps a run's finished units as JSON rows; a damaged one is dropped, never read.
+
+What a checkpoint's hash protects: each stored unit carries the SHA-256 of its values
+(``engine.experiments.runs.resumable``), checked on read. It catches damage (a torn or
+truncated write, a flipped byte, a hand edit that forgets the hash), not an attacker: whoever
+can write the private cache folder can store any unit with its hash recomputed, and it will be
+served. The folder's privacy (``open_folder`` refuses one that others may write) is what keeps
+others out; the hash is not a signature.
+
+Each checkpoint row is tagged with the code fingerprint that wrote it; opening a cache deletes
+the rows of any other code (``Checkpoints.drop_older``), which no run of this code would read
+(their runs' keys hold the other fingerprint), so they never pile up.
 """
 
 from __future__ import annotations
@@ -142,11 +153,24 @@ class Checkpoints:
             self.cache._store.delete(self._unit_key(unit))  # SQL delete; RawDisk.remove unlinks only own files
 
     def put(self, unit: str, value: Any) -> None:
-        units = self._units()
+        from .cache import code_fingerprint
+
+        units, code = self._units(), code_fingerprint()  # the tag says which code wrote the row
         with self.cache._errors():
-            self.cache._store.set(self._unit_key(unit), json.dumps(value).encode())
+            self.cache._store.set(self._unit_key(unit), json.dumps(value).encode(), tag=code)
             if unit not in units:
-                self.cache._store.set(f"{CHECKPOINT_PREFIX}{self.key}", json.dumps(units + [unit]).encode())
+                self.cache._store.set(f"{CHECKPOINT_PREFIX}{self.key}", json.dumps(units + [unit]).encode(), tag=code)
+
+    @staticmethod
+    def drop_older(store: diskcache.Cache, code: str) -> int:
+        """Delete the checkpoint rows of ``store`` not tagged with ``code`` (written by other code,
+        or by code from before rows were tagged); returns how many. A checkpoint of another code
+        fingerprint is never read (its run's key holds that fingerprint): it would only take room."""
+        rows = store._sql("SELECT key FROM Cache WHERE raw = 1 AND substr(key, 1, ?) = ? AND (tag IS NULL OR tag != ?)",
+                          (len(CHECKPOINT_PREFIX), CHECKPOINT_PREFIX, code)).fetchall()
+        for (key,) in rows:
+            store.delete(key)  # diskcache's delete: the row, and its value file if it has one
+        return len(rows)
 
     def clear(self) -> None:
         with self.cache._errors():
