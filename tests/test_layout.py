@@ -87,6 +87,50 @@ def test_each_layer_imports_only_the_layers_below_it():
     assert not wrong, wrong
 
 
+def _all_targets(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The engine files ``path`` imports anywhere in it (inside functions too), as dotted names."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+            found = [target, *(f"{target}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        else:
+            continue
+        out.update(t for t in found if t in modules and t != module)
+    return out
+
+
+# Cycles still to be broken, each a set of files that import each other (by whom: issue 44).
+KNOWN_CYCLES = [{"engine.runtime.bundle", "engine.runtime.cache", "engine.runtime.store"},
+                {"engine.maths.span", "engine.maths.training"}]
+
+
+def test_no_two_engine_files_import_each_other():
+    """A file-level import cycle (even through an import inside a function) hides a function in the
+    wrong module: ``readings`` read through ``influence``'s nets and kernels while ``influence``
+    called ``readings``, until those moved to ``readings``. Packages' ``__init__`` are left out
+    (their names load lazily)."""
+    files = {m: ROOT / Path(*m.split(".")).with_suffix(".py") for m in _modules()
+             if (ROOT / Path(*m.split(".")).with_suffix(".py")).is_file()}
+    graph = {m: _all_targets(p, m, set(files)) for m, p in files.items()}
+    reach = {}
+    for start in graph:  # every file each one reaches
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+        reach[start] = seen
+    cycles = {frozenset(m for m in reach if m == start or (m in reach[start] and start in reach[m]))
+              for start in reach if start in reach[start]}
+    assert sorted(map(sorted, cycles)) == sorted(map(sorted, KNOWN_CYCLES))
+
+
 def test_no_engine_module_is_longer_than_one_sitting():
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / "engine").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}

@@ -33,8 +33,9 @@ from ..maths.attacks import attack
 from ..maths.influence import aggregate, top_indices
 from ..maths.metrics import excess_interval, flip_rate, sign_flipped
 from ..maths.training import predict_labels
-from .influence import attack_dtype, fresh_net, in_space, influence_of
+from .influence import attack_dtype, in_space
 from .malleability import attack_spec, random_perturbation, seed_partners
+from .readings import fresh_net, influence_of
 from .recipes import Reading, net_recipe
 from .runs import Prepared, check_finite
 

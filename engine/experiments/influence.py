@@ -7,7 +7,8 @@ the default; ``margin``: own class minus the best other class; ``sum``: the labe
 over outputs), and each training point's aggregate influence (mean over test points).
 Beside it stand the net's accuracies and the kernel-ridge accuracy its own K_m reaches: an
 influence of a net that did not train describes an untrained predictor. The helpers that
-train, measure kernels and score a net here are the malleability experiment's too.
+train and score a net here are the malleability experiment's too; the net a recipe starts from, its
+kernels and its ridge influence are ``readings``' (the readings read through them).
 """
 
 from __future__ import annotations
@@ -21,24 +22,18 @@ import torch
 
 from ..maths.attacks import attack
 from ..maths.gates import passes_gate
-from ..maths.influence import aggregate, influence_matrix
+from ..maths.influence import aggregate
 from ..maths.kinf import infinite_ntk
 from ..maths.metrics import rank_correlation
 from ..maths.models import Net, normalize_rows
-from ..maths.ntk import empirical_ntk
 from ..maths.ridge import kernel_regression
 from ..maths.specs import AttackSpec
-from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, sgd_lr_limit, train
+from ..maths.training import accuracy, predict_labels, resolve_loss, sgd_lr_limit, train
 from ..runtime.cache import Result
 from .configs.influence import InfluenceConfig
+from .readings import Trained, fresh_net, influence_of, kernels_of, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
-
-
-def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev) -> Net:
-    """The recipe's net at initialisation (float32), attending over ``X_ref`` (n, d)."""
-    return Net(recipe.arch, X_ref, recipe.width, n_outputs(c), recipe.seed, recipe.init_std, recipe.attention,
-               recipe.normalize, init=recipe.init).to(dev)
 
 
 def fit_net(recipe: NetRecipe, X, y, c, dev, box=None, adversarial: AttackSpec | None = None,
@@ -73,23 +68,6 @@ def at_precision(r: Reading, net: Net) -> Net:
 def kernel_precision(r: Reading) -> str:
     """The precision the influence's kernel entries carry: the features' and the storage's lower one."""
     return "float32" if "float32" in (r.precision, r.storage) else "float64"
-
-
-def kernels_of(r: Reading, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """K (n, n) and K_test (n_test, n) of ``kind`` (default ``r.kernel``): the net's eNTK K_m, or
-    K∞ of the net's features (with MLP-Attn's attention over ``X_ref``)."""
-    if (kind or r.kernel) == "entk":
-        return (empirical_ntk(net, X, X_ref=X_ref, storage=r.storage),
-                empirical_ntk(net, Xt, X, X_ref=X_ref, storage=r.storage))
-    with torch.no_grad():
-        phi, phi_t = net.features(X, X_ref), net.features(Xt, X_ref)
-    return infinite_ntk(phi, storage=r.storage), infinite_ntk(phi_t, phi, storage=r.storage)
-
-
-def influence_of(r: Reading, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
-    """The ridge reading's influence (n_test, n) on ``r.target`` under ``r.kernel``."""
-    K, Kt = kernels if kernels is not None else kernels_of(r, net, X, Xt, X_ref)
-    return influence_matrix(K, Kt, Y, r.ridge, target=r.target, y_test=yt)
 
 
 def _ridge_accuracy(K, Kt, Y, yt, ridge: float) -> float:
@@ -201,8 +179,6 @@ def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, pr
     others = [name for name in cfg.readings if name != "ridge"]
     readings = {}
     if others:
-        from .readings import Trained, read  # that module reads through this one's kernels and nets
-
         tick(progress, cancel, lo + 0.85 * (hi - lo), f"reading {arch} seed {seed} by {', '.join(others)}")
         points = torch.sort(torch.argsort(agg.abs(), descending=True)[:cfg.read_points]).values
         trained = Trained(recipe, net32, net, fresh_net(recipe, p.X, p.c, p.device).mlp.W.detach())

@@ -14,6 +14,9 @@ reading's target, sign as ``engine.maths.influence`` (f(x_t) − f₋ᵢ(x_t)), 
   given point, in float32 as the net was trained, all as one batched masked model
   (``engine.maths.loo.train_masked``); f is the full run trained beside them.
 
+``fresh_net`` is the net a recipe starts from, ``kernels_of`` its kernels and ``influence_of`` the
+ridge reading (the influence and malleability experiments read through them too).
+
 Kernels (``ridge``, ``flow``) are those of the net trained on the clean set, evaluated at ``Xs``
 (``engine.experiments.malleability``'s ``retrain=False``), or of ``net`` when the caller passes a
 net retrained on ``Xs``. The retraining reading always retrains: it is the network's own answer.
@@ -25,14 +28,38 @@ from dataclasses import dataclass
 
 import torch
 
-from ..maths.influence import aggregate
+from ..maths.influence import aggregate, influence_matrix
+from ..maths.kinf import infinite_ntk
 from ..maths.loo import KernelLOO, best_other, flow_loo, head_outputs, train_masked
 from ..maths.models import Net
-from ..maths.training import predict_labels
+from ..maths.ntk import empirical_ntk
+from ..maths.training import n_outputs, predict_labels
 from ..runtime.errors import BadInput
-from .influence import fresh_net, influence_of, kernels_of
 from .recipes import NetRecipe, Reading
 from .runs import Prepared, check_finite
+
+
+def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev) -> Net:
+    """The recipe's net at initialisation (float32), attending over ``X_ref`` (n, d)."""
+    return Net(recipe.arch, X_ref, recipe.width, n_outputs(c), recipe.seed, recipe.init_std, recipe.attention,
+               recipe.normalize, init=recipe.init).to(dev)
+
+
+def kernels_of(r: Reading, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (n, n) and K_test (n_test, n) of ``kind`` (default ``r.kernel``): the net's eNTK K_m, or
+    K∞ of the net's features (with MLP-Attn's attention over ``X_ref``)."""
+    if (kind or r.kernel) == "entk":
+        return (empirical_ntk(net, X, X_ref=X_ref, storage=r.storage),
+                empirical_ntk(net, Xt, X, X_ref=X_ref, storage=r.storage))
+    with torch.no_grad():
+        phi, phi_t = net.features(X, X_ref), net.features(Xt, X_ref)
+    return infinite_ntk(phi, storage=r.storage), infinite_ntk(phi_t, phi, storage=r.storage)
+
+
+def influence_of(r: Reading, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
+    """The ridge reading's influence (n_test, n) on ``r.target`` under ``r.kernel``."""
+    K, Kt = kernels if kernels is not None else kernels_of(r, net, X, Xt, X_ref)
+    return influence_matrix(K, Kt, Y, r.ridge, target=r.target, y_test=yt)
 
 
 @dataclass
