@@ -25,6 +25,7 @@ from .experiments.registry import EXPERIMENTS, NESTED, Experiment, get
 from .reporting import report
 from .runtime import budget as B
 from .runtime.errors import EngineError
+from .runtime.memory import keep_freed_blocks
 from .runtime.settings import add_arguments, from_args
 
 
@@ -189,11 +190,15 @@ def run_command(name: str, a, progress) -> dict:
         return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)
     out = dict(res.meta.get("summary", {})) if name == "spectrum" else {}
+    shown = set()
     for i, frame in enumerate(exp.tables):
         df = res.frames.get(frame)
         if df is None or (df.empty and i > 0):
             continue
         out["rows" if i == 0 and name != "spectrum" else frame] = _records(df)
+        shown.add(frame)
+    if a.json:  # every frame the pages draw, not only the printed tables
+        out.update({frame: _records(df) for frame, df in res.frames.items() if frame not in shown and frame not in out})
     if name != "spectrum":
         out["meta"] = res.meta
     out["config"] = res.config
@@ -207,7 +212,7 @@ def _print_human(out: dict) -> None:
         import pandas as pd
 
         print(pd.DataFrame(out["rows"]).to_string(index=False))
-        for extra in ("summary", "interventions", "interventions_summary", "fit"):
+        for extra in ("summary", "verdict", "interventions", "interventions_summary", "fit"):
             if out.get(extra):
                 print(f"\n{extra}:")
                 print(pd.DataFrame(out[extra]).to_string(index=False))
@@ -231,6 +236,7 @@ def _preset_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_blocks()  # an entry point, so the process's allocator is ours to tune (engine.runtime.memory)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_preset_of(argv))
     a = parser.parse_args(argv)

@@ -174,6 +174,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "browser: tests that drive a real Chromium")
     config.addinivalue_line("markers", "cuda: tests that need a CUDA GPU")
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    from engine.runtime.memory import keep_freed_blocks
+
+    keep_freed_blocks()  # the suite runs experiments as the CLI does, with its allocator (not set by `import engine`)
     # no shipped results served to the suite (the CLI, grid and server subprocesses included): a test
     # computes what it checks; tests/test_bundle.py points ENGINE_BUNDLE_DIR at a bundle of its own
     os.environ["ENGINE_BUNDLE_DIR"] = ""

@@ -153,29 +153,34 @@ def test_ntk_trends():
     assert paper.verdict_relu_converges(one, "mnist").status == "not measured"
 
 
-def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, nulls=(0.0, 0.0)):
+def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, nulls=(0.0, 0.0), draws=1,
+            role="primary", p_holm=math.nan):
     """A malleability summary row per arch: (excess, low, high) of relu and attn, the share of
-    seeds through the gate and the seed nulls (NaN: one seed)."""
+    nets through the gate and the seed nulls (NaN: one seed), the cell's role and Holm-adjusted p."""
     return pd.DataFrame([{"arch": a, "attack": attack, "eps": eps, "flip_excess_mean": e, "flip_excess_low": lo,
                           "flip_excess_high": hi, "flip_rate_mean": e + 0.05, "flip_rate_sd": 0.01,
                           "null_seed_flip_rate_mean": ns, "null_random_flip_rate_mean": 0.05,
                           "trained_mean": tr, "test_acc_mean": 0.8, "test_acc_kernel_mean": 0.82, "n_seeds": seeds,
+                          "n_draws": draws, "gap_draws": draws, "role": role, "gap_p_holm": p_holm,
                           **gap_columns(relu, attn)}
                          for a, (e, lo, hi), tr, ns in (("relu", relu, trained[0], nulls[0]),
                                                         ("attn", attn, trained[1], nulls[1]))])
 
 
 @pytest.mark.parametrize("relu,attn,kw,want,why", [
-    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {}, "holds", "gap 21 [4, 38] points, no ratio"),
-    ((-0.02, -0.05, 0.0), (0.10, 0.02, 0.18), {}, "holds", "gap 12 [2, 23] points"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {}, "holds", "gap +21 [+4, +38] points, one draw"),
+    ((-0.02, -0.05, 0.0), (0.10, 0.02, 0.18), {"draws": 8}, "holds", "gap +12 [+2, +23] points, 8 draws"),
     ((0.04, 0.02, 0.08), (0.25, 0.12, 0.38), {}, "holds", "6.2× [1.5, 19]"),            # a ratio over a non-zero excess
-    ((0.04, 0.0, 0.08), (0.25, 0.0, 0.38), {}, "fails", "not above zero"),           # interval reaches 0
-    ((0.04, 0.0, 0.08), (0.25, -0.1, 0.38), {}, "fails", "not above zero"),
+    ((0.04, 0.0, 0.08), (0.25, 0.0, 0.38), {}, "fails", "MLP-Attn's excess interval reaches 0 %"),
+    ((0.04, 0.0, 0.08), (0.25, -0.1, 0.38), {}, "fails", "reaches -10 %"),
     ((0.15, 0.1, 0.2), (0.25, 0.12, 0.38), {}, "fails", "the gap's interval reaches zero"),  # above zero, gap not
-    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (1.0, 2 / 3)}, "did not train", "MLP-Attn: 1 of 3"),
-    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (0.0, 1.0)}, "did not train", "2L-ReLU: 3 of 3"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (1.0, 2 / 3)}, "did not train", "MLP-Attn: 67 % of nets"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (0.0, 1.0)}, "did not train", "2L-ReLU: 0 % of nets"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"trained": (0.9, 0.85)}, "holds", "gap +21"),  # a few left out
     ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"seeds": 1, "nulls": (math.nan, math.nan)}, "uninformative",
-     "one network seed"),
+     "one network seed and one draw"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"role": "secondary", "p_holm": 0.2}, "fails", "Holm"),
+    ((0.04, 0.0, 0.08), (0.25, 0.12, 0.38), {"role": "secondary", "p_holm": 0.01}, "holds", "gap +21"),
 ])
 def test_flip_rule_on_hand_made_summaries(relu, attn, kw, want, why):
     v = FR.flip_rule(_excess(relu, attn, **kw))

@@ -169,7 +169,8 @@ def test_readings_refuse_what_they_cannot_read(kwargs, match):
 
 def _rows(arch, reading, flip, n=3, draw=0):
     return [{"data_seed": draw, "arch": arch, "width": 64, "seed": s, "attack": "pgd", "eps": 0.3, "reading": reading,
-             "flip_excess": flip, "trained": True, "objective_match": reading != "ridge"} for s in range(n)]
+             "flip_excess": flip, "null_seed_flip_rate": 0.0, "null_random_flip_rate": 0.0, "trained": True,
+             "objective_match": reading != "ridge"} for s in range(n)]
 
 
 def test_verdict_states_the_gap_with_its_interval_and_a_ratio_only_over_a_nonzero_excess():
@@ -180,14 +181,16 @@ def test_verdict_states_the_gap_with_its_interval_and_a_ratio_only_over_a_nonzer
     rows = pd.DataFrame(_rows("attn", "retrain", 1.0) + _rows("relu", "retrain", 0.25)
                         + _rows("attn", "ridge", 1.0) + _rows("relu", "ridge", 0.0))
     flips = [(hi, none, none)] * 3 + [(lo, none, none)] * 3 + [(hi, none, none)] * 3 + [(none, none, none)] * 3
-    v = F.verdict(rows, flips, nulls=True).set_index("reading")
+    v = F.verdict(rows, flips, nulls=True)[0].set_index("reading")
     assert v.loc["retrain", "gap"] == pytest.approx(0.75) and v.loc["retrain", "gap_low"] > 0.5
     assert v.loc["retrain", "ratio"] == pytest.approx(4.0) and v.loc["retrain", "ratio_low"] > 2
+    assert v.loc["retrain", "role"] == "primary" and v.loc["ridge", "role"] == "secondary"
     assert bool(v.loc["retrain", "holds"]) and bool(v.loc["ridge", "holds"])
     assert math.isnan(v.loc["ridge", "ratio"])  # 2L-ReLU's excess interval is [0, 0]: no ratio
     assert not bool(v.loc["ridge", "objective_match"])
     rows.loc[rows.arch == "relu", "trained"] = False
-    assert not F.verdict(rows, flips, nulls=True)["holds"].any()  # a net that did not train: no verdict
+    gated = F.verdict(rows, flips, nulls=True)[0]
+    assert not gated["holds"].any() and set(gated["outcome"]) == {"did not train"}  # no net trained: no verdict
 
 
 def test_flow_reading_is_what_retraining_a_linear_model_gives():

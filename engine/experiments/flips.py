@@ -1,6 +1,7 @@
 """The malleability experiment's rows, declared once: one typed row per (data draw, arch, width,
 seed, attack, ε, reading), the per-point flips behind its excess, and the frames made of them
-(``rows``, ``summary``, ``verdict``), built in this one place.
+(``rows``, ``summary``, ``verdict``, ``draws``), built in this one place; the verdict's rule is
+``engine.experiments.verdict``'s.
 
 Each row is a ``FlipRow``; its fields are the frame's columns in order, so a page or a report
 reads a column that a dataclass declares (``FlipRow.flip_excess``'s docstring is its field
@@ -16,7 +17,9 @@ from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
-from ..maths.metrics import excess_interval, gap_interval, summarize
+from ..maths.gates import GATE_SHARE
+from ..maths.metrics import draw_means, excess_interval, gap_interval, holm, summarize
+from .verdict import GAPS, flip_rule, roles, sensitivity_words
 
 GROUP = ["arch", "width", "attack", "eps", "reading"]  # one summary row per group, over (draw, seed)
 VERDICT = ("width", "attack", "eps", "reading")         # one verdict row per group, both architectures
@@ -93,19 +96,25 @@ METRICS = ("flip_rate", "pair_flip_rate", "spearman", "null_seed_flip_rate", "nu
            "weight_movement", "objective_match")
 
 
-GAPS = ("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high")
+DRAW_COLUMNS = (*VERDICT, "data_seed", "excess_attn", "excess_relu", "gap", "nets_attn", "nets_relu")
+VERDICT_COLUMNS = (*VERDICT, "role", "outcome", "why", "excess_attn", "excess_attn_low", "excess_attn_high",
+                   "excess_relu", "excess_relu_low", "excess_relu_high", "gap", "gap_low", "gap_high", "gap_p",
+                   "gap_p_holm", "gap_draws", "ratio", "ratio_low", "ratio_high", "trained_attn", "trained_relu",
+                   "n_nets", "n_draws", "left_out", "gap_all", "gap_all_low", "gap_all_high", "objective_match",
+                   "holds", "sensitivity")
 
 
 def with_gaps(summary: pd.DataFrame, verdict: pd.DataFrame) -> pd.DataFrame:
-    """The summary with the gap between the architectures' excesses (``verdict``'s ``GAPS``) on
-    both architectures' rows of each (width, attack, ε, reading); NaN where there is none."""
+    """The summary with the verdict frame's gap columns (``engine.experiments.verdict.GAPS``) on both
+    architectures' rows of each (width, attack, ε, reading); NaN (empty text) where there is none."""
     out = summary.copy()
     if not len(out):
         return out
     by = verdict.set_index(list(VERDICT)) if len(verdict) else None
     for c in GAPS:
-        out[c] = [float(by.at[k, c]) if by is not None and k in by.index else math.nan
-                  for k in zip(*(out[v] for v in VERDICT), strict=True)]
+        text = c in ("role", "left_out")
+        out[c] = [(by.at[k, c] if text else float(by.at[k, c])) if by is not None and k in by.index
+                  else ("" if text else math.nan) for k in zip(*(out[v] for v in VERDICT), strict=True)]
     return out
 
 
@@ -114,54 +123,109 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([asdict(FlipRow(**r)) for r in rows], columns=list(COLUMNS))
 
 
+def kept(rows: pd.DataFrame, by: list[str] | tuple[str, ...] = GROUP) -> pd.Series:
+    """Which rows a cell's pooled estimate uses: the nets through the training gate, unless fewer than
+    ``GATE_SHARE`` of the group's nets pass (then the cell "did not train" and every net is shown)."""
+    trained = rows["trained"].astype(bool)
+    share = trained.groupby([rows[c] for c in by], sort=False).transform("mean")
+    return trained | (share < GATE_SHARE)
+
+
+def _net_names(rows: pd.DataFrame) -> str:
+    return ", ".join(f"{'MLP-Attn' if a == 'attn' else '2L-ReLU'} draw {d} seed {s}"
+                     for a, d, s in zip(rows["arch"], rows["data_seed"], rows["seed"], strict=True))
+
+
 def summary(rows: pd.DataFrame, flips: list, nulls: bool) -> pd.DataFrame:
-    """Mean and sd over (draw, seed) per ``GROUP``, with the pooled excess's interval: the nets'
-    tracked points resampled within each net, the nets within each draw, and the draws (``flips``:
-    one (attack, seed null, random null) per row of ``rows``, in order)."""
-    out = summarize(rows, GROUP, METRICS)
-    if not len(out):
-        return out
-    keys = [(d, *g) for d, g in zip(rows["data_seed"], zip(*(rows[c] for c in GROUP), strict=True), strict=True)]
-    bounds = {}
-    for key in dict.fromkeys(k[1:] for k in keys):
-        units = [(f, k[0]) for f, k in zip(flips, keys, strict=True) if k[1:] == key]
-        bounds[key] = (excess_interval([u for u, _ in units], draws=[d for _, d in units]) if nulls
-                       else (math.nan,) * 3)
+    """Mean and sd over the (draw, seed) nets of each ``GROUP`` through the training gate (``kept``), with
+    the pooled excess's interval (``engine.maths.metrics.excess_interval``: draws the unit; ``flips``: one
+    (attack, seed null, random null) per row of ``rows``, in order); ``trained_mean`` is the share of
+    *all* the group's nets through the gate, ``n_nets`` all of them, ``n_left_out`` those below it."""
+    if rows.empty:
+        return summarize(rows, GROUP, METRICS)
+    keep = kept(rows)
+    out = summarize(rows[keep], GROUP, METRICS)
     groups = list(zip(*(out[c] for c in GROUP), strict=True))
+    everyone = rows.groupby(GROUP, sort=False)
+    out["trained_mean"] = [float(everyone.get_group(g)["trained"].astype(bool).mean()) for g in groups]
+    out["n_nets"] = [int(len(everyone.get_group(g))) for g in groups]
+    out["n_left_out"] = [int((~keep[everyone.get_group(g).index]).sum()) for g in groups]
+    bounds = {}
+    for g in groups:
+        idx = [i for i in everyone.get_group(g).index if keep[i]]
+        bounds[g] = (excess_interval([flips[i] for i in idx], draws=list(rows.loc[idx, "data_seed"])) if nulls
+                     else (math.nan,) * 3)
+    out["flip_excess_mean"] = [bounds[g][0] for g in groups]
     out["flip_excess_low"] = [bounds[g][1] for g in groups]
     out["flip_excess_high"] = [bounds[g][2] for g in groups]
-    draws = rows.groupby(GROUP, sort=False)["data_seed"].nunique()
-    out["n_draws"] = [int(draws[g]) for g in groups]
+    out["n_draws"] = [int(everyone.get_group(g)["data_seed"].nunique()) for g in groups]
     return out
 
 
+def _cell(rows: pd.DataFrame, flips: list, mask: pd.Series) -> dict:
+    """The gap of one verdict cell over the rows where ``mask`` holds, and each side's excess."""
+    side = {a: rows[(rows["arch"] == a) & mask] for a in ("attn", "relu")}
+    units = {a: [flips[i] for i in s.index] for a, s in side.items()}
+    draws = {a: list(s["data_seed"]) for a, s in side.items()}
+    out = {"gap": gap_interval(units["attn"], units["relu"], draws["attn"], draws["relu"])}
+    for a in ("attn", "relu"):
+        out[a] = excess_interval(units[a], draws=draws[a])
+        out[f"means_{a}"] = draw_means(units[a], draws[a]) if units[a] else {}
+        out[f"nets_{a}"] = side[a].groupby("data_seed").size().to_dict()
+    return out
 
-def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> pd.DataFrame:
-    """One row per (width, attack, ε, reading) with both architectures: each one's excess, the gap
-    (MLP-Attn's excess minus 2L-ReLU's) with its interval pooled over draws, seeds and points, and
-    the ratio with its interval only where 2L-ReLU's excess interval excludes zero
-    (``engine.maths.metrics.gap_interval``); ``holds``: the gap's interval lies above zero and both
-    nets passed the training gate on every seed."""
-    cols = [*VERDICT, "excess_attn", "excess_relu", "gap", "gap_low", "gap_high", "ratio", "ratio_low",
-            "ratio_high", "trained_attn", "trained_relu", "n_nets", "n_draws", "objective_match", "holds"]
+
+def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The ``verdict`` frame — one row per (width, attack, ε, reading) with both architectures — and the
+    ``draws`` frame (one row per cell and data draw: each side's mean excess over its nets in that draw
+    and their gap, the values the interval summarises).
+
+    Each verdict row: each side's pooled excess and interval, the gap (MLP-Attn's excess minus 2L-ReLU's,
+    paired within draws) with its interval, p-value and Holm-adjusted p (over the secondary cells), the
+    ratio with Fieller's interval only where 2L-ReLU's excess interval excludes zero
+    (``engine.maths.metrics``), over the nets through the training gate (``kept``), with ``left_out``
+    naming the others and ``gap_all*`` the gap with them; ``role`` (``engine.experiments.verdict.roles``);
+    ``outcome`` and ``why`` from ``flip_rule`` on the cell's summary, and ``holds`` = outcome "holds"."""
     if not nulls or rows.empty or not {"attn", "relu"} <= set(rows["arch"]):
-        return pd.DataFrame(columns=cols)
-    out = []
+        return pd.DataFrame(columns=list(VERDICT_COLUMNS)), pd.DataFrame(columns=list(DRAW_COLUMNS))
+    keep = kept(rows)
+    out, per_draw = [], []
     for key, g in rows.groupby(list(VERDICT), sort=False):
-        side = {a: g[g["arch"] == a] for a in ("attn", "relu")}
-        if any(s.empty for s in side.values()):
+        if not {"attn", "relu"} <= set(g["arch"]):
             continue
-        units = {a: [flips[i] for i in s.index] for a, s in side.items()}
-        draws = {a: list(s["data_seed"]) for a, s in side.items()}
-        gap = gap_interval(units["attn"], units["relu"], draws["attn"], draws["relu"])
-        trained = {a: bool(s["trained"].astype(bool).all()) for a, s in side.items()}
-        out.append({**dict(zip(VERDICT, key, strict=True)),
-                    "excess_attn": float(side["attn"]["flip_excess"].mean()),
-                    "excess_relu": float(side["relu"]["flip_excess"].mean()),
-                    "gap": gap.difference, "gap_low": gap.low, "gap_high": gap.high, "ratio": gap.ratio,
-                    "ratio_low": gap.ratio_low, "ratio_high": gap.ratio_high, "trained_attn": trained["attn"],
-                    "trained_relu": trained["relu"], "n_nets": int(len(g)), "n_draws": int(g["data_seed"].nunique()),
-                    "objective_match": bool(g["objective_match"].astype(bool).all()),
-                    "holds": bool(gap.low > 0 and all(trained.values()))})
-    return pd.DataFrame(out, columns=cols)
-
+        mask = keep[g.index]
+        c = _cell(g, flips, mask)
+        gap, left = c["gap"], g[~mask]
+        every = _cell(g, flips, mask | True)["gap"] if len(left) else gap
+        cell = dict(zip(VERDICT, key, strict=True))
+        out.append({**cell, "excess_attn": c["attn"].value, "excess_attn_low": c["attn"].low,
+                    "excess_attn_high": c["attn"].high, "excess_relu": c["relu"].value,
+                    "excess_relu_low": c["relu"].low, "excess_relu_high": c["relu"].high,
+                    "gap": gap.difference, "gap_low": gap.low, "gap_high": gap.high, "gap_p": gap.p,
+                    "gap_draws": gap.n_draws, "ratio": gap.ratio, "ratio_low": gap.ratio_low,
+                    "ratio_high": gap.ratio_high,
+                    "trained_attn": float(g[g["arch"] == "attn"]["trained"].astype(bool).mean()),
+                    "trained_relu": float(g[g["arch"] == "relu"]["trained"].astype(bool).mean()),
+                    "n_nets": int(len(g)), "n_draws": int(g["data_seed"].nunique()), "left_out": _net_names(left),
+                    "gap_all": every.difference, "gap_all_low": every.low, "gap_all_high": every.high,
+                    "objective_match": bool(g["objective_match"].astype(bool).all())})
+        for d in c["means_attn"]:
+            if d in c["means_relu"]:
+                per_draw.append({**cell, "data_seed": d, "excess_attn": c["means_attn"][d],
+                                 "excess_relu": c["means_relu"][d], "gap": c["means_attn"][d] - c["means_relu"][d],
+                                 "nets_attn": int(c["nets_attn"].get(d, 0)), "nets_relu": int(c["nets_relu"].get(d, 0))})
+    table = pd.DataFrame(out)
+    if table.empty:
+        return pd.DataFrame(columns=list(VERDICT_COLUMNS)), pd.DataFrame(columns=list(DRAW_COLUMNS))
+    table["role"] = roles(table)
+    secondary = table["role"] != "primary"
+    table["gap_p_holm"] = table["gap_p"]
+    table.loc[secondary, "gap_p_holm"] = holm(table.loc[secondary, "gap_p"])
+    summ = with_gaps(summary(rows, flips, nulls), table)
+    rules = [flip_rule(summ[(summ["width"] == r["width"]) & (summ["reading"] == r["reading"])], r["attack"], r["eps"])
+             for _, r in table.iterrows()]
+    table["outcome"] = [v["outcome"] for v in rules]
+    table["why"] = [v["why"] for v in rules]
+    table["holds"] = table["outcome"] == "holds"
+    table["sensitivity"] = [sensitivity_words(v) for v in rules]
+    return table[list(VERDICT_COLUMNS)], pd.DataFrame(per_draw, columns=list(DRAW_COLUMNS))

@@ -129,11 +129,12 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     Then the clean net's accuracies, its K∞ and K_m ridge baselines and the training gate, its
     weight movement, test_acc_after (the predictor the reading describes, after the attack), the
     perturbation's size, what the reading is exact for and whether this training is that, and
-    the options that produced them. Frame ``summary``: mean and sd over (draw, seed) per (arch,
-    width, attack, ε, reading) with the pooled excess interval (draws, nets, points resampled).
-    Frame ``verdict``: per (width, attack, ε, reading) the gap between MLP-Attn's and 2L-ReLU's
-    excess with its interval, and their ratio only where 2L-ReLU's excess interval excludes zero
-    (``engine.experiments.flips.verdict``). Frame ``interventions`` (when asked): arch, width,
+    the options that produced them. Frame ``summary``: mean and sd over the (draw, seed) nets through
+    the training gate per (arch, width, attack, ε, reading) with the pooled excess interval (data
+    draws the unit: ``engine.maths.metrics.INTERVAL_WORDS``). Frame ``verdict``: per (width, attack, ε,
+    reading) the gap between MLP-Attn's and 2L-ReLU's excess with its interval, its role (primary or
+    secondary) and the rule's outcome (``engine.experiments.flips.verdict``, ``engine.experiments.verdict``).
+    Frame ``draws``: per cell and data draw, each side's mean excess and their gap. Frame ``interventions`` (when asked): arch, width,
     seed, intervention, test_acc, influence_change, spearman, flip_rate. Arrays (first draw,
     width and seed, with the ridge reading), per (arch, attack, ε) under ``example_key``:
     ``top_idx``, ``X_clean`` and ``X_pert`` (k, d) float32 in the attack's space, ``infl_before``
@@ -149,8 +150,9 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     tick(progress, cancel, 1.0, "done")
     frame = F.frame(rows)
     inter_frame = pd.DataFrame(inter)
-    verdict = F.verdict(frame, flips, cfg.nulls)
+    verdict, per_draw = F.verdict(frame, flips, cfg.nulls)
     frames = {"rows": frame, "summary": F.with_gaps(F.summary(frame, flips, cfg.nulls), verdict), "verdict": verdict,
+              "draws": per_draw,
               "interventions": inter_frame,
               "interventions_summary": summarize(inter_frame, ["arch", "width", "intervention"],
                                                  ("test_acc", "influence_change", "spearman", "flip_rate"))}
@@ -245,7 +247,8 @@ def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, in
                              "attack": method, "eps": float(eps), "reading": r.name, **row, **base[seed],
                              **measured["stats"], "test_acc_after": measured["acc_after"].get(r.name, math.nan),
                              "n_top": int(top.numel()), "exact_for": r.exact_for(),
-                             "objective_match": r.matches(cfg.train, loss), **_settings(cfg, arch, loss, spec)})
+                             "objective_match": r.matches(cfg.train, loss, base[seed]["train_acc"] >= 1.0),
+                             **_settings(cfg, arch, loss, spec)})
                 flips.append(unit)
             if seed == cfg.seeds[0] and "ridge" in cfg.readings:
                 agg0, agg1 = clean[seed]["ridge"].agg, measured["after"]["ridge"].agg

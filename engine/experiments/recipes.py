@@ -58,18 +58,22 @@ class Reading:
 
     def exact_for(self) -> str:
         """The training this reading is exact for, in words (every row carries it)."""
-        return {"ridge": "kernel ridge regression on MSE (a lazy net trained to convergence)",
+        return {"ridge": "kernel ridge regression on MSE: plain SGD without decay trained to convergence",
                 "flow": "lazy SGD on MSE for the net's own steps",
                 "retrain": "the net's own training, any loss and optimiser"}[self.name]
 
-    def matches(self, train: TrainSpec, loss: str) -> bool:
+    def matches(self, train: TrainSpec, loss: str, converged: bool = False) -> bool:
         """Whether the net's training is the one this reading is exact for (``loss``: the resolved
-        loss). Laziness is not checked here: rows carry the weight movement and the K_m baseline."""
+        loss): the loss, the optimiser, the steps and the decay. ``flow`` follows the net's own SGD
+        steps (batches, decay and early stopping included) on MSE; ``ridge`` is the limit of plain SGD
+        on MSE without decay run to convergence, so it matches only a net that got there
+        (``converged``: the caller's check, e.g. every training point fitted). Laziness is not checked
+        here: rows carry the weight movement and the K_m baseline."""
         if self.name == "retrain":
             return True
         if self.name == "flow":
             return train.optimizer == "sgd" and loss == "mse"
-        return loss == "mse"
+        return loss == "mse" and train.optimizer == "sgd" and train.weight_decay == 0 and bool(converged)
 
 
 def net_recipe(cfg: Any, arch: str, width: int, seed: int) -> NetRecipe:

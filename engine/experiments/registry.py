@@ -154,7 +154,7 @@ def _records() -> dict[str, Experiment]:
         Experiment(name="malleability", config=M.MalleabilityConfig, run_path="malleability:run_malleability",
                    estimate=M.estimate_malleability, presets=M.PRESETS["malleability"],
                    help="influence flip rates under attacks on the training data", what="this malleability run",
-                   tables=("rows", "summary", "interventions", "interventions_summary"),
+                   tables=("rows", "summary", "verdict", "interventions", "interventions_summary"),
                    probe=lambda: M.MalleabilityConfig(data=syn, train=TrainSpec(epochs=30), widths=(1024,),
                                                       seeds=(0,), attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
                    figure="engine.reporting.export:malleability_figure",

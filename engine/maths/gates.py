@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 TRAIN_GATE = 0.10       # a net trained when its test accuracy is within this of its own K_m ridge's
+GATE_SHARE = 0.80       # a cell "did not train" when fewer of an architecture's nets than this pass the gate;
+#                         above it, the nets below the gate are left out of the cell's estimate (and named)
 CHANCE_POINTS = 0.10  # train accuracy up to 1/c + 10 points counts as "at chance": the task is not learned
 
 

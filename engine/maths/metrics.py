@@ -1,7 +1,8 @@
 """The metrics every experiment and page reads, each defined once, below the experiments: seed
 averages, sign flips and the flip rate, rank correlation, the flip excess over the larger null
-with its bootstrap interval (one value, ``Excess``), the gap between two architectures'
-excesses (``Gap``), and the log-log slope. The kernel distances
+with its interval (one value, ``Excess``), the gap between two architectures' excesses (``Gap``,
+with Fieller's ratio and Holm's correction for a family of gaps), and the log-log slope. Data
+draws are the unit of inference (``INTERVAL_WORDS``, the one statement of how intervals are made). The kernel distances
 live beside the kernels (``engine.maths.ridge``).
 
 Arrays in, floats or numpy out: numpy arrays, scalars or (CPU or CUDA) torch tensors, without
@@ -11,6 +12,7 @@ with these; ``engine.reporting`` only formats what they return.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
@@ -104,58 +106,88 @@ def _as_units(units: Iterable[tuple]) -> list[tuple]:
     return [tuple(None if u is None else np.asarray(u, dtype=float) for u in unit) for unit in units]
 
 
-def _replicates(units: list[tuple], draws: Iterable | None, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap replicates (n_boot,) of the mean excess over ``units``.
-
-    One data draw (``draws`` None or a single label): resample the nets, then within each its
-    tracked points. Several draws: resample the draws (clusters) first, then the nets within
-    each drawn draw, then their points, so that what varies between draws (the sample itself)
-    enters the spread, not only the network seeds."""
-    draws = [] if draws is None else list(draws)
-    labels = list(dict.fromkeys(draws))
+def _replicates(units: list[tuple], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Bootstrap replicates (n_boot,) of the mean excess over the ``units`` of one data draw: resample
+    the nets, then within each drawn net its tracked points (the three arrays paired)."""
     reps = np.zeros(n_boot)
-    if len(labels) <= 1:
-        nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
-        for slot in range(nets.shape[1]):  # every drawn net gets its own resample of points
-            for j, (a, s, r) in enumerate(units):
-                rows = np.flatnonzero(nets[:, slot] == j)
-                if rows.size:
-                    idx = rng.integers(0, a.size, size=(rows.size, a.size))
-                    reps[rows] += _unit_excess(a[idx], None if s is None else s[idx], r[idx])
-        return reps / nets.shape[1]
-    members = [[j for j, d in enumerate(draws) if d == label] for label in labels]
-    for b in range(n_boot):
-        total, count = 0.0, 0
-        for c in rng.integers(0, len(labels), size=len(labels)):
-            for j in rng.choice(members[c], size=len(members[c]), replace=True):
-                a, s, r = units[j]
-                idx = rng.integers(0, a.size, size=a.size)
-                total += float(_unit_excess(a[idx], None if s is None else s[idx], r[idx]))
-                count += 1
-        reps[b] = total / count
-    return reps
+    nets = rng.integers(0, len(units), size=(n_boot, len(units))) if len(units) > 1 else np.zeros((n_boot, 1), int)
+    for slot in range(nets.shape[1]):  # every drawn net gets its own resample of points
+        for j, (a, s, r) in enumerate(units):
+            rows = np.flatnonzero(nets[:, slot] == j)
+            if rows.size:
+                idx = rng.integers(0, a.size, size=(rows.size, a.size))
+                reps[rows] += _unit_excess(a[idx], None if s is None else s[idx], r[idx])
+    return reps / nets.shape[1]
+
+
+INTERVAL_WORDS = ("95 % t interval over data-draw means with G − 1 degrees of freedom (each draw's nets and tracked "
+                  "points averaged within it, the two architectures paired within a draw, clipped to the possible "
+                  "range); with one data draw, a percentile bootstrap over that draw's nets and tracked points, "
+                  "marked \"one draw\": it says nothing about another sample")
+
+
+def interval_scope(n_draws: int) -> str:
+    """What an interval of ``excess_interval`` / ``gap_interval`` is over, in two or three words."""
+    return "one draw" if int(n_draws) <= 1 else f"{int(n_draws)} draws"
+
+
+def t_quantile(level: float, df: int) -> float:
+    """The two-sided ``level`` quantile of Student's t with ``df`` degrees of freedom (scipy)."""
+    import scipy.stats
+
+    return float(scipy.stats.t.ppf((1 + level) / 2, df))
+
+
+def draw_means(units: Iterable[tuple], draws: Iterable) -> dict:
+    """Mean excess of the nets of each data draw: {draw label: mean over its units' ``_unit_excess``},
+    in first-seen order. ``units`` as ``excess_interval`` takes them, ``draws`` one label per unit."""
+    by: dict = {}
+    for u, d in zip(_as_units(units), draws, strict=True):
+        by.setdefault(d, []).append(float(_unit_excess(*u)))
+    return {d: float(np.mean(v)) for d, v in by.items()}
+
+
+def _t_interval(values: np.ndarray, level: float, bound: float) -> tuple[float, float, float, float]:
+    """Mean, t interval (clipped to [−bound, bound]) and two-sided p-value of H0: mean = 0, over G ≥ 2 values."""
+    import scipy.stats
+
+    g = values.size
+    mean, sd = float(values.mean()), float(values.std(ddof=1))
+    half = t_quantile(level, g - 1) * sd / math.sqrt(g)
+    if sd > 0:
+        p = float(2 * scipy.stats.t.sf(abs(mean) / (sd / math.sqrt(g)), g - 1))
+    else:
+        p = 1.0 if mean == 0 else 0.0
+    return mean, max(-bound, mean - half), min(bound, mean + half), p
 
 
 def excess_interval(units: Iterable[tuple], n_boot: int = BOOTSTRAP, level: float = LEVEL, seed: int = 0,
                     draws: Iterable | None = None) -> Excess:
-    """The flip excess and its percentile bootstrap interval, over nets and tracked points.
+    """The flip excess and its interval, with data draws as the unit of inference.
 
     units: one tuple ``(attack, seed_null, random_null)`` per net (network seed × data draw),
     each a bool array (k,) of per-point sign flips over that net's top-τ points (the same
     points in all three; ``seed_null`` may be None when the run had no partner seed, or when
     the reading cannot differ between seeds). The excess of one net is ``mean(attack) −
-    max(mean(seed_null), mean(random_null))``; the statistic is its mean over nets. Each
-    replicate resamples the nets with replacement and, within each, its tracked points with
-    replacement (the same draw of points for the three arrays, which are paired); with one net
-    only the points are resampled. ``draws``: the data draw of each unit; with several, the
-    draws are resampled first (``_replicates``). Returns the ``Excess`` (value, low, high);
-    ``level`` two-sided, ``seed`` fixes the replicates.
+    max(mean(seed_null), mean(random_null))``. ``draws``: the data draw of each unit.
+
+    With two or more draws (``INTERVAL_WORDS``): the statistic is the mean over draws of each
+    draw's mean net excess, and the interval a t interval over those G draw means (G − 1 degrees
+    of freedom), clipped to [−1, 1]: nets and points are nested in draws, so only the draws are
+    independent replicates of the experiment. With one draw (or ``draws`` None): the mean over
+    nets and a percentile bootstrap that resamples the nets and, within each, its tracked points
+    (the three arrays paired) — an interval about this one sample (``interval_scope``).
+    Returns the ``Excess`` (value, low, high); ``level`` two-sided, ``seed`` fixes the replicates.
     """
     units = _as_units(units)
     if not units:
         return Excess(float("nan"), float("nan"), float("nan"))
+    labels = None if draws is None else list(draws)
+    if labels is not None and len(set(labels)) > 1:
+        mean, lo, hi, _ = _t_interval(np.array(list(draw_means(units, labels).values())), level, 1.0)
+        return Excess(mean, lo, hi)
     point = float(np.mean([_unit_excess(*u) for u in units]))
-    reps = _replicates(units, draws, n_boot, np.random.default_rng(seed))
+    reps = _replicates(units, n_boot, np.random.default_rng(seed))
     lo, hi = np.quantile(reps, [(1 - level) / 2, (1 + level) / 2])
     return Excess(point, float(lo), float(hi))
 
@@ -163,7 +195,8 @@ def excess_interval(units: Iterable[tuple], n_boot: int = BOOTSTRAP, level: floa
 class Gap(NamedTuple):
     """How much larger one architecture's flip excess is than another's: the difference (a share)
     with its interval, and the ratio with its interval where the second's excess interval excludes
-    zero (NaN otherwise: a ratio over an excess that may be nil says nothing)."""
+    zero (NaN otherwise: a ratio over an excess that may be nil says nothing); ``p``: two-sided
+    p-value of "no difference"; ``n_draws``: the data draws the interval is over (1: one draw)."""
 
     difference: float
     low: float
@@ -171,21 +204,55 @@ class Gap(NamedTuple):
     ratio: float
     ratio_low: float
     ratio_high: float
+    p: float = float("nan")
+    n_draws: int = 0
+
+
+def fieller(a: ArrayLike, b: ArrayLike, level: float = LEVEL) -> tuple[float, float, float]:
+    """Ratio mean(a) / mean(b) of paired values (G,) with Fieller's interval: every ρ for which
+    the paired t test of a − ρ·b at ``level`` does not reject mean zero. NaN bounds unless b's own t
+    interval excludes zero (then the set is a bounded interval); G ≥ 2."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    g, nan = a.size, float("nan")
+    ma, mb = float(a.mean()), float(b.mean())
+    ratio = ma / mb if mb != 0 else nan
+    q = t_quantile(level, g - 1) ** 2 / g
+    cov = np.cov(np.stack([a, b]), ddof=1)
+    A = mb * mb - q * cov[1, 1]
+    if not A > 0:
+        return ratio, nan, nan
+    B, C = ma * mb - q * cov[0, 1], ma * ma - q * cov[0, 0]
+    root = math.sqrt(max(B * B - A * C, 0.0))
+    return ratio, float((B - root) / A), float((B + root) / A)
 
 
 def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: Iterable | None = None,
                  draws_b: Iterable | None = None, n_boot: int = BOOTSTRAP, level: float = LEVEL,
                  seed: int = 0) -> Gap:
-    """Excess of ``units_a`` minus excess of ``units_b`` (each as ``excess_interval`` takes them),
-    with a percentile bootstrap interval from independent resamples of the two (draws first when
-    each side has several); the ratio a / b with its interval from the same replicates, only where
-    b's own interval lies above zero."""
+    """Excess of ``units_a`` minus excess of ``units_b`` (each as ``excess_interval`` takes them).
+
+    With two or more data draws that both sides measured: the difference of draw means, paired
+    within each draw, with a t interval over the G per-draw gaps (clipped to [−2, 2]) and its
+    p-value; the ratio with Fieller's interval (``fieller``), only where b's own t interval lies
+    above zero. With one draw: a percentile bootstrap from independent resamples of the two sides'
+    nets and points, the ratio from the same replicates, and p from the replicates' side of zero."""
     ua, ub = _as_units(units_a), _as_units(units_b)
     nan = float("nan")
     if not ua or not ub:
         return Gap(nan, nan, nan, nan, nan, nan)
+    la = None if draws_a is None else list(draws_a)
+    lb = None if draws_b is None else list(draws_b)
+    if la is not None and lb is not None and len(set(la) & set(lb)) > 1:
+        ma, mb = draw_means(ua, la), draw_means(ub, lb)
+        both = [d for d in ma if d in mb]
+        a, b = np.array([ma[d] for d in both]), np.array([mb[d] for d in both])
+        diff, lo, hi, p = _t_interval(a - b, level, 2.0)
+        ratio = ratio_lo = ratio_hi = nan
+        if _t_interval(b, level, 1.0)[1] > 0:
+            ratio, ratio_lo, ratio_hi = fieller(a, b, level)
+        return Gap(diff, lo, hi, ratio, ratio_lo, ratio_hi, p, len(both))
     rng = np.random.default_rng(seed)
-    ra, rb = _replicates(ua, draws_a, n_boot, rng), _replicates(ub, draws_b, n_boot, rng)
+    ra, rb = _replicates(ua, n_boot, rng), _replicates(ub, n_boot, rng)
     pa, pb = float(np.mean([_unit_excess(*u) for u in ua])), float(np.mean([_unit_excess(*u) for u in ub]))
     q = [(1 - level) / 2, (1 + level) / 2]
     lo, hi = np.quantile(ra - rb, q)
@@ -194,7 +261,23 @@ def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: It
         ratio = pa / pb
         with np.errstate(divide="ignore", invalid="ignore"):  # a replicate of b at 0 gives ±inf: it widens the interval
             ratio_lo, ratio_hi = (float(v) for v in np.quantile(ra / rb, q))
-    return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi)
+    d = ra - rb
+    p = float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
+    return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi, p, 1)
+
+
+def holm(p: Iterable[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (same order; NaN stays NaN and is not counted): a family of
+    tests whose adjusted p < α holds at family-wise error α."""
+    p = np.asarray(list(p), dtype=float)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m, running = len(order), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        out[j] = running
+    return out
 
 
 def loglog_slope(x: ArrayLike, y: ArrayLike) -> tuple[float, float]:

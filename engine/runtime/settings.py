@@ -39,6 +39,8 @@ class Meta:
     cli: bool = True                 # False: not a CLI flag (set by the command itself)
     check: Callable[[Any], Any] | None = None  # extra check, raises BadInput (e.g. parse_attention)
     max_len: int | None = None       # tuples: most elements allowed
+    repeats: bool = False            # tuples: True where a value may appear twice (none does yet: a repeated
+    #                                  seed, draw, width, reading or κ would do the same work twice and count twice)
 
     def allowed(self) -> str:
         """The allowed values in words, for errors and help."""
@@ -162,6 +164,10 @@ def validate(obj: Any) -> None:
                 raise BadInput(f"{f.name} must not be empty ({m.allowed()})")
             if m.max_len is not None and len(v) > m.max_len:
                 raise BadInput(f"{f.name} takes at most {m.max_len} values, got {len(v)}")
+            twice = [e for i, e in enumerate(v) if e in v[:i]]
+            if twice and not m.repeats:
+                raise BadInput(f"{f.name} lists {twice[0]!r} more than once ({', '.join(map(str, v))}): give each "
+                               "value once")
             for e in v:
                 _check_scalar(cls.__name__, f.name, m, kind, e)
         else:
