@@ -18,6 +18,7 @@ st.set_page_config(page_title="Influence malleability in linearized attention", 
 with st.spinner("Loading the engine…"):  # only the first run after a server start waits here (torch)
     from engine.data import DataSpec
     from engine.runtime.budget import duration
+    from engine.runtime.memory import keep_freed_blocks
     from engine.runtime.settings import meta
     from ui import configs, links
     from ui.common import (
@@ -48,6 +49,7 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
     )
 
 ensure_entry()  # before the sidebar is drawn; see its docstring
+keep_freed_blocks()  # this server runs experiments: glibc reuses their freed blocks (ENGINE_MALLOC_KEEP=0: not)
 links.remember_asked()  # the link's page settings before any widget takes (or drops) them
 machine_speed()  # once per server: the first estimate's GEMM timing (later ones re-time it; engine.runtime.speed)
 

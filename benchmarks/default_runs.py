@@ -6,7 +6,7 @@
 Each row is one run of an experiment's ``quick`` preset (the page's default) on MNIST in a fresh
 process (MNIST from ``$ENGINE_DATA_DIR`` where torchvision cannot download), timed inside it around ``EXPERIMENTS[name].run`` (the imports before it, torch's 1-2 s, are
 not counted: the dashboard's server has paid them once), with its wall and CPU time and the engine's
-estimate at this machine's speed. ``keep``: today's engine (``engine.runtime.memory.keep_freed_blocks``);
+estimate at this machine's speed. ``keep``: the engine's entry points (``engine.runtime.memory.keep_freed_blocks``);
 ``default``: glibc's own malloc (``ENGINE_MALLOC_KEEP=0``). The two alternate within a round; the
 table gives each run's wall times and their ratio, beside the CPU and the load.
 """
@@ -25,7 +25,8 @@ RUNS = ("influence", "malleability", "ntk-sweep", "scaling", "dynamics", "alignm
 CHILD = """
 import json, os, sys, time
 from engine.experiments.registry import EXPERIMENTS, preset
-from engine.runtime import speed
+from engine.runtime import memory, speed
+memory.keep_freed_blocks()  # as the CLI and the dashboard do (import engine leaves malloc alone); ENGINE_MALLOC_KEEP decides
 name, which = sys.argv[1], sys.argv[2]
 rec, cfg = EXPERIMENTS[name], preset(name, which)
 import torch  # noqa: F401  (loaded before the clock starts, as in the dashboard's server)

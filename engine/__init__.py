@@ -30,11 +30,8 @@ _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 # torch's OpenMP threads sleep while they wait instead of spinning against other work on a
 # shared machine (read when torch loads; engine.runtime.cores says why and what it measured).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# glibc keeps freed blocks of up to 32 MiB for reuse instead of faulting fresh pages in for every
-# step's activations (engine.runtime.memory.keep_freed_blocks; ENGINE_MALLOC_KEEP=0 turns it off).
-from .runtime.memory import keep_freed_blocks as _keep  # noqa: E402
-
-_keep()
+# glibc's allocator is left as it is: changing it is a process-wide choice, made by the entry points
+# that run experiments (the CLI, app.py, grid workers; engine.runtime.memory.keep_freed_blocks).
 
 __getattr__, __dir__, __all__ = attach(__name__, {
     "maths": "*",

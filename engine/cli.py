@@ -23,9 +23,8 @@ import sys
 from . import doctor
 from .experiments.registry import EXPERIMENTS, NESTED, Experiment, get
 from .reporting import report
-from .runtime import budget as B
+from .runtime import budget as B, memory
 from .runtime.errors import EngineError
-from .runtime.memory import keep_freed_blocks
 from .runtime.settings import add_arguments, from_args
 
 
@@ -236,7 +235,7 @@ def _preset_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    keep_freed_blocks()  # an entry point, so the process's allocator is ours to tune (engine.runtime.memory)
+    memory.keep_freed_blocks()  # an entry point: the process's allocator is ours to tune (ENGINE_MALLOC_KEEP)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_preset_of(argv))
     a = parser.parse_args(argv)

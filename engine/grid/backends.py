@@ -27,6 +27,7 @@ from ..experiments.registry import EXPERIMENTS
 from ..runtime.budget import Budget
 from ..runtime.cache import ENGINE_DIR, code_fingerprint, tree_fingerprint
 from ..runtime.errors import BadInput, Cancelled, EngineError
+from ..runtime.memory import keep_freed_blocks
 from .spec import Cell
 
 
@@ -125,6 +126,7 @@ def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 def _init_worker(threads: int) -> None:
     import torch
 
+    keep_freed_blocks()  # a worker process runs experiments: the allocator the CLI runs them with
     torch.set_num_threads(threads)
     # The grid's thread count, not one read from the load: the count changes the last bits of
     # a result, and both backends must give the same bits (meta["threads"] says "ENGINE_THREADS").

@@ -106,12 +106,33 @@ def free_bytes(device: Device = None) -> int:
     return available_bytes()
 
 
-# glibc's malloc, as the engine sets it (``keep_freed_blocks``): blocks up to MMAP_MAX_BYTES come from
-# the heap, and up to TRIM_KEEP_BYTES of freed heap stay with the process.
-MALLOC_ENV = "ENGINE_MALLOC_KEEP"  # "0" leaves glibc's defaults
+# glibc's malloc, as the engine's entry points set it (``keep_freed_blocks``): blocks up to MMAP_MAX_BYTES come
+# from the heap, and up to TRIM_KEEP_BYTES of freed heap stay with the process.
+MALLOC_ENV = "ENGINE_MALLOC_KEEP"  # 0, false, off or no leave glibc's defaults; 1, true, on or yes (or unset) tune
+MALLOC_ON, MALLOC_OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 MMAP_MAX_BYTES = 32 * 2**20        # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit
 TRIM_KEEP_BYTES = 512 * 2**20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+_warned: list[str] = []  # the unknown values already warned about (once per process)
+
+
+def malloc_keep_wanted() -> bool:
+    """Whether ``$ENGINE_MALLOC_KEEP`` asks for the tuning: on when unset or empty, or one of
+    ``MALLOC_ON``; off for one of ``MALLOC_OFF`` (any case). Any other value warns once, in one
+    line naming it and what is allowed, and keeps the default (on)."""
+    raw = os.environ.get(MALLOC_ENV, "")
+    value = raw.strip().lower()
+    if value in MALLOC_OFF:
+        return False
+    if value and value not in MALLOC_ON and raw not in _warned:
+        _warned.append(raw)
+        import warnings
+
+        shown = " ".join(raw.split())[:60]
+        warnings.warn(f"{MALLOC_ENV}={shown!r} is not understood; allowed: {', '.join(MALLOC_ON)} (keep freed "
+                      f"blocks, the default) or {', '.join(MALLOC_OFF)} (glibc's defaults); keeping freed blocks",
+                      RuntimeWarning, stacklevel=3)
+    return True
 
 
 def keep_freed_blocks() -> bool:
@@ -122,9 +143,12 @@ def keep_freed_blocks() -> bool:
     2-core Zen 4 VM: ``torch.relu`` of 1.6 M floats took 1.2 ms with one thread and 5.4 ms with two
     (their page faults contend), 0.17 ms into a reused buffer; the ``scaling`` quick preset went
     from 12.8 s to 7.7 s (benchmarks/RESULTS.md, "Freed blocks kept"). The cost: up to
-    ``TRIM_KEEP_BYTES`` of freed memory stays with the process. Called once by ``import engine``;
-    ``$ENGINE_MALLOC_KEEP=0`` leaves glibc's defaults. Returns whether it was set (False off glibc)."""
-    if os.environ.get(MALLOC_ENV, "1").strip() == "0":
+    ``TRIM_KEEP_BYTES`` of freed memory stays with the process. It changes the whole process's
+    allocator, so ``import engine`` never calls it: the entry points that run experiments do (the
+    CLI's ``main``, the dashboard's ``app.py``, the grid's worker processes).
+    ``$ENGINE_MALLOC_KEEP`` (``malloc_keep_wanted``) turns it off. Returns whether it was set
+    (False when turned off, and off glibc)."""
+    if not malloc_keep_wanted():
         return False
     try:
         import ctypes
