@@ -20,7 +20,7 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
     from engine.runtime.budget import duration
     from engine.runtime.memory import keep_freed_blocks
     from engine.runtime.settings import meta
-    from ui import configs, links
+    from ui import configs, links, nav
     from ui.common import (
         ARCH_CHOICES,
         ARCH_LABELS,
@@ -31,24 +31,24 @@ with st.spinner("Loading the engine…"):  # only the first run after a server s
         Shared,
         available_names,
         data_dir,
-        data_label,
         dataset_infos,
-        default_missing,
         device_note,
-        ensure_entry,
+        machine_speed,
+        plain,
+    )
+    from ui.sidebar import (
+        data_label,
+        default_missing,
         fetch_ui,
         link_problems,
         linked_data,
-        machine_speed,
-        page_nav,
-        plain,
         synthetic_note,
         upload_ui,
         uploaded_names,
         usable,
     )
 
-ensure_entry()  # before the sidebar is drawn; see its docstring
+nav.ensure_entry()  # before the sidebar is drawn; see its docstring
 keep_freed_blocks()  # this server runs experiments: glibc reuses their freed blocks (ENGINE_MALLOC_KEEP=0: not)
 links.remember_asked()  # the link's page settings before any widget takes (or drops) them
 machine_speed()  # once per server: the first estimate's GEMM timing (later ones re-time it; engine.runtime.speed)
@@ -179,7 +179,7 @@ def sidebar_ui() -> tuple[Shared, str | None]:
         st.session_state["link.problems"] = problems
     st.header("Data and models")
     _data_from_link(names)
-    if st.session_state.get("data.select") in names:  # a file just uploaded (ui.common.upload_ui)
+    if st.session_state.get("data.select") in names:  # a file just uploaded (ui.sidebar.upload_ui)
         st.session_state["data"] = st.session_state.pop("data.select")
         _data_picked()
     labels = {v: data_label(v) for v in names}  # worked out here: the widget may format values after the run
@@ -242,27 +242,13 @@ def sidebar_ui() -> tuple[Shared, str | None]:
     return s, error
 
 
-page_url = configs.page_url  # a page that leads with an experiment is at that experiment's name
-PAGES = [
-    st.Page("pages/overview.py", title="Overview", icon=":material/home:", default=True),
-    st.Page("pages/spectrum.py", title="Spectrum", icon=":material/bar_chart:", url_path=page_url("pages/spectrum.py")),
-    st.Page("pages/ntk-sweep.py", title="NTK convergence", icon=":material/show_chart:", url_path=page_url("pages/ntk-sweep.py")),
-    st.Page("pages/influence.py", title="Influence", icon=":material/image_search:",
-            url_path=page_url("pages/influence.py")),
-    st.Page("pages/malleability.py", title="Malleability", icon=":material/bolt:",
-            url_path=page_url("pages/malleability.py")),
-    st.Page("pages/scaling.py", title="Scaling law", icon=":material/trending_up:", url_path=page_url("pages/scaling.py")),
-    st.Page("pages/dynamics.py", title="Kernel regime", icon=":material/timeline:", url_path=page_url("pages/dynamics.py")),
-    st.Page("pages/alignment.py", title="Task alignment", icon=":material/target:",
-            url_path=page_url("pages/alignment.py")),
-    st.Page("pages/grid.py", title="Grid", icon=":material/grid_view:", url_path=page_url("pages/grid.py", "grid")),
-    st.Page("pages/reproduction.py", title="Reproduction", icon=":material/fact_check:",
-            url_path=page_url("pages/reproduction.py", "reproduction")),
-]
-page = st.navigation(PAGES, position="hidden")  # listed by page_nav: see ui.common.ensure_entry
+# every page from ui.nav: the Overview, each experiment's page from the registry (at its name), Grid, Reproduction
+PAGES = [st.Page(p.path, title=p.title, icon=p.icon, url_path=p.url_path or None, default=not p.url_path)
+         for p in nav.pages()]
+page = st.navigation(PAGES, position="hidden")  # listed by page_nav: see ui.nav.ensure_entry
 st.session_state["nav.pages"] = PAGES  # the Overview lists the pages from here
 with st.sidebar:
-    page_nav(PAGES)
+    nav.page_nav(PAGES)
     st.session_state["shared"], data_error = sidebar_ui()
 if st.session_state.get("presentation"):  # once per run, before the page: text-only pages get it too
     st.html(PRESENTATION_CSS)

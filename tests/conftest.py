@@ -211,7 +211,7 @@ def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
     """Run AppTest scripts in a server's steady state with their own cache and data folders.
 
     A server decides once per process whether to run `pages/` as a v1 multipage app, and
-    st.navigation turns that off on the first run (ui.common.ensure_entry covers that run).
+    st.navigation turns that off on the first run (ui.nav.ensure_entry covers that run).
     AppTest re-decides before every run; start each run in the server's steady state, or
     every run would begin with ensure_entry's rerun, which drops button clicks. Each test also
     gets a job manager of its own."""

@@ -18,7 +18,6 @@ browser. Small synthetic settings keep the whole module to a few minutes on two 
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
@@ -58,21 +57,13 @@ TABLE_PAGES = {"Grid"}  # a status table of the grid's cells, no chart
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")]
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is absent")
-from ui import configs  # noqa: E402  (after the skips: the page URLs come from the registry)
+from ui import nav  # noqa: E402  (after the skips: the pages come from the registry)
 
 
 def app_pages() -> dict[str, str]:
-    """Title → URL path of every page app.py routes, read from its ``st.Page`` calls (the
-    ``url_path=page_url(...)`` arguments, resolved through the registry as app.py does; the
+    """Title → URL path of every page app.py routes (``ui.nav.pages``, from the registry; the
     default page has the empty path). Fails if two pages would share a path."""
-    pages = {}
-    for node in ast.walk(ast.parse((ROOT / "app.py").read_text())):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Page"):
-            continue
-        kw = {k.arg: k.value for k in node.keywords}
-        url = kw.get("url_path")
-        args = [a.value for a in url.args] if isinstance(url, ast.Call) else []
-        pages[kw["title"].value] = configs.page_url(*args) if args else ""
+    pages = {p.title: p.url_path for p in nav.pages()}
     assert len(set(pages.values())) == len(pages), pages
     return pages
 
@@ -323,7 +314,7 @@ def test_a_heavy_run_can_be_cancelled_and_run_again(slow_server, browser, shots)
 
 @pytest.mark.parametrize("path,heading", [("spectrum", "Spectrum"), ("ntk-sweep", "NTK convergence")])
 def test_a_deep_link_as_the_first_request_is_routed_through_app_py(browser, shots, tmp_path, path, heading):
-    """A fresh server's first request runs in Streamlit's v1 mode (ui.common.ensure_entry); it
+    """A fresh server's first request runs in Streamlit's v1 mode (ui.nav.ensure_entry); it
     still shows the linked page, with the sidebar and the link's settings. ntk-sweep: a page whose
     URL path is not the experiment's old file stem (tests/test_registry.py checks them all)."""
     with streamlit_server(tmp_path) as url:

@@ -1,4 +1,4 @@
-"""ui.common and ui.render through Streamlit's AppTest: settings to specs, the n clamp, one error
+"""ui.common, ui.sidebar and ui.render through Streamlit's AppTest: settings to specs, the n clamp, one error
 per page, charts with their CSV, upload messages and links to uploads.
 
 Small scripts run with ``AppTest.from_function`` (each function is its own script, so it
@@ -19,7 +19,8 @@ from engine.data import DataSpec, store_npz
 from engine.reporting import export
 from engine.runtime.errors import EngineError
 from tests.conftest import steady_app_state
-from ui.common import Shared, display_name, fit_sizes, upload_problem
+from ui.common import Shared, display_name
+from ui.sidebar import fit_sizes, upload_problem
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 SMALL = {"data": "synthetic", "n": "40", "n_test": "10", "widths": ["16"]}
@@ -107,7 +108,8 @@ def test_too_large_n_on_an_upload_is_lowered_and_said_once(env):
     def script(path):
         import streamlit as st
 
-        from ui.common import Shared, usable
+        from ui.common import Shared
+        from ui.sidebar import usable
 
         s, error, note = usable(Shared(base=path, n=200, n_test=100))
         st.markdown(f"{s.n}|{s.n_test}|{error}")
@@ -139,7 +141,8 @@ def test_a_bad_class_pair_falls_back_to_all_with_one_error():
     def script():
         import streamlit as st
 
-        from ui.common import Shared, usable
+        from ui.common import Shared
+        from ui.sidebar import usable
 
         for classes in ("1-1", "0-1", "3-x"):
             s, error, note = usable(Shared(base="synthetic", classes=classes))

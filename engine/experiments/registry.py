@@ -3,10 +3,11 @@ tables and main figure.
 
 The name is the experiment's only name: the CLI command (``python -m engine NAME``), the cache
 kind, the preset key, the grid spec's ``kind``, the ``figure`` kind and the dashboard page's URL
-path where the page leads with it. The CLI, the grid, calibration, export, the dashboard and the
-tests all read this mapping; none keeps its own table, so a new experiment is one more record
-here (its config, presets and estimate in ``engine.experiments.configs``, its ``@experiment_run``
-body in its run module).
+path where the page leads with it. The CLI, the grid, calibration, export, the dashboard's page
+list (``ui.nav``), the package's public names (``engine.experiments``) and the tests all read this
+mapping; none keeps its own table, so a new experiment is one more record here (its config,
+presets and estimate in ``engine.experiments.configs``, its ``@experiment_run`` body in its run
+module). ``register`` is how a record gets in (the records below, or a test's throw-away one).
 
 The records hold the configs and estimates themselves but only the *path* of each run function
 (``"sweep:run_ntk_sweep"``), imported on first use: reading the registry, and so
@@ -60,7 +61,9 @@ class Experiment:
     probe: Callable[[], object]     # a small real config on synthetic data (calibration, tests): seconds
     figure: str | None = None       # "module:function" drawing the main chart from a Result
     figure_help: str = ""           # what the main chart shows, for `figure --help`
-    page: str | None = None         # pages/*.py that leads with it (its URL path is ``name``)
+    page: str | None = None         # pages/<name>.py, the page that leads with it (its URL path is ``name``)
+    page_title: str = ""            # the page's name in the sidebar's page list (needed with ``page``)
+    page_icon: str = ""             # its icon there, e.g. ":material/bar_chart:"
     hint: str = ""                  # what to change when over budget (default: fewer widths, seeds, epochs)
     aliases: tuple[str, ...] = ()   # old spellings, accepted for one release
     nested: tuple[str, ...] = field(default=())  # nested config fields whose settings are flags too
@@ -118,7 +121,7 @@ NESTED = {"data": DataSpec, "train": TrainSpec, "attack": AttackSpec}  # flags o
 _SYN = dict(dataset="synthetic", n=300, n_test=100, synthetic_d=256, synthetic_kappa=100.0)
 
 
-def _records() -> dict[str, Experiment]:
+def _records() -> list[Experiment]:
     Sp, Sw, K, I, M, S, D, C = spectrum, sweep, kernels, influence, malleability, scaling, dynamics, coord_check
     syn = DataSpec(**_SYN)
     recs = [
@@ -130,7 +133,8 @@ def _records() -> dict[str, Experiment]:
                                                                  synthetic_d=512), growth_ns=(200, 800)),
                    figure="engine.reporting.export:spectrum_figure",
                    figure_help="eigenvalues of G and of the attention features' Gram (Spectrum page)",
-                   page="pages/spectrum.py"),
+                   page="pages/spectrum.py", page_title="Spectrum",
+                   page_icon=":material/bar_chart:"),
         Experiment(name="ntk-sweep", config=Sw.SweepConfig, run_path="sweep:run_ntk_sweep",
                    estimate=Sw.estimate_sweep, presets=Sw.PRESETS["ntk-sweep"],
                    help="kernel and function distances to K∞ across widths, per seed", what="this width sweep",
@@ -139,7 +143,8 @@ def _records() -> dict[str, Experiment]:
                                                 seeds=(0, 1)),
                    figure="engine.reporting.export:ntk_figure",
                    figure_help="kernel distance to K∞ against width (NTK convergence page)",
-                   page="pages/ntk-sweep.py", aliases=("ntk",)),
+                   page="pages/ntk-sweep.py", page_title="NTK convergence",
+                   page_icon=":material/show_chart:", aliases=("ntk",)),
         Experiment(name="kernels", config=K.KernelConfig, run_path="kernels:run_kernels",
                    estimate=K.estimate_kernels, presets=K.PRESETS["kernels"],
                    help="K_m at init and after training and K∞ of one net, as arrays", what="these kernels",
@@ -150,7 +155,8 @@ def _records() -> dict[str, Experiment]:
                    help="NTK leave-one-out influence of trained nets on one draw", what="this influence run",
                    tables=("summary", "aggregate"),
                    probe=lambda: I.InfluenceConfig(data=syn, train=TrainSpec(epochs=30), width=1024, seeds=(0,)),
-                   page="pages/influence.py"),
+                   page="pages/influence.py", page_title="Influence",
+                   page_icon=":material/image_search:"),
         Experiment(name="malleability", config=M.MalleabilityConfig, run_path="malleability:run_malleability",
                    estimate=M.estimate_malleability, presets=M.PRESETS["malleability"],
                    help="influence flip rates under attacks on the training data", what="this malleability run",
@@ -159,7 +165,8 @@ def _records() -> dict[str, Experiment]:
                                                       seeds=(0,), attacks=("fgsm", "pgd"), eps=(0.05, 0.3)),
                    figure="engine.reporting.export:malleability_figure",
                    figure_help="influence flip rates per attack at the largest ε (Malleability page)",
-                   page="pages/malleability.py"),
+                   page="pages/malleability.py", page_title="Malleability",
+                   page_icon=":material/bolt:"),
         Experiment(name="scaling", config=S.ScalingConfig, run_path="scaling:run_scaling",
                    estimate=S.estimate_scaling, presets=S.PRESETS["scaling"],
                    help="width needed to stay near K∞ against κ, with the fitted exponent", what="this scaling run",
@@ -168,7 +175,8 @@ def _records() -> dict[str, Experiment]:
                                                  max_width=1024, seeds=(0, 1)),
                    figure="engine.reporting.export:scaling_figure",
                    figure_help="width needed against κ with the fitted power law (Scaling law page)",
-                   page="pages/scaling.py", hint="use fewer κ values, seeds or a smaller max width"),
+                   page="pages/scaling.py", page_title="Scaling law",
+                   page_icon=":material/trending_up:", hint="use fewer κ values, seeds or a smaller max width"),
         Experiment(name="dynamics", config=D.DynamicsConfig, run_path="dynamics:run_dynamics",
                    estimate=D.estimate_dynamics, presets=D.PRESETS["dynamics"],
                    help="real against linearised training (kernel regime or not) across widths, per seed",
@@ -178,7 +186,8 @@ def _records() -> dict[str, Experiment]:
                                                   widths=(64, 512, 2048), seeds=(0,)),
                    figure="engine.reporting.export:dynamics_figure",
                    figure_help="distance to the linearised net against width, m^-1/2 reference (Kernel regime page)",
-                   page="pages/dynamics.py", aliases=("regime",)),
+                   page="pages/dynamics.py", page_title="Kernel regime",
+                   page_icon=":material/timeline:", aliases=("regime",)),
         Experiment(name="coord-check", config=C.CoordCheckConfig, run_path="coord_check:run_coord_check",
                    estimate=C.estimate_coord_check, presets=C.PRESETS["coord-check"],
                    help="μP's coordinate check: sizes of the first steps' changes against width",
@@ -203,18 +212,54 @@ def _records() -> dict[str, Experiment]:
                                                            widths=(256, 1024), seeds=(0, 1), curve_ns=(25, 100, 300)),
                    figure="engine.reporting.plots.alignment:alignment_figure",
                    figure_help="centred kernel–target alignment against width (Task alignment page)",
-                   page="pages/alignment.py", hint="use fewer widths, seeds, data draws or epochs, or a smaller n"),
+                   page="pages/alignment.py", page_title="Task alignment",
+                   page_icon=":material/target:", hint="use fewer widths, seeds, data draws or epochs, or a smaller n"),
     ]
-    out = {}
-    for r in recs:
-        presets = {"default": r.config(), **r.presets}
-        out[r.name] = Experiment(**{**r.__dict__, "presets": MappingProxyType(presets), "nested": _nested(r.config)})
-    return out
+    return recs
 
 
-EXPERIMENTS: Mapping[str, Experiment] = MappingProxyType(_records())
-ALIASES = MappingProxyType({a: e.name for e in EXPERIMENTS.values() for a in e.aliases})
-BY_CONFIG = MappingProxyType({e.config: e for e in EXPERIMENTS.values()})
+_EXPERIMENTS: dict[str, Experiment] = {}
+_ALIASES: dict[str, str] = {}
+_BY_CONFIG: dict[type, Experiment] = {}
+EXPERIMENTS: Mapping[str, Experiment] = MappingProxyType(_EXPERIMENTS)  # read-only views; ``register`` writes
+ALIASES: Mapping[str, str] = MappingProxyType(_ALIASES)
+BY_CONFIG: Mapping[type, Experiment] = MappingProxyType(_BY_CONFIG)
+REQUIRED_PRESETS = ("quick", "paper")  # the dashboard's defaults and the paper's settings, for every experiment
+
+
+def register(exp: Experiment) -> Experiment:
+    """Add ``exp`` to ``EXPERIMENTS`` (with its ``default`` preset, the config's own, and its nested
+    config fields) and return the stored record. Refuses, with ``ValueError``, a name, alias or config
+    class already taken, a missing ``quick`` or ``paper`` preset, and a page that is not
+    ``pages/<name>.py`` with a title and an icon (Streamlit's first request finds a page by its
+    file's stem: ``ui.nav.ensure_entry``)."""
+    taken = [n for n in (exp.name, *exp.aliases) if n in _EXPERIMENTS or n in _ALIASES]
+    if taken or exp.config in _BY_CONFIG:
+        raise ValueError(f"experiment {exp.name!r}: {', '.join(taken) or exp.config.__name__} is registered already")
+    missing = [p for p in REQUIRED_PRESETS if p not in exp.presets]
+    if missing:
+        raise ValueError(f"experiment {exp.name!r} needs the presets {', '.join(missing)} too")
+    if exp.page is not None and (exp.page != f"pages/{exp.name}.py" or not exp.page_title or not exp.page_icon):
+        raise ValueError(f"experiment {exp.name!r}: its page must be pages/{exp.name}.py with a page_title and "
+                         f"a page_icon, got {exp.page!r}")
+    presets = MappingProxyType({"default": exp.config(), **exp.presets})
+    rec = replace(exp, presets=presets, nested=_nested(exp.config))
+    _EXPERIMENTS[rec.name] = rec
+    _ALIASES.update({a: rec.name for a in rec.aliases})
+    _BY_CONFIG[rec.config] = rec
+    return rec
+
+
+def unregister(name: str) -> None:
+    """Remove experiment ``name`` (a test's throw-away record) from ``EXPERIMENTS``."""
+    rec = _EXPERIMENTS.pop(name)
+    for a in rec.aliases:
+        _ALIASES.pop(a, None)
+    _BY_CONFIG.pop(rec.config, None)
+
+
+for _rec in _records():
+    register(_rec)
 
 
 def get(name: str) -> Experiment:
