@@ -103,5 +103,5 @@ else:
                  "K_m(t) flips under a PGD attack on that epoch's net, minus the larger null, in points (bars: 95 % "
                  "bootstrap interval over nets and points); dotted grey, that larger null's own flip rate (the next "
                  "seed's net, or random directions of the same norms).")
-    st.caption(plain(along_sentence(res.frames["flips_training_summary"])))
+    st.caption(plain(along_sentence(res.frames["flips_training"])))
 render.settings(res.config)

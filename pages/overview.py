@@ -109,7 +109,7 @@ except EngineError:  # qkv attention: no fixed kernel to align
 st.markdown(plain(alignment_words.power_sentence(align.frames["verdict"] if align is not None else None, s.dataset))
             + " (the Task alignment and Reproduction pages measure it)")
 if align is not None and "flips_training_summary" in align.frames:  # both halves at the same snapshots
-    st.markdown(plain(alignment_words.along_sentence(align.frames["flips_training_summary"])))
+    st.markdown(plain(alignment_words.along_sentence(align.frames["flips_training"])))
 st.markdown("Vulnerability: is MLP-Attn more malleable? The same attack read three ways:")
 st.table(pd.DataFrame(readings), hide_index=True)
 st.markdown("**The README's protocols**, each read with the same rule from this machine's cache (`python -m engine "

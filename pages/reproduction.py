@@ -147,7 +147,7 @@ if align is not None:
     st.caption(alignment_words.power_sentence(align.frames["verdict"], s.dataset)
                + " The Task alignment page draws it against width, along training and as learning curves.")
     if "flips_training_summary" in align.frames:
-        st.caption(plain(alignment_words.along_sentence(align.frames["flips_training_summary"])))
+        st.caption(plain(alignment_words.along_sentence(align.frames["flips_training"])))
 
 st.header("Verdicts")
 table = paper.verdict_table(paper.verdicts(s.dataset, summary, sweep_rows, mall_rows, adv_rows, paper.FLIP_EPS,

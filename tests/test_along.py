@@ -109,12 +109,43 @@ def test_rows_subtract_the_larger_null_and_carry_the_alignment():
     assert len(fig.data) == 3 and len(fig.layout.shapes) == 1  # alignment, excess, null; the zero line
 
 
-@pytest.mark.parametrize("align_end,low_end,words", [
-    (0.60, 0.20, "both rose"), (0.60, -0.05, "alignment rose, the flip excess did not"),
-    (0.41, 0.20, "the flip excess rose, alignment did not"), (0.41, -0.05, "neither rose")])
-def test_the_sentence_follows_its_rule(align_end, low_end, words):
-    summary = pd.DataFrame([{"arch": "attn", "width": 64, "epoch": e, "alignment_mean": al, "alignment_sd": 0.02,
-                             "flip_excess": ex, "flip_excess_low": lo, "flip_excess_high": ex + 0.1}
-                            for e, al, ex, lo in ((0, 0.40, 0.05, -0.05), (40, align_end, low_end + 0.1, low_end))])
-    assert f": {words}." in along_sentence(summary)
+def _nets(align_step, excess_step, dist_step, draws=(0, 1, 2), seeds=(0, 1), epochs=(0, 20, 40), noise=0.002):
+    """Per-net snapshots (the ``flips_training`` frame): each net's alignment, flip excess and kernel
+    distance move by the given step per snapshot, plus a small net-specific wobble."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for d in draws:
+        for s in seeds:
+            off = noise * rng.standard_normal(3)
+            for i, e in enumerate(epochs):
+                rows.append({"data_seed": d, "arch": "attn", "width": 64, "seed": s, "epoch": e,
+                             "alignment": 0.4 + i * align_step + off[0] * i, "kernel_dist": 0.1 + i * dist_step + off[2] * i,
+                             "flip_excess": 0.05 + i * excess_step + off[1] * i})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("steps,words", [
+    ((0.05, 0.1, 0.1), ["alignment 0.400 → 0.49", "(rose); flip excess", "the excess moved with the kernel"]),
+    ((0.05, 0.0, 0.1), ["(rose); flip excess", "(no change beyond its interval); kernel distance"]),
+    ((0.0, 0.1, 0.0), ["the excess did not move with the kernel's distance"]),
+    ((-0.05, -0.1, 0.0), ["(fell); flip excess", "(fell); kernel distance"]),
+])
+def test_the_sentence_follows_its_paired_rule(steps, words):
+    text = along_sentence(_nets(*steps))
+    for w in words:
+        assert w in text, text
+    assert "3 draws" in text and "6 nets" in text
+
+
+def test_paired_changes_pool_draw_means_with_a_t_interval():
+    import scipy.stats
+
+    from engine.reporting.alignment import along_changes
+
+    nets = _nets(0.05, 0.1, 0.1, noise=0.02)
+    ch = along_changes(nets).iloc[0]
+    per = nets.sort_values("epoch").groupby(["data_seed", "seed"])["alignment"].agg(lambda v: v.iloc[-1] - v.iloc[0])
+    means = per.groupby(level=0).mean().to_numpy()
+    lo, hi = scipy.stats.t.interval(0.95, means.size - 1, loc=means.mean(), scale=scipy.stats.sem(means))
+    assert (ch["alignment_change"], ch["alignment_low"], ch["alignment_high"]) == pytest.approx((means.mean(), lo, hi))
     assert "not measured" in along_sentence(pd.DataFrame())

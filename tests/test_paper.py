@@ -251,7 +251,7 @@ def test_readme_tables_read_every_cell_with_the_flip_rule():
     assert lines[0].startswith("| setting | attack |") and lines[1].startswith("|---|")
     assert "| ℓ2 0.3 | PGD ε = 0.3 |" in lines[2] and "**holds**" in lines[2] and "25 [12, 38]" in lines[2]
     assert "9 (0 / 5)" in lines[2]                 # 2L-ReLU's flip rate with its seed and random nulls
-    assert "**did not train**" in lines[3] and "3 of 3 / 0 of 3" in lines[3]
+    assert "**did not train**" in lines[3] and "3 of 3 / 0 of 3" in lines[3] and "(primary)" in lines[3]
     assert "not computed yet" in lines[4]
     assert FR.RULE_WORDS.replace("**", "") in text
 

@@ -112,6 +112,7 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     n_seeds = int(d["n_seeds"].min())
     draws = int(d["n_draws"].min()) if "n_draws" in d.columns else 1
     out["n_seeds"], out["n_draws"] = n_seeds, draws
+    out["n_nets"] = int(d["n_nets"].min()) if "n_nets" in d.columns else n_seeds
     a, low = out["attn_excess"], out["attn_low"]
     out["numbers"] = (f"flip excess MLP-Attn {_pct(a)} [{_pct(low)}, {_pct(out['attn_high'])}], 2L-ReLU "
                       f"{_pct(out['relu_excess'])} [{_pct(out['relu_low'])}, {_pct(out['relu_high'])}]; "

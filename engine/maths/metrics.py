@@ -266,6 +266,28 @@ def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: It
     return Gap(pa - pb, float(lo), float(hi), ratio, ratio_lo, ratio_hi, p, 1)
 
 
+def draw_interval(values: ArrayLike, draws: Iterable, level: float = LEVEL) -> tuple[float, float, float, int]:
+    """A per-net quantity (e.g. a paired change, one value per net) pooled with data draws as the unit:
+    each draw's mean over its nets, then the mean of the G draw means with a t interval over them (G − 1
+    degrees of freedom); with one draw, a t interval over that draw's nets (about that sample only).
+    Returns (mean, low, high, G); NaN bounds with fewer than two values to spread."""
+    v = np.asarray(values, dtype=float)
+    labels = list(draws)
+    ok = np.isfinite(v)
+    v, labels = v[ok], [d for d, k in zip(labels, ok, strict=True) if k]
+    nan = float("nan")
+    if not v.size:
+        return nan, nan, nan, 0
+    by: dict = {}
+    for x, d in zip(v, labels, strict=True):
+        by.setdefault(d, []).append(float(x))
+    means = np.array([np.mean(x) for x in by.values()]) if len(by) > 1 else v
+    if means.size < 2:
+        return float(means.mean()), nan, nan, len(by)
+    mean, lo, hi, _ = _t_interval(means, level, math.inf)
+    return mean, lo, hi, len(by)
+
+
 def holm(p: Iterable[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values (same order; NaN stays NaN and is not counted): a family of
     tests whose adjusted p < α holds at family-wise error α."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,11 @@ def _cell_pct(v: float, digits: int = 0) -> str:
 
 
 def _cell(text) -> str:
-    """A spec's text as one Markdown table cell: ``|`` escaped, HTML as entities, newlines as spaces."""
+    """A spec's text as one Markdown table cell, shown as typed: ``|`` and the characters of emphasis,
+    code, links and formulas backslash-escaped (``**bold**`` stays two asterisks), HTML as entities,
+    newlines as spaces."""
     text = " ".join(str(text).splitlines()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|")
+    return re.sub(r"([\\|*_`\[\]~$])", r"\\\1", text)
 
 
 def _flips(v: dict, a: str) -> str:
@@ -51,10 +54,11 @@ def readme_tables(results) -> str:
     excess with its 95 % interval, test and K_m-ridge accuracy, the share of seeds through the
     training gate, and the verdict with its reason. Percent throughout.
     """
-    from .rule import RULE_WORDS, flip_rule
+    from ..maths.metrics import INTERVAL_WORDS
+    from .rule import RULE_WORDS, flip_rule, sensitivity_words
 
     head = ("| setting | attack | 2L-ReLU flip (seed / random null) | MLP-Attn flip (seed / random null) | "
-            "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | seeds trained | "
+            "excess 2L-ReLU | excess MLP-Attn | test acc. 2L-ReLU / MLP-Attn (K_m ridge) | nets through the gate | "
             "verdict |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for label, summary in results:
@@ -71,16 +75,36 @@ def readme_tables(results) -> str:
             if "relu_excess" not in v:
                 lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
                 continue
-            n = v["n_seeds"]
+            n = v["n_nets"]
             acc = (f"{_cell_pct(v['relu_test_acc'])} ({_cell_pct(v['relu_test_acc_kernel'])}) / "
                    f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
             trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
                                  f" of {n}" for a in ("relu", "attn"))
             lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {_flips(v, 'relu')} | "
                          f"{_flips(v, 'attn')} | {_excess(v, 'relu')} | {_excess(v, 'attn')} | {acc} | {trained} | "
-                         f"**{v['outcome']}**: {v['why']} |")
+                         f"**{v['outcome']}** ({v['role']}): {_cell(v['why'])}"
+                         + (f"; {_cell(sensitivity_words(v))}" if v.get("left_out") else "") + " |")
     rule = RULE_WORDS.replace("**", "")
-    return "\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over seeds; verdict: {rule}\n"
+    return ("\n".join(lines) + f"\n\nFlip rates in % of the top-τ points, means over the nets through the training gate; intervals: "
+              f"{INTERVAL_WORDS}; verdict: {rule}\n")
+
+
+def draw_lines(results) -> list[str]:
+    """One line per primary verdict cell of the (label, result or None) pairs: the gap of each data draw
+    (the ``draws`` frame), the values its interval summarises."""
+    out = []
+    for label, r in results:
+        if r is None or "draws" not in r.frames or r.frames["verdict"].empty:
+            continue
+        v, d = r.frames["verdict"], r.frames["draws"]
+        for _, cell in v[v["role"] == "primary"].iterrows():
+            mine = d[(d["width"] == cell["width"]) & (d["reading"] == cell["reading"]) & (d["attack"] == cell["attack"])]
+            gaps = ", ".join(f"{int(g.data_seed)}: {100 * g.gap:+.0f}" for g in mine.itertuples())
+            out.append(f"Per-draw gaps in points of the primary cell ({_cell(label)}, m = {int(cell['width'])}, reading "
+                       f"{cell['reading']}), draw: gap — {gaps}; their mean {100 * cell['gap']:+.0f} "
+                       f"[{100 * cell['gap_low']:+.0f}, {100 * cell['gap_high']:+.0f}] over {int(cell['gap_draws'])} "
+                       "draws.")
+    return out
 
 
 def results(spec, cache: Cache | None, data_dir=None, kind: str = "malleability") -> list[tuple[str, Result | None]]:
@@ -127,8 +151,13 @@ def protocol_lines(spec, cache: Cache | None, data_dir=None) -> list[str]:
 
 def markdown(spec, cache: Cache | None, data_dir=None) -> str:
     """The spec's tables in Markdown, with a heading naming the spec."""
-    rows = [(label, None if r is None else r.frames["summary"]) for label, r in results(spec, cache, data_dir)]
-    text = f"<!-- python -m engine report {spec.path or spec.name} -->\n" + readme_tables(rows)
+    found = results(spec, cache, data_dir)
+    rows = [(label, None if r is None else r.frames["summary"]) for label, r in found]
+    from .rule import PRIMARY_WORDS
+
+    text = (f"<!-- python -m engine report {spec.path or spec.name} -->\nPrimary reading, declared before the "
+            f"numbers: {PRIMARY_WORDS}.\n\n" + readme_tables(rows))
+    text += "".join(f"\n{line}\n" for line in draw_lines(found))
     power = results(spec, cache, data_dir, kind="alignment")  # the power half: a paragraph per spec
     if power:
         from .alignment import readme_paragraph
