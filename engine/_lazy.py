@@ -3,7 +3,9 @@
 A package's ``__init__`` lists which of its modules defines each public name; the module is
 imported the first time the name is read. So ``import engine`` (or ``engine.runtime``) costs
 nothing, a name pulls in only its own module (``engine.BadInput`` loads no torch), and the
-packages can name each other's modules without import cycles.
+packages can name each other's modules without import cycles. ``attach_from`` does the same for a
+table worked out from a registry or from the package's own modules when a name is read, so a
+record or a module added later is exported without an edit here.
 """
 
 from __future__ import annotations
@@ -47,3 +49,19 @@ def attach(package: str, exports: dict[str, list[str] | str]) -> tuple[Callable,
         return sorted(where)
 
     return __getattr__, __dir__, sorted(where)
+
+
+def attach_from(package: str, exports: Callable[[], dict[str, list[str]]]) -> tuple[Callable, Callable]:
+    """``__getattr__`` and ``__dir__`` for ``package`` from ``exports()`` ({module: [names]}, as
+    ``attach`` takes), called again whenever a name is not found yet: what a registry or the
+    package's modules hold then is exported. ``__all__`` is not a variable of the package but
+    read through ``__getattr__``, so it lists the names of that moment."""
+
+    def __getattr__(name: str):
+        get, _, names = attach(package, exports())
+        return sorted(names) if name == "__all__" else get(name)
+
+    def __dir__() -> list[str]:
+        return attach(package, exports())[2]
+
+    return __getattr__, __dir__

@@ -15,29 +15,30 @@ and stops with ``Cancelled`` when ``cancel.is_set()``. ``estimate(cfg)`` beside 
 the same quantities.
 """
 
-from .._lazy import attach
+import importlib
 
-__getattr__, __dir__, __all__ = attach(__name__, {
+from .._lazy import attach_from
+
+# Public names besides each experiment's config class and run function (which the registry gives).
+_MORE = {
     "registry": ["EXPERIMENTS", "Experiment", "estimate", "get", "of", "preset"],
     "runs": ["Prepared", "prepare", "tick"],
-    "configs.spectrum": ["SpectrumConfig"],
-    "configs.sweep": ["SweepConfig"],
-    "configs.kernels": ["KernelConfig"],
-    "configs.influence": ["INFLUENCE_KERNELS", "InfluenceConfig", "TRAINED"],
-    "configs.malleability": ["MalleabilityConfig"],
-    "configs.scaling": ["ScalingConfig"],
-    "configs.dynamics": ["DynamicsConfig"],
-    "configs.coord_check": ["CoordCheckConfig"],
-    "configs.retrain": ["RetrainConfig"],
-    "configs.alignment": ["AlignmentConfig"],
-    "spectrum": ["run_spectrum"],
-    "sweep": ["run_ntk_sweep"],
-    "kernels": ["run_kernels"],
-    "influence": ["run_influence"],
-    "malleability": ["random_perturbation", "run_malleability"],
-    "scaling": ["run_scaling", "theory_exponent"],
-    "dynamics": ["run_dynamics"],
-    "coord_check": ["run_coord_check"],
-    "retrain": ["run_retrain_loo"],
-    "alignment": ["run_alignment"],
-})
+    "configs.influence": ["INFLUENCE_KERNELS", "TRAINED"],
+    "malleability": ["random_perturbation"],
+    "scaling": ["theory_exponent"],
+}
+
+
+def _exports() -> dict[str, list[str]]:
+    """{module: names}: ``_MORE`` and every registered experiment's config class (from its
+    ``configs`` module) and run function (``run_path``), so a new record needs no line here."""
+    registry = importlib.import_module(f"{__name__}.registry")  # not ``from . import``: that reads this package's names
+    out = {module: list(names) for module, names in _MORE.items()}
+    for exp in registry.EXPERIMENTS.values():
+        run_module, run = exp.run_path.split(":")
+        out.setdefault(exp.config.__module__.removeprefix(f"{__name__}."), []).append(exp.config.__name__)
+        out.setdefault(run_module, []).append(run)
+    return out
+
+
+__getattr__, __dir__ = attach_from(__name__, _exports)

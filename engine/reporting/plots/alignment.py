@@ -11,6 +11,11 @@ from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, arch_label, for_log_axis
 
+__all__ = [
+    "KERNEL_DASH", "alignment_width_data", "alignment_width_fig", "curve_data", "curve_fig", "power_data",
+    "power_fig", "training_data", "training_fig"
+]
+
 KERNEL_DASH = {"K∞": "dot", "K_m init": "dash", "K_m trained": "solid"}
 
 

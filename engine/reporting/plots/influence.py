@@ -11,6 +11,12 @@ from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, eps_at, styled
 
+__all__ = [
+    "before_after_fig", "compare_bars_fig", "eps_sweep_fig", "flip_bars_fig", "image_grid_fig",
+    "influence_bar_fig", "influence_extremes", "influence_grid_data", "influence_grid_fig", "influence_hist_data",
+    "influence_hist_fig", "influence_shift_fig", "interventions_fig", "spread"
+]
+
 # ---------------------------------------------------------------- images and influence
 
 def _grid_shape(image_shape, d: int) -> tuple[int, int, int]:

@@ -26,6 +26,13 @@ from .style import (
     width_ticks,
 )
 
+__all__ = [
+    "block_average", "class_boundaries", "distance_data", "distance_fig", "kappa_growth_data", "kappa_growth_fig",
+    "kernel_diff_data", "kernel_heatmaps_fig", "largest_width_log10", "loss_data", "loss_fig", "matrix_data",
+    "paper_trend_data", "paper_trend_fig", "spectrum_data", "spectrum_fig", "trajectory_data", "trajectory_fig",
+    "width_needed_data", "width_needed_fig"
+]
+
 # ---------------------------------------------------------------- matrices
 
 def block_average(K: np.ndarray, max_side: int = MAX_SIDE) -> tuple[np.ndarray, int]:

@@ -19,6 +19,8 @@ import plotly.graph_objects as go
 
 from .style import ARCH_COLORS, arch_label, eps_at, styled
 
+__all__ = ["excess_fig", "nulls_fig"]
+
 NULLS = (("flip_rate", "attack", 1.0, ""), ("null_seed_flip_rate", "seed null", 0.55, "/"),
          ("null_random_flip_rate", "random null", 0.3, "."))  # (summary column, legend, opacity, pattern)
 

@@ -16,6 +16,8 @@ import plotly.graph_objects as go
 
 from .style import ARCH_COLORS, arch_label, styled, width_ticks
 
+__all__ = ["READING_LABELS", "against_ridge_data", "against_ridge_fig", "excess_width_data", "excess_width_fig"]
+
 READING_LABELS = {"ridge": "ridge LOO (kernel)", "flow": "gradient flow (kernel)", "retrain": "retraining (network)"}
 READING_DASH = {"ridge": "dot", "flow": "dash", "retrain": "solid"}
 COLUMNS = ("flip_rate", "null_seed_flip_rate", "null_random_flip_rate", "flip_excess")

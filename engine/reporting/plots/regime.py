@@ -10,6 +10,11 @@ from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, arch_label, for_log_axis
 
+__all__ = [
+    "PARAM_COLORS", "REGIME_LABELS", "coord_data", "coord_fig", "regime_epoch_data", "regime_epoch_fig",
+    "regime_width_data", "regime_width_fig"
+]
+
 REGIME_LABELS = {  # metric -> (chart title, axis title)
     "lin_gap": ("Distance to the linearised net ‖f_t − f_lin,t‖ / ‖f_lin,t‖", "relative gap (unitless)"),
     "pattern_change": ("Activation signs flipped since init", "share of signs flipped (fraction)"),

@@ -10,6 +10,8 @@ from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, arch_label, by_arch, for_log_axis
 
+__all__ = ["KERNEL_LABELS", "LOO_LABELS", "RETRAIN_LABELS", "retrain_width_data", "retrain_width_fig"]
+
 RETRAIN_LABELS = {  # agreement metric -> (its name, the axis title of 1 − it)
     "retrain_spearman": ("Spearman ρ", "1 − Spearman ρ (unitless)"),
     "retrain_pearson": ("Pearson r", "1 − Pearson r (unitless)"),

@@ -10,6 +10,8 @@ import plotly.graph_objects as go
 
 from .style import ARCH_COLORS, arch_label, styled
 
+__all__ = ["model_label", "scaling_data", "scaling_fig"]
+
 # ---------------------------------------------------------------- scaling law
 
 def model_label(arch: str, attention) -> str:

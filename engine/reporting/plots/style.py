@@ -9,6 +9,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+__all__ = [
+    "ARCH_COLORS", "ARCH_LABELS", "ATTACK_DASH", "HEIGHT", "LARGEST_LOG10", "LARGEST_PARAMS_LOG10", "MAX_SIDE",
+    "METRICS", "PRACTICAL_LOG10", "SUPERSCRIPTS", "arch_label", "eps_label", "pretty_formula"
+]
+
 MAX_SIDE = 500
 ARCH_LABELS = {"relu": "2L-ReLU", "attn": "MLP-Attn"}
 ARCH_COLORS = {"relu": "#1f77b4", "attn": "#d62728"}
