@@ -119,6 +119,18 @@ def test_report_cells_escape_pipes_html_and_newlines():
     assert "<" not in row
 
 
+def test_report_labels_print_literally_not_as_markdown():
+    """A spec label's ``**bold**``, ``_x_``, backticks, links and formulas are backslash-escaped in
+    the report's Markdown: a renderer shows the label as typed, with no emphasis or link."""
+    from engine.reporting.report import readme_tables
+
+    label = "**bold** _it_ `code` [a](http://evil.example) ~s~ $x$ \\"
+    row = [r for r in readme_tables([(label, None)]).splitlines() if r.startswith("| **") or "bold" in r][0]
+    cell = re.split(r"(?<!\\)\|", row)[1].strip()
+    assert _unescaped(cell) == label
+    assert re.findall(r"[*_`\[\]~$]", re.sub(r"\\.", "", cell)) == []  # each one escaped
+
+
 # ---------------------------------------------------------------- page settings in a URL
 
 def _jobs() -> list:
