@@ -144,9 +144,7 @@ protocols_ui()
 opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 require(bool(opts["widths"]) and bool(opts["readings"]), "Pick at least one width and one influence reading.")
-lr, decay, loss = opts.pop("lr"), opts.pop("weight_decay"), opts.pop("loss")
-cfg = configs.malleability_config(s, **opts)
-cfg = replace(cfg, train=replace(cfg.train, lr=lr, weight_decay=decay, loss=loss))
+cfg = configs.or_stop(configs.malleability_config, s, **opts)  # e.g. flow with Adam: one line, no traceback
 res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()

@@ -194,3 +194,26 @@ def test_a_valid_page_link_is_taken_without_a_line(env):
     at.run()
     assert not at.exception and _link_lines(at) == []
     assert at.radio(key="mall.norm").value == "l2" and at.select_slider(key="mall.tau").value == 0.2
+
+
+def test_the_flow_reading_with_adam_is_one_line_from_a_link_or_a_click(env):
+    """``/malleability?mall.readings=flow`` (flow follows plain SGD on MSE; the page's optimiser is
+    Adam): the page stops under its controls with the config's refusal in one line, no traceback
+    and no run; picking SGD and MSE then builds the config. Picking flow by hand goes the same way."""
+    at = _app({**SMALL})
+    at.switch_page("pages/malleability.py")
+    at.query_params["mall.readings"] = "flow"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (line,) = [e.value for e in at.error]
+    assert "flow" in line and "sgd" in line.lower() and "\n" not in line
+    assert _jobs() == []
+    at.selectbox(key="mall.optimizer").set_value("sgd").run()
+    at.radio(key="mall.loss").set_value("mse").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+
+    click = _app({**SMALL})
+    click.switch_page("pages/malleability.py")
+    click.run()
+    click.multiselect(key="mall.readings").set_value(["ridge", "flow"]).run()
+    assert not click.exception and len(click.error) == 1 and "flow" in click.error[0].value

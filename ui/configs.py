@@ -10,6 +10,7 @@ key on every page, so a result computed on one page is reused by the others.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable, TypeVar
 
 import streamlit as st
 
@@ -24,7 +25,9 @@ from engine.runtime import budget
 from engine.runtime.device import device_type, resolve_device
 from engine.runtime.errors import EngineError
 from engine.runtime.settings import default, meta
-from ui.common import Shared
+from ui.common import Shared, plain
+
+T = TypeVar("T")
 
 QUICK = {name: exp.presets["quick"] for name, exp in EXPERIMENTS.items()}  # the dashboard's defaults
 PAPER_WIDTHS = EXPERIMENTS["ntk-sweep"].presets["paper"].widths
@@ -190,17 +193,35 @@ def influence_config(s: Shared, width: int | None = None, epochs: int | None = N
 
 
 def malleability_config(s: Shared, epochs: int | None = None, steps: int | None = None, norm: str | None = None,
-                        n_seeds: int | None = None, optimizer: str | None = None, **options) -> MalleabilityConfig:
-    """The quick preset with the sidebar's data and any MalleabilityConfig field in ``options``."""
+                        n_seeds: int | None = None, optimizer: str | None = None, lr: float | None = None,
+                        weight_decay: float | None = None, loss: str | None = None,
+                        **options) -> MalleabilityConfig:
+    """The quick preset with the sidebar's data, the training settings given (all at once: the
+    config checks them together, e.g. the flow reading needs SGD on MSE) and any
+    MalleabilityConfig field in ``options``. Raises what the config raises (``BadInput``)."""
     q = QUICK["malleability"]
     seeds = q.seeds if n_seeds is None else tuple(int(s.seed) + i for i in range(int(n_seeds)))
     train = replace(q.train, epochs=q.train.epochs if epochs is None else int(epochs),
-                    optimizer=optimizer or q.train.optimizer)
+                    optimizer=optimizer or q.train.optimizer, lr=q.train.lr if lr is None else float(lr),
+                    weight_decay=q.train.weight_decay if weight_decay is None else float(weight_decay),
+                    loss=loss or q.train.loss)
     attack = replace(q.attack, steps=q.attack.steps if steps is None else int(steps), norm=norm or q.attack.norm)
     if "eps" in options:
         options["eps"] = tuple(float(e) for e in options["eps"])
     return replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention, seeds=seeds, train=train,
                    attack=attack, **options)
+
+
+def or_stop(make: Callable[..., T], *args, **kwargs) -> T:
+    """``make(*args, **kwargs)``, a page's config from its controls and its link; or, where the
+    config refuses the combination (the flow reading with Adam, from ``?mall.readings=flow`` or a
+    click), the page stopped under its controls with the refusal in one line, never a traceback."""
+    try:
+        return make(*args, **kwargs)
+    except EngineError as exc:
+        st.error(plain(exc))
+        st.stop()
+        raise  # st.stop() raises; this line is never reached
 
 
 def network_config(s: Shared) -> MalleabilityConfig:
