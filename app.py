@@ -17,6 +17,7 @@ st.set_page_config(page_title="Influence malleability in linearized attention", 
                    layout="wide")
 with st.spinner("Loading the engine…"):  # only the first run after a server start waits here (torch)
     from engine.data import DataSpec
+    from engine.experiments.options import ATTENTION_HELP
     from engine.runtime.budget import duration
     from engine.runtime.memory import keep_freed_blocks
     from engine.runtime.settings import meta
@@ -211,9 +212,8 @@ def sidebar_ui() -> tuple[Shared, str | None]:
                            help="2L-ReLU on the inputs; MLP-Attn: the same net on attention features.")
     attention = st.selectbox("Attention of MLP-Attn", ATTENTION_CHOICES, key="attention", **BOUND,
                              accept_new_options=True,
-                             help="linear is the paper's; stacked:k, truncated:r and softmax:T are options; "
-                                  "qkv trains W_Q, W_K, W_V (its NTK needs autograd: small n only). "
-                                  "Type another, e.g. stacked:3.")
+                             help=f"{ATTENTION_HELP[:1].upper()}{ATTENTION_HELP[1:]}. A "
+                                  "trainable one's NTK needs autograd: small n only. Type another, e.g. stacked:3.")
     qkv_slot = st.empty()
     device = st.selectbox("Device", DEVICE_CHOICES, key="device", **BOUND, on_change=_link_seen,
                           help="auto uses a CUDA GPU when one is visible.")

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from ..runtime.errors import BadInput
 from ..runtime.settings import normalised, setting, validate
+
+if TYPE_CHECKING:  # annotations only: the references import numpy when called
+    import numpy as np
 
 # ---------------------------------------------------------------- nets and attention (engine.maths.models)
 
@@ -29,8 +32,9 @@ MAX_WIDTH = 65536          # hidden units; larger heads do not fit a kernel comp
 
 class Attention(str, enum.Enum):
     """Attention variants for MLP-Attn. Strings may carry a parameter: ``stacked:2``. What each
-    implies (its parameter, whether it trains, its estimate's slow-down, its κ theory, its label)
-    is its ``AttentionVariant`` in ``VARIANTS``; its feature map is ``models.ATTENTION_FNS``."""
+    implies (its parameter, whether it trains, its estimate's cost and slow-down, its κ theory, its
+    label, its numpy reference) is its ``AttentionVariant`` in ``VARIANTS``; its feature map is
+    ``models.ATTENTION_FNS``."""
 
     LINEAR = "linear"        # C z, C = Zᵀ Z (the paper's)
     CENTERED = "centered"    # C (z − z̄): linear, minus the training set's mean attention feature
@@ -40,19 +44,32 @@ class Attention(str, enum.Enum):
     QKV = "qkv"              # trainable W_Q, W_K, W_V (standard init), trained with the head
 
 
+Weights = Mapping[str, "np.ndarray"]  # a trainable variant's parameters by name (its module's), as arrays
+Reference = Callable[["np.ndarray", "np.ndarray", "float | None", "Weights | None"], "np.ndarray"]
+
+
 @dataclass(frozen=True)
 class AttentionVariant:
     """Everything an attention variant implies outside its feature map, declared once: models,
-    options, the estimates, the spectrum's and the scaling law's κ theory and the sidebar read it.
+    options, the estimates, the spectrum's and the scaling law's κ theory and the sidebar read it,
+    and ``tests/test_attention_variants.py`` checks every record against what the code does.
 
     κ theory: the attention features' Gram has κ = base^p, base κ(G) (or λ₁/λ_r over the top r
     eigenvalues of G, ``kappa_top``) and p = ``kappa_exponent(param)``; ``None``: no closed form.
+
+    ``flops(param, n, d)``: the float64 operations of the feature map over n rows of dimension d
+    attending over n rows, which ``engine.runtime.budget.attention_s`` turns into the estimates'
+    seconds: a map whose scores are n × n costs n²d, not d²n. ``reference(Z, Z_ref, param,
+    weights)``: the same map in plain numpy, float64, on normalised rows Z (n, d) and Z_ref
+    (n_ref, d); ``weights``: a trainable variant's parameters by name (None for the others). Both
+    are keywords without a default: a new variant states them. ``example`` must come back from
+    ``str(parse_attention(example))`` unchanged (the sidebar and links compare the two).
     """
 
     kind: Attention
     usage: str                            # how it is written in the help: "stacked:K"
     label: str                            # what it is, in the help's words
-    example: str                          # the sidebar's choice of it
+    example: str                          # the sidebar's choice of it; str(parse_attention(example)) == example
     param: str | None = None              # what its parameter is ("layers"); None: it takes none
     default_param: float | None = None    # the parameter of the bare name ("stacked" = "stacked:1")
     bounds: tuple[float, float] = (0, 0)  # the parameter's allowed range, both ends included
@@ -61,6 +78,8 @@ class AttentionVariant:
     slowdown: float = 1                   # factor on the estimate of an MLP-Attn net's kernels and training
     kappa_exponent: Callable[[float | None], int] | None = None  # p of κ = base^p from the parameter
     kappa_top: bool = False               # the κ theory's base is λ₁/λ_r (r the parameter), not κ(G)
+    flops: Callable[[float | None, float, float], float] = field(kw_only=True)  # float64 operations (param, n, d)
+    reference: Reference = field(kw_only=True)  # the feature map in numpy: the tests' independent reference
 
 
 MAX_STACKED = 16           # stacked:k beyond this cubes κ past anything float64 can resolve
@@ -69,20 +88,102 @@ SOFTMAX_T = (1e-3, 1e3)    # temperatures outside this under- or overflow the so
 # Trainable QKV attention: autograd Jacobians over every parameter, measured ~20x the closed form.
 QKV_SLOWDOWN = 20
 
-VARIANTS: Mapping[Attention, AttentionVariant] = MappingProxyType({v.kind: v for v in (
-    AttentionVariant(Attention.LINEAR, "linear", "X Xᵀ X, the paper's", "linear", kappa_exponent=lambda p: 3),
+
+# ---------------------------------------------------------------- the maps' costs and numpy references
+
+def _gram_flops(n: float, d: float) -> float:
+    """C = Z_refᵀ Z_ref (d × d) and Z C: the linear map's two GEMMs."""
+    return 4 * n * d * d
+
+
+def _qkv_flops(n: float, d: float) -> float:
+    """Q and K (n × d_k), V (n × d), the n × n scores over d_k = min(d, 64) and their product with V."""
+    dk = min(d, 64)
+    return 4 * n * dk * d + 2 * n * d * d + 2 * n * n * dk + 2 * n * n * d
+
+
+def _softmax_rows(S: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    E = np.exp(S - S.max(axis=1, keepdims=True))
+    return E / E.sum(axis=1, keepdims=True)
+
+
+def _linear_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    return Z @ (R.T @ R)  # C z, C = Rᵀ R
+
+
+def _centered_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    return (Z - R.mean(axis=0)) @ (R.T @ R)
+
+
+def _stacked_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    import numpy as np
+
+    return Z @ np.linalg.matrix_power(R.T @ R, int(p or 1))  # Cᵏ z
+
+
+def _truncated_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    import numpy as np
+
+    lam, V = np.linalg.eigh(R.T @ R)  # C's eigenpairs, ascending: the top r span C_r (the code takes R's SVD)
+    Vr, lr = V[:, ::-1][:, :int(p or 1)], lam[::-1][:int(p or 1)]
+    return Z @ (Vr * lr) @ Vr.T
+
+
+def _softmax_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    return _softmax_rows(Z @ R.T / float(p or 1)) @ R
+
+
+def _qkv_np(Z: np.ndarray, R: np.ndarray, p: float | None = None, w: Weights | None = None) -> np.ndarray:
+    import numpy as np
+
+    if w is None:
+        raise BadInput("the qkv reference takes the attention's weights W_Q, W_K, W_V")
+    scores = (Z @ w["W_Q"]) @ (R @ w["W_K"]).T / np.sqrt(w["W_Q"].shape[1])
+    return _softmax_rows(scores) @ (R @ w["W_V"])
+
+
+_DECLARED = (
+    AttentionVariant(Attention.LINEAR, "linear", "X Xᵀ X, the paper's", "linear", kappa_exponent=lambda p: 3,
+                     flops=lambda p, n, d: _gram_flops(n, d), reference=_linear_np),
     AttentionVariant(Attention.CENTERED, "centered", "linear minus the training set's mean attention feature: a "
-                     "different model", "centered"),  # rank ≤ n − 1: no closed-form κ
+                     "different model", "centered",  # rank ≤ n − 1: no closed-form κ
+                     flops=lambda p, n, d: _gram_flops(n, d), reference=_centered_np),
     AttentionVariant(Attention.STACKED, "stacked:K", "K layers", "stacked:2", param="layers", default_param=1,
-                     bounds=(1, MAX_STACKED), integer=True, kappa_exponent=lambda p: 2 * int(p or 1) + 1),
+                     bounds=(1, MAX_STACKED), integer=True, kappa_exponent=lambda p: 2 * int(p or 1) + 1,
+                     flops=lambda p, n, d: _gram_flops(n, d) + max(1, int(p or 1) - 1) * 2 * n * d * d,
+                     reference=_stacked_np),
     AttentionVariant(Attention.TRUNCATED, "truncated:R", "rank-R C", "truncated:10", param="directions",
                      default_param=10, bounds=(1, MAX_TRUNCATED), integer=True, kappa_exponent=lambda p: 3,
-                     kappa_top=True),
+                     kappa_top=True, flops=lambda p, n, d: _gram_flops(n, d) + 4 * min(n, d) ** 3,
+                     reference=_truncated_np),
     AttentionVariant(Attention.SOFTMAX, "softmax:T", "temperature T", "softmax:0.1", param="temperature",
-                     default_param=0.1, bounds=SOFTMAX_T),
+                     default_param=0.1, bounds=SOFTMAX_T, flops=lambda p, n, d: 4 * n * n * d,
+                     reference=_softmax_np),
     AttentionVariant(Attention.QKV, "qkv", "trainable query/key/value", "qkv", trainable=True,
-                     slowdown=QKV_SLOWDOWN),
-)})
+                     slowdown=QKV_SLOWDOWN, flops=lambda p, n, d: _qkv_flops(n, d), reference=_qkv_np),
+)
+_VARIANTS: dict[Attention, AttentionVariant] = {}
+VARIANTS: Mapping[Attention, AttentionVariant] = MappingProxyType(_VARIANTS)  # read-only; register_variant writes
+
+
+def register_variant(v: AttentionVariant) -> AttentionVariant:
+    """Add ``v`` to ``VARIANTS`` (the records above, or a test's throw-away one; its kind must be an
+    ``Attention`` member and its feature map in ``models.ATTENTION_FNS``). ``ValueError`` if taken."""
+    if v.kind in _VARIANTS:
+        raise ValueError(f"attention {v.kind.value!r} is registered already")
+    _VARIANTS[v.kind] = v
+    return v
+
+
+def unregister_variant(kind: Attention) -> None:
+    """Remove a (throw-away) variant from ``VARIANTS``."""
+    del _VARIANTS[kind]
+
+
+for _v in _DECLARED:
+    register_variant(_v)
 
 
 @dataclass(frozen=True)

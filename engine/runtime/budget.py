@@ -211,16 +211,12 @@ def chol_s(n: float) -> float:
 
 
 def attention_s(attention: str, n: float, d: float) -> float:
-    """Attention features over n rows of dimension d for a variant string (k and r counted)."""
-    kind, _, arg = attention.partition(":")
-    base = gemm_s(d, d, n, True) + gemm_s(n, d, d, True)
-    if kind == "stacked":
-        return base + max(1, int(float(arg or 1)) - 1) * gemm_s(n, d, d, True)
-    if kind == "truncated":
-        return base + eig_s(min(n, d))
-    if kind == "softmax":
-        return gemm_s(n, n, d, True) * 2
-    return base
+    """Attention features over n rows of dimension d for a variant string (``"stacked:3"``): its
+    record's FLOP count (``engine.maths.specs.AttentionVariant.flops``) at the float64 GEMM rate."""
+    from ..maths.specs import parse_attention  # the records sit above this layer; torch-free
+
+    spec = parse_attention(attention)
+    return spec.variant.flops(spec.param, n, d) / FLOPS64
 
 
 def ntk_s(n1: float, n2: float, d: float, m: float) -> float:
