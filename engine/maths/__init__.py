@@ -3,7 +3,8 @@
 ``models`` (the nets and attention features), ``ntk`` (empirical NTK; ``counts`` and ``tiles``
 beneath it), ``kinf`` (the infinite-width NTK), ``ridge`` (kernel ridge regression and kernel
 distances), ``spectral``, ``influence`` (NTK leave-one-out), ``attacks``, ``training`` (with
-``grads``: the head's weight gradient in closed form, and the training precisions),
+``grads``: the head's weight gradient in closed form, and the training precisions; ``span``: plain SGD
+in the features' span; ``heads``: what every trainer shares),
 ``flow`` (the linearised head and the closed-form K∞ gradient flow) and ``loo`` (leave-one-out
 by retraining masked heads), and ``metrics`` (seed averages, flip rates, rank correlation, the
 flip excess with its interval, slopes: the numbers every experiment and page reads) and ``gates``

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from ..runtime.errors import BadInput, Cancelled
+from .heads import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets, write_back
 from .models import Net, TwoLayerReLU
 from .specs import TrainSpec
-from .training import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets, write_back
 
 
 @dataclass

@@ -28,13 +28,15 @@ gradients ask), so they keep η, with coupled L2 λ/m (adam) or decoupled λ (ad
 Training sets each net's ``mlp.param`` to ``spec.param``. The NTK functions of
 ``engine.maths.ntk`` keep their 1/m normalisation: for a μP net they give m times its tangent
 kernel (which itself vanishes like 1/m, the point of μP).
+
+What every trainer of heads shares (targets, loss weights, the batch seed, ``TrainResult``) is
+``engine.maths.heads``; plain SGD in the features' span is handed to ``engine.maths.span``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,24 +44,14 @@ import torch.nn.functional as F
 from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
 from .grads import StackedHead, autocast, check_precision
+from .heads import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets, write_back
+from .span import train_in_span
 from .specs import TrainSpec
 
 if TYPE_CHECKING:
     from .models import Net
 
-Progress = Callable[[float, str], None]
 PerModel = Callable[["torch.Tensor | None", "torch.Tensor | None"], "torch.Tensor"]  # (rows, new inputs) -> k losses
-
-
-class CancelFlag(Protocol):
-    """What a ``cancel`` argument is: anything with ``is_set()`` (a ``threading.Event``)."""
-
-    def is_set(self) -> bool: ...
-
-
-# The batch order is drawn from its own generator, seeded with the network seed plus this prime, so
-# that it differs from the initialisation's stream and two runs with one seed see the same batches.
-BATCH_SEED_OFFSET = 7919
 
 
 # How a head on fixed features gets its weight gradient: in closed form (the default, two GEMMs and
@@ -81,13 +73,6 @@ def resolve_loss(spec: TrainSpec, n_classes: int) -> str:
     return spec.loss
 
 
-def targets(y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """Regression targets (n, n_out) float64: ±1 for binary, one-hot otherwise."""
-    if n_classes == 2:
-        return (2.0 * y.double() - 1.0)[:, None]
-    return F.one_hot(y, n_classes).double()
-
-
 def loss_fn(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
     """Mean training loss of outputs (n, n_out) against integer labels (n,)."""
     if loss == "ce":
@@ -98,13 +83,6 @@ def loss_fn(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> to
 def predict_labels(out: torch.Tensor) -> torch.Tensor:
     """Class predictions from outputs (n, n_out): sign for one output, argmax otherwise."""
     return (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(dim=1)
-
-
-@dataclass
-class TrainResult:
-    losses: list[float]  # [0]: full-batch loss at init; then the mean mini-batch loss of each epoch
-    W0: torch.Tensor                       # (m, d) initial weights
-    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)  # epoch -> W
 
 
 def per_model_loss(out: torch.Tensor, y: torch.Tensor, loss: str, n_classes: int) -> torch.Tensor:
@@ -165,8 +143,6 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
     with torch.no_grad():
         phi = nets[0].features(X)
     if gradient == "closed" and epoch_inputs is None and B.in_span(phi.shape[0], phi.shape[1], spec):
-        from .span import train_in_span  # span builds on this module
-
         return train_in_span(nets, phi, y.to(phi.device), n_classes, spec, seed, progress, cancel, loss_name)
     k = len(nets)
     W = torch.nn.Parameter(torch.cat([net.mlp.W.detach() for net in nets]))
@@ -184,21 +160,6 @@ def train_many(nets: list[Net], X: torch.Tensor, y: torch.Tensor, n_classes: int
         curves, snapshots, W0 = optimise([W], autograd_head(phi, yd, W, A, k, loss_name, n_classes, feats), yd, k,
                                          spec, seed, progress, cancel, epoch_inputs, loss_weights(nets, spec))
     return write_back(nets, W, W0[0], curves, {e: w[0] for e, w in snapshots.items()})
-
-
-def write_back(nets: list[Net], W: torch.Tensor, W0: torch.Tensor, curves: list,
-               snapshots: dict[int, torch.Tensor]) -> list[TrainResult]:
-    """Each net's rows of the stacked trained weights W (Σm, d) copied into it, and its ``TrainResult``:
-    its column of the loss curves ((epochs + 1) rows of k), its rows of W0 and of each snapshot."""
-    results, offset = [], 0
-    for j, net in enumerate(nets):
-        seg = slice(offset, offset + net.mlp.width)
-        offset += net.mlp.width
-        with torch.no_grad():
-            net.mlp.W.copy_(W[seg])
-        results.append(TrainResult([row[j] for row in curves], W0[seg].clone(),
-                                   {e: w[seg].clone() for e, w in snapshots.items()}))
-    return results
 
 
 def full_batch(n: int, spec: TrainSpec) -> bool:
@@ -276,14 +237,6 @@ OPTIMIZER_FNS = {  # all elementwise, so batching widths into one parameter chan
     "adamw": lambda p, **kw: torch.optim.AdamW(p, fused=True, **kw),
     "sgd": lambda p, **kw: torch.optim.SGD(p, **kw),
 }
-
-
-def loss_weights(nets: list[Net], spec: TrainSpec) -> torch.Tensor | None:
-    """Weights of the k nets' losses in the optimised sum: None for ``ntk`` (plain sum),
-    the widths m_j for ``mup`` (μP's learning-rate scaling, see the module docstring)."""
-    if spec.param == "ntk":
-        return None
-    return torch.tensor([float(net.mlp.width) for net in nets], device=nets[0].mlp.W.device)
 
 
 class AutogradBatches:
