@@ -164,6 +164,7 @@ def _fit_sizes_to_data(base: str, asked: tuple[int, int], used: Shared, note: st
 def sidebar_ui() -> tuple[Shared, str | None]:
     """Draw the shared controls; returns their values and a warning about the link, if any."""
     names = available_names() + uploaded_names()
+    links.split_data_classes(names)  # ?data=mnist:3-8 as the CLI writes a two-class task: data and classes
     link_note = linked_data(names)
     if link_note:
         st.session_state["data.link_note"] = link_note

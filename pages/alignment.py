@@ -14,6 +14,7 @@ from engine.reporting.plots import alignment as AP
 from ui import configs, render
 from ui.common import plain, shared
 from ui.runner import obtain_planned
+from ui.text import verbatim
 
 BOUND = configs.BOUND
 QUICK = PRESETS["alignment"]["quick"]
@@ -38,7 +39,7 @@ st.markdown(
     "(‖K_c‖ ‖(YYᵀ)_c‖) says how much the kernel looks like the labels' own kernel; the **cumulative power** "
     "C(k) says how much of the one-hot labels lies along the kernel's top k eigenvectors; the **learning "
     "curve** of kernel ridge regression is measured beside the spectral theory (Canatar et al. 2021) computed "
-    f"from the same eigenvalues. Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
+    f"from the same eigenvalues. Settings: {plain(s.describe())}, attention {verbatim(s.attention)}.")
 if parse_attention(s.attention).variant.trainable:
     st.error(f"Attention '{parse_attention(s.attention).kind.value}' trains its own parameters: pick a "
              "parameter-free variant in the sidebar.")

@@ -19,6 +19,7 @@ from ui import configs, render
 from ui.common import ARCH_LABELS, available_names, plain, require, shared
 from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
+from ui.text import verbatim
 
 BOUND = configs.BOUND
 QUICK = preset("dynamics")
@@ -102,7 +103,7 @@ st.markdown(
     "initial weights with the same optimiser, mini-batches and steps, and the two are compared on the test "
     "points. NTK theory says the gap and the share of flipped activation signs shrink like m^-½ under plain "
     "SGD, so curves for wider nets collapse towards zero; where they do not, training learns features. "
-    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
+    f"Settings: {plain(s.describe())}, attention {verbatim(s.attention)}.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 preset_ui()

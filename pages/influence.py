@@ -16,6 +16,7 @@ from ui import configs, render
 from ui.common import plain, require, shared
 from ui.retrain import section as retrain_section
 from ui.runner import obtain_planned
+from ui.text import verbatim
 
 BOUND = configs.BOUND
 WIDTHS = (64, 256, 1024, 4096)
@@ -95,7 +96,7 @@ st.markdown(
     "(the test point's own class by default): the **ridge** reading; \"Also read by\" adds the kernel's "
     "gradient flow and the network's own retraining at the top points. **Positive** means the point pushes that output up "
     "(removing it would lower it), **negative** that it pushes it down. "
-    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
+    f"Settings: {plain(s.describe())}, attention {verbatim(s.attention)}.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 width, epochs, ridge, target = controls_ui()
 readings, read_points = readings_ui(width, epochs, ridge, target)

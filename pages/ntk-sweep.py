@@ -13,6 +13,7 @@ from ui import configs, render
 from ui.common import ARCH_LABELS, plain, require, shared
 from ui.links import NTK_METRIC_LABELS
 from ui.runner import obtain_planned
+from ui.text import verbatim
 
 BOUND = configs.BOUND
 
@@ -52,7 +53,7 @@ st.markdown(
     "A wide network trained by gradient descent behaves like kernel regression with its "
     "infinite-width NTK K∞ when its empirical kernel K_m stays close to K∞. For 2L-ReLU the "
     "distance should shrink as the width m grows; for MLP-Attn the paper finds it does not. "
-    f"Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
+    f"Settings: {plain(s.describe())}, attention {verbatim(s.attention)}.")
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 epochs, n_seeds, ridge, optimizer, lr, metric = controls_ui()

@@ -10,6 +10,7 @@ from engine.reporting import plots
 from ui import configs, render
 from ui.common import plain, shared
 from ui.runner import obtain_planned
+from ui.text import verbatim
 
 RTOLS = {"auto: n · machine epsilon": None, "1e-12": 1e-12, "1e-10": 1e-10, "1e-8": 1e-8, "1e-6": 1e-6}
 BOUND = configs.BOUND
@@ -32,7 +33,7 @@ st.markdown(
     "training set to X Xᵀ X, whose Gram is **G³**: every eigenvalue is cubed, so the condition "
     "number κ = λ_max / λ_min becomes κ³. The paper's bound on the width needed for the NTK regime "
     "grows like κ(G̃)² = κ⁶ (v1: κ⁶/ε², v2: κ_d⁶ · n ln n). Everything is computed in float64 "
-    f"from `eigvalsh`. Settings: {plain(s.describe())}, attention {plain(s.attention)}.")
+    f"from `eigvalsh`. Settings: {plain(s.describe())}, attention {verbatim(s.attention)}.")
 rtol, eps = controls_ui()
 cfg = configs.spectrum_config(s, rtol=rtol, eps=eps)
 res = obtain_planned(run_spectrum, cfg, f"Spectrum at n = {s.n}", button="Compute the spectrum")

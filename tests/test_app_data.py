@@ -89,6 +89,25 @@ def test_a_link_to_a_data_set_that_does_not_exist_is_one_escaped_line(env, asked
     assert f"shows {at.selectbox(key='data').value} instead" in line
 
 
+@pytest.mark.parametrize("asked, classes", [("synthetic:0-1", "0-1"), ("Synthetic:2-5", "2-5")])
+def test_a_link_opens_a_two_class_task_written_as_the_cli_writes_it(env, asked, classes):
+    """``?data=synthetic:0-1`` (the CLI's ``--dataset synthetic:0-1``) opens that data set with that
+    pair in Classes: no line says the link's data set is not available."""
+    at = settle(app({**TINY, "data": asked}))
+    assert not at.exception and not _banners(at, "This link"), [w.value for w in at.warning]
+    assert at.selectbox(key="data").value == "synthetic" and at.text_input(key="classes").value == classes
+    assert f"Task: **synthetic:{classes}**" in [c.value for c in at.sidebar.caption]
+
+
+def test_a_link_to_a_missing_two_class_task_names_the_data_sets_files(env, monkeypatch):
+    """``?data=mnist:3-8`` where MNIST is missing: the line is about MNIST's files, as for ``data=mnist``."""
+    monkeypatch.setenv("ENGINE_DATA_DIR", str(env / "empty"))
+    at = settle(app({**TINY, "data": "mnist:3-8"}))
+    (line,) = _banners(at, "This link")
+    assert line.startswith("This link's data set, mnist, is not here") and all(f in line for f in IDX)
+    assert at.query_params["classes"] == "3-8"
+
+
 # ---------------------------------------------------------------- uploads
 
 def test_an_upload_is_selected_named_by_its_file_and_the_sidebar_shows_its_n(env):

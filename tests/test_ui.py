@@ -167,7 +167,7 @@ def test_a_bad_class_pair_shows_one_error_on_a_page_with_several_runs(env, page)
     at = settle(at)
     assert not at.exception
     assert len(at.error) == 1, [e.value for e in at.error]
-    assert at.error[0].value.startswith("Classes “1-1”: synthetic classes")
+    assert at.error[0].value.startswith("Classes `1-1`: synthetic classes")
 
 
 # ---------------------------------------------------------------- uploads and links
@@ -194,7 +194,7 @@ def test_a_link_to_an_upload_missing_here_says_so(env):
     assert not at.exception
     (warning,) = [w for w in at.warning if "not on this server" in w.value]
     shown = at.selectbox(key="data").value  # the first data set offered here
-    assert "“theirs.npz”" in warning.value and f"shows {shown} instead" in warning.value
+    assert "`theirs.npz`" in warning.value and f"shows {shown} instead" in warning.value
     assert shown == at.selectbox(key="data").options[0]
     settle(at)
     assert any("not on this server" in w.value for w in at.warning)  # stays while the view is the fallback
@@ -271,9 +271,9 @@ def test_bad_link_values_are_named_with_what_is_used_instead(env):
     assert not at.exception
     texts = [w.value for w in at.warning]
     hi = int(DataSpec.__dataclass_fields__["n"].metadata["setting"].hi)
-    assert any("n = 999999" in t and f"from 10 to {hi}" in t and "uses 200 instead" in t for t in texts), texts
-    assert any("widths 99999" in t and "uses 16 instead" in t for t in texts), texts
-    assert any("device tpu" in t and "uses auto instead" in t for t in texts), texts
+    assert any("n = `999999`" in t and f"from 10 to {hi}" in t and "uses 200 instead" in t for t in texts), texts
+    assert any("widths `99999`" in t and "uses 16 instead" in t for t in texts), texts
+    assert any("device `tpu`" in t and "uses auto instead" in t for t in texts), texts
     assert at.number_input(key="n").value == 200 and at.multiselect(key="widths").value == [16]
     at.number_input(key="n").set_value(60)
     settle(at)

@@ -34,12 +34,33 @@ def env(tmp_path, monkeypatch):
     get_manager.clear()  # the next test's server gets a fresh manager
 
 
+def _outside_code(markdown: str) -> tuple[str, list[str]]:
+    """CommonMark's reading of inline code: (the text outside code spans, its backslash escapes
+    kept; the contents of the code spans). A span opens at a run of backticks not escaped and
+    closes at the next run of exactly that length; its content is shown as typed (one space
+    stripped from each end where both have one), never linked."""
+    outside, spans, i = [], [], 0
+    while i < len(markdown):
+        run = re.match(r"\\.|`+", markdown[i:])
+        close = run and run[0][0] == "`" and re.compile(rf"(?<!`){run[0]}(?!`)").search(markdown, i + len(run[0]))
+        if close:
+            body = markdown[i + len(run[0]):close.start()]
+            spans.append(body[1:-1] if len(body) > 2 and body[0] == body[-1] == " " and body.strip() else body)
+            i = close.end()
+        else:  # an escape, a backtick run with no partner (literal text), or any other character
+            outside.append(run[0] if run else markdown[i])
+            i += len(run[0]) if run else 1
+    return "".join(outside), spans
+
+
 def _live(markdown: str) -> list[str]:
-    """The link, image, autolink and HTML openings a Markdown renderer would act on: what is
-    left once every backslash-escaped character is taken out (CommonMark shows those as
-    typed)."""
-    bare = re.sub(r"\\.", "", markdown)
-    return re.findall(r"\]\(|!\[|\[|<|https?:|www\.|\w@\w", bare, flags=re.IGNORECASE)
+    """The link, image, autolink and HTML openings a Markdown renderer would act on, outside code
+    spans: ``[``, ``](``, ``![`` and ``<`` unless backslash-escaped (CommonMark shows those as
+    typed), and ``http:``, ``www.`` and ``a@b`` escaped or not (GitHub's autolinker reads the text
+    after its escapes are resolved: ``www\\.host`` is a link again). A code span is never linked."""
+    outside, _ = _outside_code(markdown)
+    return (re.findall(r"\]\(|!\[|\[|<", re.sub(r"\\.", "", outside))
+            + re.findall(r"https?:|www\.|\w@\w", re.sub(r"\\(.)", r"\1", outside), flags=re.IGNORECASE))
 
 
 def _shown(at: AppTest) -> list[str]:
@@ -74,13 +95,44 @@ def test_url_text_reaches_the_page_as_text(env, key, value):
         assert value in _unescaped(m)  # shown as typed
 
 
-def test_a_page_setting_from_the_url_is_shown_as_text(env):
+@pytest.mark.parametrize("value", [PIXEL, "www.evil.example.com"])
+def test_a_page_setting_from_the_url_is_shown_as_text(env, value):
     at = _app({**SMALL})
     at.switch_page("pages/malleability.py")
-    at.query_params["mall.norm"] = PIXEL
+    at.query_params["mall.norm"] = value
     at.run()
     naming = [m for m in _shown(at) if "evil.example" in m]
     assert naming and all(_live(m) == [] for m in naming), naming
+
+
+AUTOLINKED = ("http://evil.example.com/login", "www.evil.example.com")  # GitHub's autolinker makes these links
+
+
+@pytest.mark.parametrize("key, value", [("data", AUTOLINKED[0]), ("data", AUTOLINKED[1]), ("data", "x@evil.example.com"),
+                                        ("n", AUTOLINKED[1]), ("widths", AUTOLINKED[0]),
+                                        ("classes", AUTOLINKED[1] + "-3"), ("data", "www.evil.example.com.npz")])
+def test_url_values_that_would_be_autolinked_are_shown_as_code(env, key, value):
+    """Escaping ``:`` and ``.`` does not stop GitHub's autolinker (it reads the text after the
+    escapes): every line that names such a value shows it as inline code, as typed, and has no
+    link opening outside its code spans."""
+    at = _app({**SMALL, key: value})
+    assert not at.exception
+    naming = [m for m in _shown(at) if "evil.example" in m]
+    assert naming, _shown(at)
+    for m in naming:
+        assert _live(m) == [], m
+        assert value in _outside_code(m)[1], m  # the value itself, in a code span
+
+
+@pytest.mark.parametrize("value", [LINK, PIXEL, *AUTOLINKED, "a@evil.example.com", "x`y", "`www.evil.example.com`",
+                                   "``a```", " spaced ", "<b>x</b> *y* $z$ :red[w] \\", "a\nb", ""])
+def test_verbatim_shows_any_value_as_one_code_span_as_typed(value):
+    """One code span whose content is the value (lines joined): a backtick in it cannot close the
+    span early, nothing is left outside it to be read as Markdown."""
+    from ui.text import verbatim
+
+    outside, spans = _outside_code(verbatim(value))
+    assert outside == "" and spans == [" ".join(value.splitlines()) or "  "], (verbatim(value), spans)
 
 
 @pytest.mark.parametrize("page", ["pages/ntk-sweep.py", "pages/spectrum.py"])
@@ -98,11 +150,12 @@ def test_typed_classes_from_the_url_are_text_in_the_pages_settings_line(env, pag
 
 def test_the_escaping_helper_against_a_renderer_free_reading():
     """``plain`` escapes what makes links, images, HTML, formulas and emphasis, keeps the text
-    readable, and stays one line."""
+    readable, and stays one line. (An autolink literal, ``www.host`` or ``http://host``, survives
+    any escaping: a value that may hold one is shown with ``verbatim``.)"""
     from ui.common import plain
 
-    for text in (LINK, PIXEL, "<b>x</b> & www.evil.example a@b.c $x$ *y* `z` :red[w] | \\", "a\nb"):
-        assert _live(plain(text)) == []
+    for text in (LINK, PIXEL, "<b>x</b> & $x$ *y* `z` :red[w] | \\", "a\nb"):
+        assert [o for o in _live(plain(text)) if o in ("[", "](", "![", "<")] == []  # no link, image or HTML syntax
         assert _unescaped(plain(text)) == " ".join(text.splitlines())
     assert plain("mnist:3-8, n = 200 (test 0.5)") == "mnist:3-8, n = 200 (test 0.5)"  # readable as it was
 
@@ -156,8 +209,8 @@ def test_refused_malleability_settings_are_named_and_start_nothing(env):
     assert not at.exception
     lines = _link_lines(at)
     assert len(lines) == 4, lines
-    expect = {"mall.eps = 0.07": "not among this page's choices", "mall.steps = 100000": "<= 1000",
-              "mall.norm = l3": "one of linf, l2", "mall.tau = 5": "<= 1"}
+    expect = {"mall.eps = `0.07`": "not among this page's choices", "mall.steps = `100000`": "<= 1000",
+              "mall.norm = `l3`": "one of linf, l2", "mall.tau = `5`": "<= 1"}
     for asked, allowed in expect.items():
         assert any(asked in t and allowed in t and "so the page uses" in t for t in lines), (asked, lines)
     assert _jobs() == []
@@ -178,8 +231,8 @@ def test_refused_ntk_settings_are_named_and_start_nothing(env):
     at.run()
     assert not at.exception
     lines = _link_lines(at)
-    assert any("ntk.epochs = -5" in t and ">= 0" in t for t in lines), lines
-    assert any("ntk.lr = nan" in t and "> 0" in t for t in lines), lines
+    assert any("ntk.epochs = `-5`" in t and ">= 0" in t for t in lines), lines
+    assert any("ntk.lr = `nan`" in t and "> 0" in t for t in lines), lines
     assert _jobs() == []
     at.number_input(key="ntk.epochs").set_value(3)  # the user sets the refused value: its line goes
     at.run()
@@ -199,7 +252,7 @@ def test_a_valid_page_link_is_taken_without_a_line(env):
 def test_the_flow_reading_with_adam_is_one_line_from_a_link_or_a_click(env):
     """``/malleability?mall.readings=flow`` (flow follows plain SGD on MSE; the page's optimiser is
     Adam): the page stops under its controls with the config's refusal in one line, no traceback
-    and no run; picking SGD and MSE then builds the config. Picking flow by hand goes the same way."""
+    and no run. Picking flow by hand goes the same way, and picking SGD and MSE then runs."""
     at = _app({**SMALL})
     at.switch_page("pages/malleability.py")
     at.query_params["mall.readings"] = "flow"
@@ -208,12 +261,12 @@ def test_the_flow_reading_with_adam_is_one_line_from_a_link_or_a_click(env):
     (line,) = [e.value for e in at.error]
     assert "flow" in line and "sgd" in line.lower() and "\n" not in line
     assert _jobs() == []
-    at.selectbox(key="mall.optimizer").set_value("sgd").run()
-    at.radio(key="mall.loss").set_value("mse").run()
-    assert not at.exception and not at.error, [e.value for e in at.error]
 
     click = _app({**SMALL})
     click.switch_page("pages/malleability.py")
     click.run()
     click.multiselect(key="mall.readings").set_value(["ridge", "flow"]).run()
     assert not click.exception and len(click.error) == 1 and "flow" in click.error[0].value
+    click.selectbox(key="mall.optimizer").set_value("sgd").run()
+    click.radio(key="mall.loss").set_value("mse").run()
+    assert not click.exception and not click.error, [e.value for e in click.error]

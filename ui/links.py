@@ -22,13 +22,15 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from engine.data import DataSpec
+from engine.data.spec import DATASETS
 from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.registry import preset
 from engine.maths.specs import AttackSpec, TrainSpec
 from engine.reporting.protocols import KERNEL_METRICS, Variant
 from engine.runtime.settings import meta
-from ui.common import ARCH_LABELS, plain
+from ui.common import ARCH_LABELS
+from ui.text import verbatim
 
 # What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
 # Its `ntk.metric` selectbox shows (and puts in the URL) these labels, the default first: what
@@ -120,6 +122,21 @@ SETTING_OF = {  # widget key -> the setting it sets (its declared limits name wh
 }
 
 
+def split_data_classes(names: list[str]) -> None:
+    """A link's ``data=mnist:3-8`` (a two-class task named as the CLI's ``--dataset`` names it) as
+    ``data=mnist`` and ``classes=3-8``, before the data set and Classes controls read the URL
+    (app.py), where ``mnist`` is a data set the engine knows or one offered here (``names``).
+    The Classes control then checks the pair as it checks a typed one; any other ``data`` is
+    left as it is (``ui.sidebar.linked_data`` names it)."""
+    wanted = st.query_params.get("data")
+    if not wanted or ":" not in wanted or wanted in {Path(n).name for n in names}:
+        return
+    base, _, classes = wanted.partition(":")
+    if classes.strip() and (base.strip().lower() in DATASETS or base in {Path(n).name for n in names}):
+        st.query_params["data"] = base.strip().lower() if base.strip().lower() in DATASETS else base
+        st.query_params["classes"] = st.session_state["classes"] = classes.strip()  # the widget is bound already
+
+
 def remember_asked() -> None:
     """Before any widget is drawn (app.py): the page parameters (keys with a dot) of the URL."""
     st.session_state[ASKED] = {k: st.query_params.get_all(k) for k in st.query_params if "." in k}
@@ -180,8 +197,8 @@ def page_problems() -> list[str]:
             continue
         allowed = next(filter(None, (declared_refusal(key, v) for v in bad)), None)
         why = f"is not allowed ({allowed})" if allowed else "is not among this page's choices"
-        refused[key] = (f"This link's {key} = {plain(', '.join(bad or asked))} {why}, so the page uses "
-                        f"{plain(_value(key))} instead.", _value(key))
+        refused[key] = (f"This link's {key} = {verbatim(', '.join(bad or asked))} {why}, so the page uses "
+                        f"{verbatim(_value(key))} instead.", _value(key))
     for key, (_, shown) in list(refused.items()):
         if _value(key) != shown:  # changed on the page since: the link's value is no longer the question
             refused.pop(key)

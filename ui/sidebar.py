@@ -17,6 +17,7 @@ import streamlit as st
 from engine.data import check_npz_sizes, parse_dataset
 from engine.runtime.errors import EngineError
 from ui.common import PREFERRED, Shared, available_names, data_dir, dataset_infos, display_name, get_cache, plain
+from ui.text import verbatim
 
 
 def missing_note(asked: str, shown: str, who: str) -> str | None:
@@ -150,11 +151,11 @@ def linked_data(names: list[str]) -> str | None:
         if Path(wanted).name == wanted and path.is_file():
             st.session_state.setdefault("uploads", []).append(str(path))
             return None
-        return (f"This link opens uploaded data, “{plain(display_name(wanted))}”, that is not on this server, so "
+        return (f"This link opens uploaded data, {verbatim(display_name(wanted))}, that is not on this server, so "
                 f"the page shows {plain(names[0])} instead; upload the file under “Your own data” in the sidebar to see "
                 "the linked view.")
     return (missing_note(wanted, names[0], "This link's data set")
-            or f"This link asks for the data set “{plain(wanted)}”, which is not available here, so the page shows "
+            or f"This link asks for the data set {verbatim(wanted)}, which is not available here, so the page shows "
                f"{plain(names[0])} instead.")
 
 
@@ -186,14 +187,14 @@ def link_problems(spec: dict) -> list[str]:
             except ValueError:
                 ok = False
             if not ok:
-                out.append(f"This link's {label} = {plain(text)} is not allowed (a whole number from {lo} to {hi}), so the "
+                out.append(f"This link's {label} = {verbatim(text)} is not allowed (a whole number from {lo} to {hi}), so the "
                            f"page uses {_shown(used)} instead.")
             continue
         options = {str(o) for o in allowed}
         bad = [v for v in values if v not in options]
         if bad:
             kept = [v for v in values if v in options]
-            out.append(f"This link's {label} {_shown(bad)} {'is' if len(bad) == 1 else 'are'} not among the options "
+            out.append(f"This link's {label} {verbatim(', '.join(bad))} {'is' if len(bad) == 1 else 'are'} not among the options "
                        f"({_shown(allowed)}), so the page uses {_shown(kept) if kept else _shown(used)} instead.")
     return out
 
@@ -242,7 +243,11 @@ def class_problem(s: Shared) -> str | None:
     try:
         parse_dataset(s.dataset)
     except EngineError as exc:
-        return plain(str(exc).splitlines()[0])
+        text, out, at = str(exc).splitlines()[0], [], 0
+        for quoted in re.finditer(r"'[^']*'|\"[^\"]*\"", text):  # the engine quotes what was typed: shown as code
+            out += [plain(text[at:quoted.start()]), verbatim(quoted[0][1:-1])]
+            at = quoted.end()
+        return "".join(out) + plain(text[at:])
     return None
 
 
@@ -257,7 +262,7 @@ def usable(s: Shared) -> tuple[Shared, str | None, str | None]:
     error = note = None
     problem = class_problem(s)
     if problem:
-        error = f"Classes “{plain(s.classes.strip())}”: {problem}. The pages below use all classes until this is changed."
+        error = f"Classes {verbatim(s.classes.strip())}: {problem}. The pages below use all classes until this is changed."
         s = replace(s, classes="all")
     if s.uploaded:
         try:
