@@ -14,7 +14,7 @@ from engine.experiments.malleability import example_key, run_malleability
 from engine.experiments.registry import preset
 from engine.maths import metrics
 from engine.maths.specs import AttackSpec, TrainSpec
-from engine.reporting import plots, protocols, tables
+from engine.reporting import plots, protocols, rule, tables
 from engine.reporting.plots import excess_fig, nulls_fig
 from engine.reporting.plots.nulls import bars_data, excess_data, nulls_data, sweep_data
 from ui import configs, render
@@ -173,8 +173,12 @@ nets = rows[rows["width"] == width].drop_duplicates(["data_seed", "arch", "seed"
 bad = render.training_gate(nets, len(res.meta["class_names"]), by=("arch",), what="flip rates")
 verdict = protocols.flip_verdict(one, eps=shown)
 verdict_line = f"verdict ({verdict['attack'].upper()}, {plots.READING_LABELS[reading]}): {verdict['verdict']}"
-st.markdown(f"**Verdict at ε = {shown:g} ({verdict['attack'].upper()}): {verdict['verdict']}** — {verdict['why']}. "
-            f"Rule: {protocols.RULES['flip']}")
+st.markdown(f"**{verdict['verdict']}** ({verdict['role']}; {plots.READING_LABELS[reading]}, m = {width}, "
+            f"{verdict['attack'].upper()} ε = {shown:g}): {plain(verdict['why'])}")
+if verdict.get("left_out"):
+    st.caption(plain(rule.sensitivity_words(verdict)))
+with st.expander("The rule"):
+    st.markdown(protocols.RULES["flip"])
 render.gate_failures(nets)
 st.dataframe(render.greyed(tables.flip_table(one), bad, by=("arch",)), hide_index=True, column_config={
     **PCT, "arch": st.column_config.TextColumn("net"), "attack": "attack", "eps": "ε",
@@ -200,13 +204,13 @@ if len(cfg.readings) > 1 or len(cfg.widths) > 1:
     gaps = res.frames["verdict"]
     if len(gaps):
         st.dataframe(tables.gap_table(gaps), hide_index=True, column_config={
-            k: st.column_config.NumberColumn(v, format="%.1f") for k, v in tables.GAP_TABLE.items()
-            if k.startswith(("excess", "gap", "ratio"))})
-        st.caption("MLP-Attn's flip excess minus 2L-ReLU's, each over its larger null, with a 95 % bootstrap interval "
-                   "(draws, nets and tracked points resampled); the ratio only where 2L-ReLU's own excess interval "
-                   "excludes zero. **holds**: the gap's interval lies above zero and every net passed the training "
-                   "gate. Each reading says what it is exact for; a training that is not that (e.g. cross-entropy "
-                   "read by ridge) is flagged in *objective match*.")
+            k: st.column_config.NumberColumn(v, format="%.3f" if k == "gap_p_holm" else "%.1f")
+            for k, v in tables.GAP_TABLE.items() if k.startswith(("excess", "gap", "ratio"))})
+        st.caption(plain(f"MLP-Attn's flip excess minus 2L-ReLU's, each over its larger null. Intervals: "
+                         f"{metrics.INTERVAL_WORDS}. Primary: {rule.PRIMARY_WORDS}; the other cells are secondary "
+                         "(Holm). Each "
+                         "reading says what it is exact for; a training that is not that (e.g. cross-entropy read "
+                         "by ridge) is flagged in objective match."))
     if len(cfg.widths) > 1:
         attack = str(verdict.get("attack") or cfg.attacks[0]).lower()
         data = plots.excess_width_data(full, attack, shown)
@@ -215,6 +219,13 @@ if len(cfg.readings) > 1 or len(cfg.widths) > 1:
               "(colour) and reading (dash), with its 95 % interval; the shaded band is the larger null's flip rate. "
               "If malleability is the signature of leaving the kernel regime, it should fall with width for a net "
               "that enters it and not for one that does not.")
+    per_draw = res.frames.get("draws")
+    if per_draw is not None and per_draw["data_seed"].nunique() > 1:
+        data = plots.draw_gaps_data(gaps, per_draw, str(verdict.get("attack") or cfg.attacks[0]).lower(), shown)
+        chart(plots.draw_gaps_fig(data), data, "gap per data draw",
+              "Each open circle is one data draw's gap (MLP-Attn's mean excess over its nets in that draw minus "
+              "2L-ReLU's); the diamond is their mean with the 95 % t interval over draws that the verdict reads. "
+              "Draws, not nets, are the independent replicates.")
 
 c1, c2 = st.columns(2)
 data = summary[np.isclose(summary["eps"].astype(float), shown)]

@@ -96,7 +96,7 @@ for reading in ("retrain", "flow", "ridge"):
         d = net.frames["summary"]
         d = d[(d["reading"] == reading) & (d["width"] == d["width"].max())]
         v = rule.flip_rule(d, net_cfg.attacks[0], net_cfg.eps[0])
-        here = f"m = {int(d['width'].max())}: {v['outcome']} ({v['why']})"
+        here = f"m = {int(d['width'].max())}, {v['role']}: {v['outcome']} ({v['why']})"
     readings.append({"influence read by": plots.READING_LABELS[reading], "here": here,
                      "paper": "not measured (the paper reads ridge on the eNTK only)" if reading != "ridge"
                      else f"{paper.MALLEABILITY_GAP[0]:g}–{paper.MALLEABILITY_GAP[1]:g}× in raw flip rates"})

@@ -316,6 +316,6 @@ base."data.n" = 31
     res = EXPERIMENTS["malleability"].run(first.config, cache)
     lines = report.protocol_lines(spec, cache)
     v = FR.flip_rule(res.frames["summary"])
-    assert lines == [f"tiny ({first.settings}), PGD ε = {v['eps']:g}: {v['outcome']} — {v['why']}",
+    assert lines == [f"tiny ({first.settings}), PGD ε = {v['eps']:g}: {v['outcome']} ({v['role']}) — {v['why']}",
                      f"other ({spec.cells[2].settings}): not in this cache"]
     assert v["outcome"] in FR.FLIP_OUTCOMES

@@ -119,3 +119,16 @@ def test_repeated_values_are_refused_from_a_grid_spec(tmp_path):
     path.write_text('name = "g"\n[[grid]]\nkind = "malleability"\nbase.seeds = [0, 0]\n')
     with pytest.raises(BadInput, match="more than once"):
         G.load_spec(path)
+
+
+def test_the_per_draw_strip_shows_each_draws_gap_beside_the_pooled_interval():
+    from engine.reporting import plots
+
+    rows, flips = _run(np.random.default_rng(9), range(4), range(2), widths=(64,), readings=("retrain",), lift=0.3)
+    verdict, per_draw = F.verdict(rows, flips, nulls=True)
+    data = plots.draw_gaps_data(verdict, per_draw, "pgd", 0.3)
+    assert len(data) == 4 and list(data["data_seed"]) == [0, 1, 2, 3]
+    assert data["gap_draw"].mean() == pytest.approx(data["gap"].iloc[0], abs=1e-9)   # equal nets per draw
+    assert data["gap"].iloc[0] == pytest.approx(100 * verdict["gap"].iloc[0])
+    fig = plots.draw_gaps_fig(data)
+    assert [len(t.y) for t in fig.data] == [4, 1]

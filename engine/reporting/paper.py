@@ -314,7 +314,8 @@ def verdict_readings(summary: pd.DataFrame | None, dataset: str) -> Verdict:
     status = READING_STATUS[own["outcome"]]
     kernels = ", ".join(f"{r} {v['outcome']}" for r, v in rules.items() if r != "retrain")
     return Verdict(claim, paper, f"m = {width}, {attack.upper()} at ε = {own['eps']:g}: {measured}", status,
-                   f"Retraining the network without each tracked point: {own['outcome']} ({own['why']}); "
+                   f"Retraining the network without each tracked point ({own['role']}): {own['outcome']} "
+                   f"({own['why']}); "
                    f"the kernels' readings of the same attack: {kernels or 'not run'}.")
 
 

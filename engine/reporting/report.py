@@ -144,8 +144,8 @@ def protocol_lines(spec, cache: Cache | None, data_dir=None) -> list[str]:
         for reading in readings:
             v = flip_rule(summary if reading is None else summary[summary["reading"] == reading])
             how = "" if len(readings) < 2 else f", read by {reading}"
-            lines.append(f"{block} ({settings}{how}), {v['attack'].upper()} ε = {v['eps']:g}: {v['outcome']} — "
-                         f"{v['why']}")
+            lines.append(f"{block} ({settings}{how}), {v['attack'].upper()} ε = {v['eps']:g}: {v['outcome']} "
+                         f"({v['role']}) — {v['why']}")
     return lines
 
 

@@ -80,8 +80,9 @@ def flip_table(summary: pd.DataFrame) -> pd.DataFrame:
 GAP_TABLE = {  # column of ``gap_table`` -> what it shows
     "width": "m", "attack": "attack", "eps": "ε", "reading": "reading", "excess_attn": "MLP-Attn excess (%)",
     "excess_relu": "2L-ReLU excess (%)", "gap": "gap (% points)", "gap_low": "gap low", "gap_high": "gap high",
-    "ratio": "ratio", "ratio_low": "ratio low", "ratio_high": "ratio high", "trained": "both trained",
-    "objective_match": "objective match", "n_draws": "draws", "holds": "holds",
+    "ratio": "ratio", "ratio_low": "ratio low", "ratio_high": "ratio high", "gap_p_holm": "p (Holm)",
+    "trained": "through the gate (MLP-Attn / 2L-ReLU)", "left_out": "left out (below the gate)", "objective_match": "objective match",
+    "n_draws": "draws", "role": "role", "outcome": "verdict",
 }
 
 
@@ -93,6 +94,9 @@ def gap_table(verdict: pd.DataFrame) -> pd.DataFrame:
         out[c] = 100.0 * pd.to_numeric(verdict[c], errors="coerce")
     for c in ("ratio", "ratio_low", "ratio_high"):
         out[c] = pd.to_numeric(verdict[c], errors="coerce")
-    out["trained"] = verdict["trained_attn"].astype(bool) & verdict["trained_relu"].astype(bool)
-    out["objective_match"], out["n_draws"], out["holds"] = verdict["objective_match"], verdict["n_draws"], verdict["holds"]
+    out["gap_p_holm"] = pd.to_numeric(verdict["gap_p_holm"], errors="coerce")
+    out["trained"] = [f"{100 * a:.0f} % / {100 * r:.0f} %" for a, r in zip(verdict["trained_attn"],
+                                                                         verdict["trained_relu"], strict=True)]
+    for c in ("left_out", "objective_match", "n_draws", "role", "outcome"):
+        out[c] = verdict[c]
     return out[list(GAP_TABLE)]

@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 
 from .style import ARCH_COLORS, arch_label, styled, width_ticks
 
-__all__ = ["READING_LABELS", "against_ridge_data", "against_ridge_fig", "excess_width_data", "excess_width_fig"]
+__all__ = ["READING_LABELS", "against_ridge_data", "against_ridge_fig", "draw_gaps_data", "draw_gaps_fig",
+           "excess_width_data", "excess_width_fig"]
 
 READING_LABELS = {"ridge": "ridge LOO (kernel)", "flow": "gradient flow (kernel)", "retrain": "retraining (network)"}
 READING_DASH = {"ridge": "dot", "flow": "dash", "retrain": "solid"}
@@ -92,3 +93,44 @@ def against_ridge_fig(data: pd.DataFrame, attention: str | None = None) -> go.Fi
                                  line={"color": "grey", "dash": "dot"}))
     return styled(fig, "ridge leave-one-out influence (kernel)", "the same point's influence, other reading",
                   "Each point's influence read two ways")
+
+
+def draw_gaps_data(verdict: pd.DataFrame, draws: pd.DataFrame, attack: str, eps: float) -> pd.DataFrame:
+    """The gap (MLP-Attn's excess minus 2L-ReLU's, % points) per data draw beside its pooled value and
+    interval, one row per (reading, width, draw) at one attack and ε: the malleability result's ``draws``
+    frame and its ``verdict`` frame (``engine.experiments.flips.verdict``), in percent."""
+    keys = ["width", "reading"]
+    v = verdict[(verdict["attack"] == attack) & np.isclose(verdict["eps"].astype(float), eps)]
+    d = draws[(draws["attack"] == attack) & np.isclose(draws["eps"].astype(float), eps)]
+    out = d[[*keys, "data_seed", "gap"]].merge(v[[*keys, "gap", "gap_low", "gap_high", "role", "outcome"]],
+                                               on=keys, suffixes=("_draw", ""))
+    for c in ("gap_draw", "gap", "gap_low", "gap_high"):
+        out[c] = 100.0 * pd.to_numeric(out[c], errors="coerce")
+    return out.sort_values([*keys, "data_seed"]).reset_index(drop=True)
+
+
+def draw_gaps_fig(data: pd.DataFrame) -> go.Figure:
+    """Per-draw gaps as points (one strip per reading and width) beside their pooled gap and interval."""
+    fig = go.Figure()
+    readings = list(dict.fromkeys(data["reading"]))
+    for reading in readings:
+        g = data[data["reading"] == reading]
+        x = [f"m = {w}, {READING_LABELS.get(reading, reading)}" for w in g["width"]]
+        fig.add_trace(go.Scatter(x=x, y=g["gap_draw"], mode="markers", name=f"{READING_LABELS.get(reading, reading)}: "
+                                 "one data draw", marker=dict(size=8, opacity=0.6, symbol="circle-open",
+                                                              color=ARCH_COLORS.get("attn", "black")),
+                                 customdata=g["data_seed"],
+                                 hovertemplate="draw %{customdata}: gap %{y:.0f} points<extra></extra>"))
+        pooled = g.drop_duplicates("width")
+        xs = [f"m = {w}, {READING_LABELS.get(reading, reading)}" for w in pooled["width"]]
+        mid, lo, hi = pooled["gap"], pooled["gap_low"], pooled["gap_high"]
+        fig.add_trace(go.Scatter(x=xs, y=mid, mode="markers", name=f"{READING_LABELS.get(reading, reading)}: "
+                                 "mean and 95 % interval over draws", marker=dict(size=12, symbol="diamond",
+                                                                                    color="black"),
+                                 error_y=dict(type="data", array=(hi - mid).clip(lower=0),
+                                              arrayminus=(mid - lo).clip(lower=0), visible=True),
+                                 customdata=np.stack([lo, hi, pooled["role"], pooled["outcome"]], axis=1),
+                                 hovertemplate=("gap %{y:.0f} [%{customdata[0]:.0f}, %{customdata[1]:.0f}] points"
+                                                "<br>%{customdata[2]}: %{customdata[3]}<extra></extra>")))
+    fig.add_hline(y=0, line_dash="dot", line_color="grey")
+    return styled(fig, "width and reading", "gap: MLP-Attn's excess − 2L-ReLU's (% points)")
