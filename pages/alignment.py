@@ -76,12 +76,12 @@ with right:
     data = AP.curve_data(res.frames["curves"])
     render.chart(AP.curve_fig(data), data, "learning curves", title="Kernel-ridge test error against p",
                  config=res.config, how_to_read=
-                 "Markers: kernel ridge on p points drawn from the n pool points, tested on all of them (mean ± sd "
-                 "over trials); lines: the theory from the same kernel's eigenvalues and the labels' weights on "
-                 "them. The theory assumes p well below n.")
+                 "Markers: kernel ridge on p points drawn without replacement from the n pool points, tested on "
+                 "the n − p it left out (mean ± sd over trials); lines: the theory at the same p, from the same "
+                 "kernel's eigenvalues and the labels' weights on them.")
     apart = parted(data)
     if len(apart):
-        st.warning("Theory and measurement part (by more than 20 % and two sds) at "
+        st.warning("Theory and measurement part (by more than 20 % and two standard errors) at "
                    + ", ".join(f"{plots.arch_label(r.arch)} {r.kernel} p = {r.p} (p/n = {r.p_over_n:.2f})"
                                for r in apart.itertuples()) + ".")
 

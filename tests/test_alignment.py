@@ -111,11 +111,16 @@ def test_theory_matches_monte_carlo_kernel_ridge_on_a_gaussian_process():
     y = np.sqrt(N) * U @ (rng.standard_normal(N) * np.sqrt(eta))
     lam, w = AL.population(*AL.eigh_desc(K), y)
     np.testing.assert_allclose(lam, eta, rtol=RTOL64_EIG, atol=ATOL64_EIG)  # the known spectrum comes back
-    ns, ridge, trials = (10, 20, 40, 80), 1e-2 * eta.sum(), 40
-    theory = AL.theory_curve(lam, w, ns, ridge)
+    ns, ridge, trials = (10, 20, 40, 80, 200, 400), 1e-2 * eta.sum(), 40   # up to p = N/2
+    theory = AL.theory_curve(lam, w, ns, ridge, held_out_of=N)
     mean, sd = AL.measured_curve(K, y, ns, ridge, trials, seed=1)
     assert np.all(np.diff(theory) < 0)
-    assert np.all(np.abs(mean - theory) <= MC_SIGMAS * sd / np.sqrt(trials)), (mean, theory, sd)
+    near = np.array(ns) <= N // 4   # the theory is asymptotic: up to N/4 within Monte-Carlo error,
+    assert np.all((np.abs(mean - theory) <= MC_SIGMAS * sd / np.sqrt(trials))[near]), (mean, theory, sd)
+    curves = pd.DataFrame({"measured": mean, "measured_se": sd / np.sqrt(trials), "theory": theory})
+    assert AL.parted(curves).empty   # and up to N/2 no parting flag (within 20 % or two standard errors)
+    population = AL.theory_curve(lam, w, ns, ridge)     # the whole pool's error: below the held-out points'
+    assert np.all(population < theory) and population[0] == pytest.approx(theory[0], rel=2 * ns[0] / N)
 
 
 def test_all_three_are_invariant_to_the_order_of_the_training_set():
@@ -138,8 +143,10 @@ def test_bad_input_is_one_line():
         AL.centered_alignment(np.full((3, 3), np.nan), np.ones(3))
     with pytest.raises(BadInput, match="p > 0"):
         AL.solve_kappa(np.ones(3), 0, 1e-3)
-    with pytest.raises(BadInput, match="exceed the pool"):
-        AlignmentConfig(data=DataSpec(n=100), curve_ns=(50, 200))
+    with pytest.raises(BadInput, match="no held-out point"):
+        AlignmentConfig(data=DataSpec(n=100), curve_ns=(50, 100))
+    with pytest.raises(BadInput, match="no held-out point"):
+        AL.measured_curve(np.eye(5), np.ones(5), (5,), 1e-3, 2)
     with pytest.raises(BadInput, match="qkv"):
         AlignmentConfig(attention="qkv")
 
@@ -168,8 +175,35 @@ def test_the_verdict_rule(relu, attn, acc_attn, units, outcome):
 
 
 def test_parted_flags_only_gaps_beyond_both_tolerances():
-    curves = pd.DataFrame({"measured": [1.0, 1.5, 1.5], "measured_sd": [0.1, 0.1, 0.4], "theory": [1.05, 1.0, 1.0]})
+    curves = pd.DataFrame({"measured": [1.0, 1.5, 1.5], "measured_se": [0.1, 0.1, 0.4], "theory": [1.05, 1.0, 1.0]})
     assert list(AL.parted(curves).index) == [1]
+
+
+def test_training_sets_are_drawn_without_replacement_and_tested_on_the_rest():
+    """The measured curve against a brute-force re-implementation: the same permutations, ridge on the
+    first p, mean squared error on the N − p left out; no index is drawn twice."""
+    K, Y = _psd(40, 3), _labels(40, 4, 3)
+    ridge, ns, trials = 1e-2 * np.trace(K) / 40, (5, 20, 39), 3
+    mean, sd = AL.measured_curve(K, Y, ns, ridge, trials, seed=11)
+    rng = np.random.default_rng(11)
+    for p, m, v in zip(ns, mean, sd, strict=True):
+        errs = []
+        for _ in range(trials):
+            order = rng.permutation(40)
+            S, T = order[:p], order[p:]
+            assert len(set(S)) == p and not set(S) & set(T)
+            f = K[np.ix_(T, S)] @ np.linalg.solve(K[np.ix_(S, S)] + ridge * np.eye(p), Y[S])
+            errs.append(np.mean(np.sum((f - Y[T]) ** 2, axis=1)))
+        assert m == pytest.approx(np.mean(errs), rel=RTOL64_SOLVE) and v == pytest.approx(np.std(errs, ddof=1),
+                                                                                          rel=RTOL64_SOLVE)
+
+
+def test_the_quick_preset_follows_n():
+    from engine.experiments.registry import preset
+
+    for n in (30, 200, 1000):
+        cfg = replace(preset("alignment", "quick"), data=DataSpec(n=n, n_test=50))
+        assert cfg.curve_sizes and max(cfg.curve_sizes) <= n // 2 and len(set(cfg.curve_sizes)) == len(cfg.curve_sizes)
 
 
 def test_presets_validate_and_estimate():
@@ -193,7 +227,7 @@ def test_the_run_end_to_end_on_synthetic_data():
     from engine.reporting.plots import alignment as AP
 
     cfg = AlignmentConfig(data=SYN, train=TrainSpec(epochs=4, snapshot_epochs=(0, 2, 4)), widths=(64, 128),
-                          seeds=(0, 1), data_seeds=(0, 1), curve_ns=(10, 40, 80), curve_trials=2)
+                          seeds=(0, 1), data_seeds=(0, 1), curve_ns=(10, 40), curve_trials=2)
     res = run_alignment.compute(cfg, None, torch.device("cpu"), None, None)
     rows, kinf = res.frames["rows"], res.frames["kinf"]
     assert len(rows) == 2 * 2 * 2 * 2 and len(kinf) == 2 * 2

@@ -232,18 +232,15 @@ def network_config(s: Shared) -> MalleabilityConfig:
 
 def alignment_config(s: Shared, epochs: int | None = None, draws: int | None = None):
     """The alignment quick preset on the sidebar's data, architectures and attention: learning-curve
-    sizes up to the sidebar's n, snapshots at each quarter of training, ``draws`` data draws from its seed."""
-    import numpy as np
-
+    sizes following the sidebar's n (``AlignmentConfig.curve_sizes``), snapshots at each quarter of training,
+    ``draws`` data draws from its seed."""
     q = QUICK["alignment"]
     epochs = q.train.epochs if epochs is None else int(epochs)
     draws = len(q.data_seeds) if draws is None else int(draws)
-    n = int(s.n)
-    ns = tuple(sorted({int(p) for p in np.geomspace(10, n, 6).round()} | {n})) if n >= 10 else (n,)
     snaps = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
     return replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention,
                    train=replace(q.train, epochs=epochs, snapshot_epochs=snaps),
-                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=ns)
+                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=())
 
 
 def scaling_config(**options):

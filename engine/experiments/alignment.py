@@ -10,6 +10,7 @@ spectrum; kernel-ridge learning curves measured beside the spectral theory's pre
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -61,11 +62,13 @@ def _curves(kernel: str, parts, Y: np.ndarray, cfg: AlignmentConfig, seed: int) 
     power = [{"kernel": kernel, "k": int(k), "C": float(C[k - 1]), "eigenvalue": float(s[k - 1] / n)} for k in ks]
     ridge_abs = cfg.ridge * float(np.trace(Kn)) / n  # the relative ridge of every regression here
     lam, w = AL.population(s, V, Y)
-    theory = AL.theory_curve(lam, w, cfg.curve_ns, ridge_abs)
-    mean, sd = AL.measured_curve(Kn, Y, cfg.curve_ns, ridge_abs, cfg.curve_trials, seed)
+    theory = AL.theory_curve(lam, w, cfg.curve_sizes, ridge_abs, held_out_of=n)
+    mean, sd = AL.measured_curve(Kn, Y, cfg.curve_sizes, ridge_abs, cfg.curve_trials, seed)
     scale = float(np.mean(np.sum(Y ** 2, axis=1)))  # E_g of the zero predictor
+    se = math.sqrt(cfg.curve_trials)
     curve = [{"kernel": kernel, "p": int(p), "p_over_n": p / n, "measured": m / scale, "measured_sd": v / scale,
-              "theory": t / scale} for p, m, v, t in zip(cfg.curve_ns, mean, sd, theory, strict=True)]
+              "measured_se": v / scale / se, "theory": t / scale}
+             for p, m, v, t in zip(cfg.curve_sizes, mean, sd, theory, strict=True)]
     return power, curve
 
 

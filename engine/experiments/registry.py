@@ -209,7 +209,7 @@ def _records() -> list[Experiment]:
                    what="this alignment run", tables=("summary", "verdict", "kinf"),
                    probe=lambda: alignment.AlignmentConfig(data=syn,
                                                            train=TrainSpec(epochs=20, snapshot_epochs=(0, 20)),
-                                                           widths=(256, 1024), seeds=(0, 1), curve_ns=(25, 100, 300)),
+                                                           widths=(256, 1024), seeds=(0, 1), curve_ns=(25, 100)),
                    figure="engine.reporting.plots.alignment:alignment_figure",
                    figure_help="centred kernel–target alignment against width (Task alignment page)",
                    page="pages/alignment.py", page_title="Task alignment",

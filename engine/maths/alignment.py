@@ -171,21 +171,47 @@ def theory_error(lam: np.ndarray, w: np.ndarray, p: float, ridge_abs: float) -> 
     return float(np.sum(k ** 2 * w / (p * lam + k) ** 2) / (1.0 - gamma))
 
 
-def theory_curve(lam: np.ndarray, w: np.ndarray, ns: Sequence[int], ridge_abs: float) -> np.ndarray:
-    """``theory_error`` at each training-set size in ``ns``, (len(ns),)."""
+def held_out_error(lam: np.ndarray, w: np.ndarray, p: float, ridge_abs: float, N: int) -> float:
+    """The theory's error on the N − p points a training set of p drawn from a pool of N left out.
+
+    ``theory_error`` is the error on the pool's whole empirical measure, whose p training points carry
+    the training error (ridge/κ)² E_g (Canatar et al. 2021; Simon et al.'s eigenlearning): so the
+    held-out error is (N E_g − p (ridge/κ)² E_g) / (N − p), equal to E_g for p ≪ N and above it as
+    p nears N."""
+    if not 0 < p < N:
+        raise BadInput(f"a held-out error needs 0 < p < N, got p = {p}, N = {N}")
+    e = theory_error(lam, w, p, ridge_abs)
+    k = solve_kappa(_np(lam), p, ridge_abs)
+    return e * (N - p * (ridge_abs / k) ** 2) / (N - p)
+
+
+def theory_curve(lam: np.ndarray, w: np.ndarray, ns: Sequence[int], ridge_abs: float,
+                 held_out_of: int | None = None) -> np.ndarray:
+    """``theory_error`` at each training-set size in ``ns``, (len(ns),); with ``held_out_of`` = N, the
+    error on the points of a pool of N a training set left out (``held_out_error``, what
+    ``measured_curve`` measures)."""
+    if held_out_of is not None:
+        return np.array([held_out_error(lam, w, float(p), ridge_abs, int(held_out_of)) for p in ns])
     return np.array([theory_error(lam, w, float(p), ridge_abs) for p in ns])
 
 
 def measured_curve(K: ArrayLike, Y: ArrayLike, ns: Sequence[int], ridge_abs: float, trials: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Kernel ridge on ``trials`` samples of each size p in ``ns``, drawn with replacement from the
-    N points of K (the population the theory's λ_k, w_k describe), tested on all N points:
-    mean and sd over trials of mean_i ‖f(x_i) − Y_i‖², each (len(ns),). ``ridge_abs`` is added
-    to the sampled kernel's diagonal, as in the theory."""
+    """Kernel ridge on ``trials`` training sets of each size p in ``ns``, each drawn *without*
+    replacement from the N points of K (the population the theory's λ_k, w_k describe), and tested on
+    the N − p points it left out: mean and sd over trials of mean_i ‖f(x_i) − Y_i‖² over the held-out
+    points, each (len(ns),). Every p must be < N (no held-out point otherwise). ``ridge_abs`` is added
+    to the sampled kernel's diagonal, as in the theory, which is evaluated at the same p.
+
+    Sampling with replacement would fit only about N(1 − e^(−p/N)) distinct points (127 of 200 at
+    p = N) while the theory counts p, so the two would part at p/N ≳ ½ for that reason alone."""
     K = _square(K)
     N = K.shape[0]
     Y = _targets(Y, N)
     if trials < 1:
         raise BadInput(f"trials must be >= 1, got {trials}")
+    big = [int(p) for p in ns if not 1 <= int(p) < N]
+    if big:
+        raise BadInput(f"training-set sizes {big} leave no held-out point of the N = {N}; allowed: 1 <= p < N")
     rng = np.random.default_rng(seed)
     with blas_threads(1):
         return _measure(K, Y, ns, ridge_abs, trials, rng)
@@ -196,10 +222,11 @@ def _measure(K, Y, ns, ridge_abs, trials, rng):
     for p in ns:
         errs = []
         for _ in range(trials):
-            S = rng.integers(0, N, int(p))
+            order = rng.permutation(N)
+            S, T = order[:int(p)], order[int(p):]
             A = K[np.ix_(S, S)] + ridge_abs * np.eye(len(S))
             alpha = np.linalg.solve(A, Y[S])
-            errs.append(float(np.mean(np.sum((K[:, S] @ alpha - Y) ** 2, axis=1))))
+            errs.append(float(np.mean(np.sum((K[np.ix_(T, S)] @ alpha - Y[T]) ** 2, axis=1))))
         mean.append(np.mean(errs))
         sd.append(np.std(errs, ddof=1) if trials > 1 else math.nan)
     return np.array(mean), np.array(sd)
@@ -253,11 +280,11 @@ def verdict(summary: pd.DataFrame, metric: str = "align_trained", acc: str = "te
 
 
 def parted(curves: pd.DataFrame, rtol: float = 0.2) -> pd.DataFrame:
-    """Rows of a learning-curve frame (columns measured, measured_sd, theory) where theory and the
-    measured mean part: they differ by more than ``rtol`` of the theory and by more than two sds
-    of the measurement."""
+    """Rows of a learning-curve frame (columns measured, measured_se, theory) where theory and the
+    measured mean part: they differ by more than ``rtol`` of the theory and by more than two standard
+    errors of the measured mean (its sd over trials / √trials)."""
     if curves.empty:
         return curves
     gap = (curves["measured"] - curves["theory"]).abs()
-    bad = (gap > rtol * curves["theory"].abs()) & (gap > 2 * curves["measured_sd"].fillna(0))
+    bad = (gap > rtol * curves["theory"].abs()) & (gap > 2 * curves["measured_se"].fillna(0))
     return curves[bad & np.isfinite(curves["theory"])]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...data import DataSpec
 from ...maths.specs import AttackSpec, TrainSpec
 from ...runtime import budget as B
@@ -29,9 +31,10 @@ class AlignmentConfig:
     init_std: float = options.init_std()
     init: str = options.init()
     ridge: float = options.ridge()  # of every kernel ridge regression and of the learning-curve theory
-    curve_ns: tuple[int, ...] = setting((25, 50, 100, 200, 400, 1000), "training-set sizes p of the learning "
-                                        "curves (each ≤ n; drawn with replacement from the n pool points, tested "
-                                        "on all of them; the theory assumes p well below n)", unit="points",
+    curve_ns: tuple[int, ...] = setting((), "training-set sizes p of the learning curves (each < n; drawn "
+                                        "without replacement from the n pool points and tested on the n − p left "
+                                        "out; the theory is evaluated at the same p); empty: six sizes "
+                                        "log-spaced from 10 to n/2, following n", unit="points",
                                         flag="--curve-ns", lo=1, hi=60_000, max_len=20)
     curve_trials: int = setting(5, "kernel-ridge samples per size p of the measured learning curve (mean ± sd)",
                                 flag="--curve-trials", lo=2, hi=200)
@@ -52,20 +55,29 @@ class AlignmentConfig:
         validate(self)
         options.check_init_widths(self.init, self.widths)
         options.check_space(self.space, self.data.normalize)
-        big = [p for p in self.curve_ns if p > self.data.n]
+        big = [p for p in self.curve_ns if p >= self.data.n]
         if big:
-            raise BadInput(f"curve sizes {big} exceed the pool n = {self.data.n}; allowed: each ≤ n")
+            raise BadInput(f"curve sizes {big} leave no held-out point of the pool n = {self.data.n}; allowed: "
+                           "each < n")
+
+    @property
+    def curve_sizes(self) -> tuple[int, ...]:
+        """The learning curves' sizes p: ``curve_ns``, or six log-spaced from 10 to n/2 when it is empty."""
+        if self.curve_ns:
+            return self.curve_ns
+        top = max(2, self.data.n // 2)
+        return tuple(sorted({int(p) for p in np.geomspace(min(10, top), top, 6).round()}))
 
 
 PRESETS = {"alignment": {  # named instances of the config: the dashboard's quick run and the paper's
     # the page opens on its chart: two draws of 300 MNIST points, two seeds, two widths, 40 epochs
     "quick": AlignmentConfig(data=DataSpec(n=300, n_test=100),
                              train=TrainSpec(epochs=40, lr=1e-3, weight_decay=0.0, snapshot_epochs=(0, 10, 20, 40)),
-                             widths=(128, 512), seeds=(0, 1), curve_ns=(10, 20, 40, 80, 160, 300), curve_trials=3),
+                             widths=(128, 512), seeds=(0, 1), curve_trials=3),
     # the paper's protocol (Adam 1e-3, coupled L2 1e-3, 500 epochs) on a 2000-point pool
     "paper": AlignmentConfig(data=DataSpec(n=2000, n_test=500),
                              train=TrainSpec(epochs=500, snapshot_epochs=(0, 50, 100, 200, 500)),
-                             widths=(256, 1024, 4096), curve_ns=(25, 50, 100, 200, 500, 1000, 2000)),
+                             widths=(256, 1024, 4096), curve_ns=(25, 50, 100, 200, 500, 1000)),
 }}
 
 
@@ -74,8 +86,8 @@ def estimate_alignment(cfg: AlignmentConfig) -> Estimate:
     tr, draws = cfg.train, max(1, len(cfg.data_seeds))
     c_out = B.n_outputs(cfg.data)
     curve = sum(cfg.curve_trials * (B.chol_s(p) + B.gemm_s(n, p, c_out, True)) + B.gemm_s(p, p, 1, True) * p / 8
-                for p in cfg.curve_ns)
-    curve += len(cfg.curve_ns) * 1e-3  # the theory's bisections
+                for p in cfg.curve_sizes)
+    curve += len(cfg.curve_sizes) * 1e-3  # the theory's bisections
     kinf = B.attention_s(cfg.attention, n + nt, d) + B.gemm_s(n + nt, n, d, True) + 3 * B.eig_s(n) + B.chol_s(n) + curve
     per_group = B.train_s(n, d, sum(cfg.widths), tr.epochs, tr.batch_size, c_out)
     for w in cfg.widths:

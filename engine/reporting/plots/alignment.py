@@ -5,6 +5,7 @@ both halves along training: alignment beside the flip excess at the same snapsho
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -82,11 +83,14 @@ def power_fig(data: pd.DataFrame) -> go.Figure:
 
 
 def curve_data(curves: pd.DataFrame) -> pd.DataFrame:
-    """Learning curves per (arch, kernel, p): measured mean and sd, theory, averaged over seeds and draws."""
+    """Learning curves per (arch, kernel, p): measured mean and sd, theory, averaged over seeds and draws;
+    ``measured_se`` the standard error of that average (each unit's trials independent of the others')."""
     if curves.empty:
-        return pd.DataFrame(columns=["arch", "kernel", "p", "p_over_n", "measured", "measured_sd", "theory"])
+        return pd.DataFrame(columns=["arch", "kernel", "p", "p_over_n", "measured", "measured_sd", "measured_se",
+                                     "theory"])
     g = curves.groupby(["arch", "kernel", "p"], sort=False)
     return g.agg(p_over_n=("p_over_n", "mean"), measured=("measured", "mean"), measured_sd=("measured_sd", "mean"),
+                 measured_se=("measured_se", lambda v: float(np.sqrt(np.sum(np.square(v)))) / len(v)),
                  theory=("theory", "mean")).reset_index()
 
 
