@@ -145,3 +145,21 @@ def test_spectrum_attention_variants(mnist_dir, attention):
     obj = json.loads(out)
     assert obj["attention"] == attention and obj["kappa_attention"] > 1
     assert (obj["kappa_attention_theory"] is None) == attention.startswith("softmax")
+
+
+@pytest.mark.parametrize("args,frames", [
+    (["alignment", "--widths", "32", "--seeds", "0,1", "--data-seeds", "0", "--epochs", "4", "--snapshot-epochs",
+      "0,4", "--curve-trials", "2"], {"rows", "verdict", "kinf", "curves", "power", "training", "flips_training",
+                                      "flips_training_summary"}),
+    (["malleability", "--widths", "32", "--seeds", "0,1", "--data-seeds", "0,1", "--epochs", "4"],
+     {"rows", "summary", "verdict", "draws", "interventions", "interventions_summary"}),
+])
+def test_json_holds_every_frame_of_the_result(args, frames, tmp_path):
+    """--json prints every frame the pages draw (the summary named rows for alignment, whose first table it is)."""
+    rc, out, err = run(*args, "--dataset", "synthetic", "--n", "40", "--n-test", "20", "--json", "--no-cache",
+                       cache_dir=tmp_path)
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert frames <= set(obj), frames - set(obj)
+    if args[0] == "malleability":
+        assert {v["role"] for v in obj["verdict"]} == {"exploratory"} and len(obj["draws"]) == 2
