@@ -293,6 +293,9 @@ arch = c1.selectbox("Architecture", list(cfg.archs), format_func=lambda a: ARCH_
 attack = c2.selectbox("Attack", list(cfg.attacks), format_func=str.upper, key="mall.shown_attack", **BOUND)
 eps = c3.selectbox("ε", list(cfg.eps), index=cfg.eps.index(shown) if shown in cfg.eps else 0,
                    format_func=lambda e: f"{e:g}", key="mall.example_eps", **BOUND)
+if example_key(arch, attack, eps, "top_idx") not in res.arrays:  # kept with the ridge reading only
+    st.info("The example images are kept with the ridge reading: add ridge to the influence readings to see one.")
+    st.stop()
 top = res.arrays[example_key(arch, attack, eps, "top_idx")]
 pos = c4.selectbox("Training image (top-τ by influence)", list(range(len(top))), key="mall.point", **BOUND,
                    format_func=lambda p: f"#{int(top[p])} (rank {p + 1})")
