@@ -256,7 +256,10 @@ def test_the_run_end_to_end_on_synthetic_data():
     assert set(res.frames["power"]["kernel"]) == {"K∞", "K_m init", "K_m trained"}
     assert list(res.frames["verdict"]["width"]) == [64, 128]
     assert verdict_alignment(res.frames["verdict"]).status in ("agrees", "partly", "disagrees")
-    assert "2L-ReLU A(K∞)" in readme_paragraph([("synthetic", res)])
+    text = readme_paragraph([("synthetic", res), ("later", None)])
+    rows = [line for line in text.splitlines() if line.startswith("| synthetic |")]
+    assert len(rows) == 2 and all(len(r.split("|")) == 11 for r in rows)   # one row per net, nine cells
+    assert "Not computed yet" in text and "later" in text and "Rule:" in text
     for fig in (AP.alignment_width_fig(AP.alignment_width_data(res.frames["summary"], kinf)),
                 AP.power_fig(AP.power_data(res.frames["power"])), AP.curve_fig(AP.curve_data(res.frames["curves"])),
                 AP.training_fig(AP.training_data(res.frames["training"])),

@@ -132,3 +132,18 @@ def test_the_per_draw_strip_shows_each_draws_gap_beside_the_pooled_interval():
     assert data["gap"].iloc[0] == pytest.approx(100 * verdict["gap"].iloc[0])
     fig = plots.draw_gaps_fig(data)
     assert [len(t.y) for t in fig.data] == [4, 1]
+
+
+def test_the_readme_opens_on_the_primary_verdict_and_its_kernel_readings():
+    from types import SimpleNamespace
+
+    from engine.reporting.report import findings
+
+    rows, flips = _run(np.random.default_rng(3), range(3), range(2), widths=(64, 4096),
+                       readings=("ridge", "flow", "retrain"), lift=0.3)
+    verdict, _ = F.verdict(rows, flips, nulls=True)
+    lines = findings([("none yet", None), ("network", SimpleNamespace(frames={"verdict": verdict}))], [])
+    p = verdict[verdict["role"] == "primary"].iloc[0]
+    assert len(lines) == 2 and "declared primary): " + p["outcome"] in lines[0] and "3 data draws" in lines[0]
+    assert f"{100 * p['gap']:+.0f} [{100 * p['gap_low']:+.0f}, {100 * p['gap_high']:+.0f}] points" in lines[0]
+    assert "ridge leave-one-out" in lines[1] and "gradient flow" in lines[1] and "m = 4096" in lines[0]

@@ -146,30 +146,36 @@ def _pct(v: float) -> str:
 
 
 def readme_paragraph(results) -> str:
-    """The README's paragraph on the power half, from (label, result or None) pairs of alignment
-    cells: per cell, the alignment of K∞ and of the trained K_m per net, k at C(k) = 0.9, the
-    K_m ridge accuracy, the verdict with its rule, and both halves along training (``along_sentence``)
-    where the cell measured flips."""
-    parts, along_any = [], False
+    """The README's power half, from (label, result or None) pairs of alignment cells: a table with a
+    row per cell and net (the alignment of K∞ and of the trained K_m, k at C(k) = 0.9, the K_m ridge
+    accuracy, the cell's verdict), the rule once under it, then both halves along training per cell
+    (``along_sentence``, paired changes) where the cell measured flips."""
+    rows, along, missing = [], [], []
     for label, r in results:
         if r is None:
-            parts.append(f"{label}: not computed yet (run `python -m engine grid grids/readme.toml`).")
+            missing.append(label)
             continue
         s, kinf, v = r.frames["summary"], r.frames["kinf"], _largest(r.frames["verdict"])
         width = int(s["width"].max())
         at = s[s["width"] == width].set_index("arch")
         k = kinf.groupby("arch")["align"].mean()
-        nets = "; ".join(
-            f"{'MLP-Attn' if a == 'attn' else '2L-ReLU'} A(K∞) = {k.get(a, math.nan):.3f}, A(K_m) = "
-            f"{at.loc[a, 'align_trained_mean']:.3f} ± {at.loc[a, 'align_trained_sd']:.3f}, C(k) reaches 0.9 at "
-            f"k = {at.loc[a, 'k90_trained_mean']:.0f} of {r.meta['n']}, K_m ridge test acc. "
-            f"{_pct(at.loc[a, 'test_acc_kernel_trained_mean'])}" for a in at.index)
-        verdict = "" if v is None else f" Verdict: **{v['outcome']}** ({v['why']})."
-        along = r.frames.get("flips_training")
-        along_any |= along is not None and not along.empty
-        along = "" if along is None or along.empty else " " + along_sentence(along, rule=False)
-        parts.append(f"{label} (m = {width}, {int(at['n_seeds'].min())} (seed, draw) pairs): {nets}.{verdict}{along}")
-    rule = VERDICT_WORDS.replace("**", "")
-    return ("**The power half — data-dependent kernel aligns better with the task?** Centred kernel–target "
-            "alignment A(K, YYᵀ) of the trained eNTK, mean ± sd over seeds and data draws. "
-            + " ".join(parts) + f" Rule: {rule}" + (f" Along training, {ALONG_RULE}" if along_any else "") + "\n")
+        verdict = "" if v is None else f"**{v['outcome']}**: {v['why']}"
+        for a in at.index:
+            rows.append(f"| {label} | {'MLP-Attn' if a == 'attn' else '2L-ReLU'} | {width} | "
+                        f"{int(at.loc[a, 'n_seeds'])} | {k.get(a, math.nan):.3f} | {at.loc[a, 'align_trained_mean']:.3f} "
+                        f"± {at.loc[a, 'align_trained_sd']:.3f} | {at.loc[a, 'k90_trained_mean']:.0f} of {r.meta['n']} | "
+                        f"{_pct(at.loc[a, 'test_acc_kernel_trained_mean'])} | {verdict if a == 'attn' else ''} |")
+        nets = r.frames.get("flips_training")
+        if nets is not None and not nets.empty:
+            along.append(f"- {label}: {along_sentence(nets, rule=False)}")
+    head = ("**The power half — does the data-dependent kernel align better with the task?** Centred kernel–target "
+            "alignment A(K, YYᵀ) of the trained eNTK, mean ± sd over (seed, draw) nets.\n\n"
+            "| cell | net | m | nets | A(K∞) | A(K_m) | k at C(k) = 0.9 | K_m ridge test acc. | verdict |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    text = head + "\n".join(rows) + f"\n\nRule: {VERDICT_WORDS.replace('**', '')}\n"
+    if along:
+        text += "\nBoth halves along training (the flip excess of the ridge reading on K_m(t)):\n\n" + "\n".join(along)
+        text += f"\n\nRule: {ALONG_RULE}\n"
+    if missing:
+        text += "\nNot computed yet (run `python -m engine grid grids/readme.toml`): " + "; ".join(missing) + ".\n"
+    return text
