@@ -189,15 +189,13 @@ def run_command(name: str, a, progress) -> dict:
         return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)
     out = dict(res.meta.get("summary", {})) if name == "spectrum" else {}
-    shown = set()
-    for i, frame in enumerate(exp.tables):
+    for i, frame in enumerate(exp.tables):  # --json: every frame the pages draw, each under its own name
         df = res.frames.get(frame)
-        if df is None or (df.empty and i > 0):
-            continue
-        out["rows" if i == 0 and name != "spectrum" else frame] = _records(df)
-        shown.add(frame)
-    if a.json:  # every frame the pages draw, not only the printed tables
-        out.update({frame: _records(df) for frame, df in res.frames.items() if frame not in shown and frame not in out})
+        if df is not None and not (df.empty and i > 0):
+            alias = i == 0 and name != "spectrum" and not (a.json and "rows" in res.frames)
+            out["rows" if alias else frame] = _records(df)
+    if a.json:
+        out.update({frame: _records(df) for frame, df in res.frames.items() if frame not in out})
     if name != "spectrum":
         out["meta"] = res.meta
     out["config"] = res.config

@@ -6,6 +6,7 @@ import streamlit as st
 
 from engine.experiments.alignment import run_alignment
 from engine.experiments.configs.alignment import PRESETS, AlignmentConfig
+from engine.maths import alignment as AL
 from engine.maths.alignment import VERDICT_WORDS, parted
 from engine.maths.specs import parse_attention
 from engine.reporting import plots
@@ -62,6 +63,21 @@ render.chart(AP.alignment_width_fig(data), data, "alignment against width",
              "after training. Bars: sd over network seeds and data draws.")
 st.dataframe(verdict, hide_index=True)
 st.caption(VERDICT_WORDS)
+
+st.subheader("The power half by every metric it is claimed in")
+metrics_table = AL.power_metrics(res.frames["rows"], res.frames["curves"])
+st.markdown(f"**{AL.disagreement(metrics_table)}**")
+st.dataframe(metrics_table, hide_index=True, column_config={
+    "attn": st.column_config.NumberColumn("MLP-Attn", format="%.3g"),
+    "relu": st.column_config.NumberColumn("2L-ReLU", format="%.3g"),
+    "diff": st.column_config.NumberColumn("MLP-Attn − 2L-ReLU", format="%.3g"),
+    "low": st.column_config.NumberColumn("95 % low", format="%.3g"),
+    "high": st.column_config.NumberColumn("95 % high", format="%.3g")})
+st.caption("Each net's trained K_m at the largest width; the difference is paired within each (draw, seed) and its "
+           "interval is a t interval over the data draws' means (over the nets with one draw). favours: the net the "
+           "interval points to (lower is better for k at C(k) = 0.9 and for the p at which the learning curve "
+           f"reaches {AL.REACH_ERROR:g} of the zero predictor's error; higher for alignment and the area), "
+           "neither where it reaches zero; a net that never reaches the error level leaves its pair out.")
 
 left, right = st.columns(2)
 with left:

@@ -4,6 +4,7 @@ synthetic data."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -294,3 +295,36 @@ def test_the_page_runs_on_synthetic_data(tmp_path, monkeypatch):
     assert len(charts) == 5 and len(at.get("download_button")) >= len(charts) - 1
     assert any("Power:" in i.value for i in at.info)
     assert any("Along training:" in c.value for c in at.caption)
+
+
+def test_reach_interpolates_in_log_p():
+    assert AL.reach([10, 100], [0.8, 0.4], 0.6) == pytest.approx(np.sqrt(10 * 100))   # halfway in log p
+    assert AL.reach([10, 100], [0.5, 0.4], 0.6) == 10 and math.isnan(AL.reach([10, 100], [0.9, 0.7], 0.6))
+
+
+def test_power_metrics_pair_the_nets_within_draws_and_say_where_they_disagree():
+    import scipy.stats
+
+    rng = np.random.default_rng(5)
+    rows, curves = [], []
+    for d in range(3):
+        for s in range(2):
+            for arch, align, k90 in (("attn", 0.5, 120), ("relu", 0.4, 100)):
+                rows.append({"data_seed": d, "arch": arch, "seed": s, "width": 64,
+                             "align_trained": align + 0.01 * rng.standard_normal(), "k90_trained": k90 + d,
+                             "auc_trained": 0.5})
+                for p, e in ((10, 0.9), (100, 0.5 if arch == "attn" else 0.55)):
+                    curves.append({"data_seed": d, "arch": arch, "seed": s, "kernel": "K_m trained", "p": p,
+                                   "measured": e})
+    rows, curves = pd.DataFrame(rows), pd.DataFrame(curves)
+    t = AL.power_metrics(rows, curves).set_index("metric")
+    pair = rows[rows.arch == "attn"].set_index(["data_seed", "seed"])["align_trained"] \
+        - rows[rows.arch == "relu"].set_index(["data_seed", "seed"])["align_trained"]
+    means = pair.groupby(level=0).mean().to_numpy()
+    lo, hi = scipy.stats.t.interval(0.95, 2, loc=means.mean(), scale=scipy.stats.sem(means))
+    assert (t.at["alignment", "diff"], t.at["alignment", "low"], t.at["alignment", "high"]) == pytest.approx(
+        (means.mean(), lo, hi))
+    assert t.at["alignment", "favours"] == "attn" and t.at["k90", "favours"] == "relu"
+    assert t.at["auc", "favours"] == "neither" and t.at["p_reach", "favours"] == "attn"   # 56 against 72 points
+    line = AL.disagreement(t.reset_index())
+    assert line.startswith("The metrics disagree") and "k90 favour 2L-ReLU" in line

@@ -149,13 +149,13 @@ def test_spectrum_attention_variants(mnist_dir, attention):
 
 @pytest.mark.parametrize("args,frames", [
     (["alignment", "--widths", "32", "--seeds", "0,1", "--data-seeds", "0", "--epochs", "4", "--snapshot-epochs",
-      "0,4", "--curve-trials", "2"], {"rows", "verdict", "kinf", "curves", "power", "training", "flips_training",
+      "0,4", "--curve-trials", "2"], {"rows", "summary", "verdict", "kinf", "curves", "power", "training", "flips_training",
                                       "flips_training_summary"}),
     (["malleability", "--widths", "32", "--seeds", "0,1", "--data-seeds", "0,1", "--epochs", "4"],
      {"rows", "summary", "verdict", "draws", "interventions", "interventions_summary"}),
 ])
 def test_json_holds_every_frame_of_the_result(args, frames, tmp_path):
-    """--json prints every frame the pages draw (the summary named rows for alignment, whose first table it is)."""
+    """--json prints every frame the pages draw, each under its own name."""
     rc, out, err = run(*args, "--dataset", "synthetic", "--n", "40", "--n-test", "20", "--json", "--no-cache",
                        cache_dir=tmp_path)
     assert rc == 0, err

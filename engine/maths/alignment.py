@@ -279,6 +279,81 @@ def verdict(summary: pd.DataFrame, metric: str = "align_trained", acc: str = "te
                                       "relu_acc", "attn_acc", "acc_gap", "units", "outcome", "why"])
 
 
+REACH_ERROR = 0.6  # sample efficiency: the p at which a learning curve's error falls to 60 % of the zero predictor's
+POWER_METRICS = {  # metric -> (column of the per-net rows, True where higher is better, words)
+    "alignment": ("align_trained", True, "centred alignment A(K_m, YYᵀ)"),
+    "k90": ("k90_trained", False, "k at which C(k) reaches 0.9"),
+    "auc": ("auc_trained", True, "area under C(k) against log k"),
+    "p_reach": ("p_reach", False, f"p at which the learning curve reaches {REACH_ERROR:g} of the zero predictor's error"),
+}
+
+
+def reach(ps: Sequence[float], errors: Sequence[float], level: float = REACH_ERROR) -> float:
+    """The training-set size at which a learning curve (errors at sizes ps, increasing p) first falls
+    to ``level``, interpolated linearly in log p between the sizes around it; NaN if it never does."""
+    p, e = np.asarray(ps, dtype=float), np.asarray(errors, dtype=float)
+    below = np.flatnonzero(e <= level)
+    if not below.size:
+        return math.nan
+    i = int(below[0])
+    if i == 0:
+        return float(p[0])
+    t = (e[i - 1] - level) / (e[i - 1] - e[i])
+    return float(np.exp(np.log(p[i - 1]) + t * (np.log(p[i]) - np.log(p[i - 1]))))
+
+
+def power_metrics(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """The power half by every metric it is claimed in, per metric: each net's mean, the paired
+    difference MLP-Attn − 2L-ReLU (each (draw, seed) pair at the largest width; draws the unit:
+    ``engine.maths.metrics.draw_interval``) with its 95 % interval, and which net it favours
+    (``favours``: attn, relu, or neither when the interval reaches zero). ``rows``: an alignment run's
+    per-net rows; ``curves``: its learning curves (the trained K_m's give ``p_reach``)."""
+    from .metrics import draw_interval
+
+    cols = ["metric", "words", "attn", "relu", "diff", "low", "high", "n_draws", "favours"]
+    if rows.empty or not {"attn", "relu"} <= set(rows["arch"]):
+        return pd.DataFrame(columns=cols)
+    nets = rows[rows["width"] == rows["width"].max()][["data_seed", "arch", "seed", *(c for c, _, _ in
+                                                                                      POWER_METRICS.values()
+                                                                                      if c in rows)]].copy()
+    trained = curves[curves["kernel"] == "K_m trained"] if len(curves) else curves
+    if len(trained):
+        got = {k: reach(g.sort_values("p")["p"], g.sort_values("p")["measured"])
+               for k, g in trained.groupby(["data_seed", "arch", "seed"])}
+        nets["p_reach"] = [got.get((d, a, s), math.nan) for d, a, s in
+                           zip(nets["data_seed"], nets["arch"], nets["seed"], strict=True)]
+    pairs = nets[nets["arch"] == "attn"].merge(nets[nets["arch"] == "relu"], on=["data_seed", "seed"],
+                                               suffixes=("_attn", "_relu"))
+    out = []
+    for metric, (col, higher, words) in POWER_METRICS.items():
+        if f"{col}_attn" not in pairs:
+            continue
+        diff = pairs[f"{col}_attn"] - pairs[f"{col}_relu"]
+        mean, lo, hi, g = draw_interval(diff, pairs["data_seed"])
+        better = (lo > 0) if higher else (hi < 0)
+        worse = (hi < 0) if higher else (lo > 0)
+        out.append({"metric": metric, "words": words, "attn": float(pairs[f"{col}_attn"].mean()),
+                    "relu": float(pairs[f"{col}_relu"].mean()), "diff": mean, "low": lo, "high": hi, "n_draws": g,
+                    "favours": "attn" if better else "relu" if worse else "neither"})
+    return pd.DataFrame(out, columns=cols)
+
+
+def disagreement(table: pd.DataFrame) -> str:
+    """One line: whether the power metrics of ``power_metrics`` agree on which net's kernel serves the
+    task better, and where they part."""
+    if table.empty:
+        return "The power metrics were not measured."
+    sides = {f: list(table[table["favours"] == f]["metric"]) for f in ("attn", "relu", "neither")}
+    if sides["attn"] and sides["relu"]:
+        return (f"The metrics disagree: {', '.join(sides['attn'])} favour MLP-Attn, {', '.join(sides['relu'])} "
+                "favour 2L-ReLU" + (f", {', '.join(sides['neither'])} neither" if sides["neither"] else "") + ".")
+    lead = "MLP-Attn" if sides["attn"] else "2L-ReLU" if sides["relu"] else None
+    if lead is None:
+        return "No metric separates the two nets beyond its interval."
+    rest = f"; {', '.join(sides['neither'])} separate neither" if sides["neither"] else ""
+    return f"Every metric that separates the nets favours {lead} ({', '.join(sides['attn'] or sides['relu'])}){rest}."
+
+
 def parted(curves: pd.DataFrame, rtol: float = 0.2) -> pd.DataFrame:
     """Rows of a learning-curve frame (columns measured, measured_se, theory) where theory and the
     measured mean part: they differ by more than ``rtol`` of the theory and by more than two standard

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from ..maths import alignment as AL
 from ..maths.alignment import VERDICT_WORDS
 from ..maths.metrics import draw_interval
 from .paper import Verdict
@@ -145,12 +146,16 @@ def _pct(v: float) -> str:
     return "—" if not math.isfinite(v) else f"{100 * v:.1f} %"
 
 
+def _favours(side: str) -> str:
+    return {"attn": "favours MLP-Attn", "relu": "favours 2L-ReLU"}.get(side, "neither")
+
+
 def readme_paragraph(results) -> str:
     """The README's power half, from (label, result or None) pairs of alignment cells: a table with a
     row per cell and net (the alignment of K∞ and of the trained K_m, k at C(k) = 0.9, the K_m ridge
     accuracy, the cell's verdict), the rule once under it, then both halves along training per cell
     (``along_sentence``, paired changes) where the cell measured flips."""
-    rows, along, missing = [], [], []
+    rows, along, missing, by_metric = [], [], [], []
     for label, r in results:
         if r is None:
             missing.append(label)
@@ -165,6 +170,11 @@ def readme_paragraph(results) -> str:
                         f"{int(at.loc[a, 'n_seeds'])} | {k.get(a, math.nan):.3f} | {at.loc[a, 'align_trained_mean']:.3f} "
                         f"± {at.loc[a, 'align_trained_sd']:.3f} | {at.loc[a, 'k90_trained_mean']:.0f} of {r.meta['n']} | "
                         f"{_pct(at.loc[a, 'test_acc_kernel_trained_mean'])} | {verdict if a == 'attn' else ''} |")
+        table = AL.power_metrics(r.frames["rows"], r.frames["curves"])
+        if len(table):
+            by_metric.append(f"- {label}: " + "; ".join(
+                f"{t.metric} {t.diff:+.3g} [{t.low:+.3g}, {t.high:+.3g}] ({_favours(t.favours)})"
+                for t in table.itertuples()) + f". {AL.disagreement(table)}")
         nets = r.frames.get("flips_training")
         if nets is not None and not nets.empty:
             along.append(f"- {label}: {along_sentence(nets, rule=False)}")
@@ -173,6 +183,10 @@ def readme_paragraph(results) -> str:
             "| cell | net | m | nets | A(K∞) | A(K_m) | k at C(k) = 0.9 | K_m ridge test acc. | verdict |\n"
             "|---|---|---|---|---|---|---|---|---|\n")
     text = head + "\n".join(rows) + f"\n\nRule: {VERDICT_WORDS.replace('**', '')}\n"
+    if by_metric:
+        text += ("\nBy every metric (MLP-Attn − 2L-ReLU, paired within draws, 95 % t interval over draws; "
+                 f"{', '.join(f'{k}: {w}' for k, (_, _, w) in AL.POWER_METRICS.items())}):\n\n"
+                 + "\n".join(by_metric) + "\n")
     if along:
         text += "\nBoth halves along training (the flip excess of the ridge reading on K_m(t)):\n\n" + "\n".join(along)
         text += f"\n\nRule: {ALONG_RULE}\n"

@@ -77,7 +77,7 @@ PRESETS = {"alignment": {  # named instances of the config: the dashboard's quic
     # the paper's protocol (Adam 1e-3, coupled L2 1e-3, 500 epochs) on a 2000-point pool
     "paper": AlignmentConfig(data=DataSpec(n=2000, n_test=500),
                              train=TrainSpec(epochs=500, snapshot_epochs=(0, 50, 100, 200, 500)),
-                             widths=(256, 1024, 4096), curve_ns=(25, 50, 100, 200, 500, 1000)),
+                             widths=(256, 1024, 4096)),  # curve sizes follow n (up to n/2)
 }}
 
 
