@@ -13,8 +13,9 @@ from engine.experiments.sweep import run_ntk_sweep
 from engine.reporting import alignment as alignment_words, paper, plots, rule, tables
 from engine.runtime import bundle
 from engine.runtime.errors import EngineError
-from ui import configs, render
+from ui import configs
 from ui.common import cache_summary, data_dir, dataset_infos, get_cache, plain, shared
+from ui.findings import findings_ui
 from ui.runner import obtain_together, peek
 
 PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
@@ -30,6 +31,9 @@ st.markdown(f"**The paper claims** (*{paper.PAPER}*): " + " ".join(paper.CLAIM)
             + " What this tool measures of it is below, each number beside its nulls, and on the Reproduction page.")
 st.caption("This dashboard recomputes the paper's quantities from scratch with the settings in the sidebar; "
            "every result is cached on disk, and every chart offers its data as CSV.")
+
+st.header("What we found")
+findings_ui()
 
 st.header("Headline numbers: here and in the paper")
 # The landing page starts nothing by itself: numbers measured before (in the cache) are shown,
@@ -132,14 +136,6 @@ st.caption(f"Measured on {plain(s.describe())}; networks trained {sweep_cfg.trai
            f"({mall_cfg.attack.norm}, {mall_cfg.space} pixels, influence on the {mall_cfg.target} class). Absolute "
            "distances depend on the number of test points: compare the trends. The Reproduction page gives a "
            "verdict per claim.")
-
-if sweep is not None and key in paper.NTK_DISTANCE:
-    measured = plots.distance_data(sweep.frames["rows"], "function_dist")
-    data = plots.paper_trend_data(measured, paper.ntk_distance_table(key))
-    render.chart(plots.paper_trend_fig(data), data, "NTK distance trend, here and in the paper", wide=True, config=sweep.config,
-                 title="Distance to the NTK prediction against width, relative to the smallest width",
-                 how_to_read="Each line is the distance to the NTK prediction divided by its value at the smallest width: "
-                 "below 1 means the net approaches its kernel limit as it widens, above 1 means it moves away.")
 
 st.header("Pages")
 # the navigation's own list (app.py), so a new page shows here without a second list to keep in step

@@ -58,6 +58,26 @@ def open_all(dataset: str) -> list[str]:
     return problems
 
 
+def add_grid(spec_path: Path, source: Path | None, cache_dir: Path) -> list[str]:
+    """Copy the results of a grid spec's cells (``grids/readme.toml``: the README's story, which no page
+    starts by itself) from ``source`` (the cache ``python -m engine grid`` filled; default the engine's)
+    into ``cache_dir``, so the Overview can open on them; returns one line per cell not found there."""
+    from engine.data import resolve_data_dir
+    from engine.grid.driver import load_spec
+    from engine.runtime.cache import Cache
+
+    spec, data_dir = load_spec(spec_path), resolve_data_dir(None)
+    src, dst, missing = Cache(source), Cache(cache_dir), []
+    for cell in spec.cells:
+        hit = src.get(cell.cache_kind, cell.config, data_dir=data_dir)
+        if hit is None:
+            missing.append(f"{spec_path.name} cell {cell.index} ({cell.label}) is not in {src.directory}: run "
+                           f"`python -m engine grid {spec_path}` first")
+            continue
+        dst.put(hit, cell.config, data_dir)
+    return missing
+
+
 def copy_out(cache_dir: Path, out: Path) -> dict:
     """The finished entries of ``cache_dir`` (checkpoints left out) as ``out/<key>.npz``, and
     the index; files of an older bundle are removed."""
@@ -88,7 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bundle", help="the bundle folder (default: bundle/)")
     parser.add_argument("--datasets", default=",".join(DATASETS),
                         help="data sets to open the pages on (default: %(default)s; one missing here is skipped)")
+    parser.add_argument("--grid", type=Path, default=ROOT / "grids" / "readme.toml",
+                        help="a grid spec whose computed cells are shipped too (default: %(default)s)")
+    parser.add_argument("--grid-cache", type=Path, default=None,
+                        help="the cache the grid was computed into (default: the engine's)")
     args = parser.parse_args(argv)
+    from engine.runtime.cache import DEFAULT_CACHE_DIR
+
+    grid_cache = args.grid_cache or Path(os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR)  # before the override
     from engine.data import available_datasets, resolve_data_dir
     from engine.runtime import budget
 
@@ -103,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipped {dataset}: not in the data folder here", file=sys.stderr)
                 continue
             problems += open_all(dataset)
+        problems += add_grid(args.grid, grid_cache, Path(tmp))
         index = copy_out(Path(tmp), args.out)
     total = sum(e["bytes"] for e in index["entries"].values())
     print(f"{len(index['entries'])} result(s), {total / 2**20:.1f} MiB, in {args.out} for code "
