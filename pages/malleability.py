@@ -45,11 +45,15 @@ PROTOCOLS = {
 }
 
 
-def use_protocol(name: str) -> None:
-    """Button callback: the sidebar's size and attention and this page's controls set to a protocol."""
+def use_protocol(name: str | None) -> None:
+    """Button callback: this page's controls set to a protocol, and its data size and attention used on this
+    page only (``mall.protocol``; the shared sidebar, and so every other page, stays as it was). None: back to
+    the sidebar's size and attention."""
+    st.session_state["mall.protocol"] = name
+    if name is None:
+        return
     p = PROTOCOLS[name][0]
-    st.session_state.update({
-        "n": p.data.n, "n_test": p.data.n_test, "attention": p.attention, "mall.attacks": list(p.attacks),
+    st.session_state.update({"mall.attacks": list(p.attacks),
         "mall.eps": list(p.eps), "mall.norm": p.attack.norm, "mall.space": p.space, "mall.target": p.target,
         "mall.steps": p.attack.steps, "mall.epochs": p.train.epochs, "mall.seeds": len(p.seeds),
         "mall.widths": list(p.widths), "mall.tau": p.tau, "mall.perturb": p.perturb, "mall.retrain": p.retrain,
@@ -63,9 +67,25 @@ def protocols_ui() -> None:
     cols = st.columns([1, 1, 1, 2], vertical_alignment="center")
     for col, (name, (_, what)) in zip(cols, PROTOCOLS.items(), strict=False):
         col.button(name.capitalize(), key=f"mall.protocol.{name}", on_click=use_protocol, args=(name,),
-                   icon=":material/tune:", help=f"Sets the sidebar's n and attention and the controls below to {what}.")
+                   icon=":material/tune:", help=f"Sets this page's n, attention and controls to {what}; the "
+                                                "sidebar and the other pages keep theirs.")
     cols[-1].caption("One click to each protocol the README reports; the verdict below then reads as the README's row "
                      "does (the runs take minutes: they wait for a click).")
+
+
+def with_protocol(cfg: MalleabilityConfig, s) -> MalleabilityConfig:
+    """The page's config with the active protocol's data size and attention (this page only), said in one line
+    with a button back to the sidebar's."""
+    name = st.session_state.get("mall.protocol")
+    if name not in PROTOCOLS:
+        return cfg
+    p = PROTOCOLS[name][0]
+    c1, c2 = st.columns([4, 1], vertical_alignment="center")
+    c1.info(f"Protocol **{name}** on this page only: n = {p.data.n}, {p.data.n_test} test points, {p.attention} "
+            f"attention (the sidebar and the other pages keep n = {s.n}, {plain(s.attention)} attention).")
+    c2.button("Back to the sidebar's", key="mall.protocol.off", on_click=use_protocol, args=(None,))
+    return configs.or_stop(replace, cfg, data=replace(cfg.data, n=p.data.n, n_test=p.data.n_test),
+                           attention=p.attention)
 
 
 def controls_ui() -> dict:
@@ -145,6 +165,7 @@ opts = controls_ui()
 require(bool(opts["attacks"]) and bool(opts["eps"]), "Pick at least one attack and one ε.")
 require(bool(opts["widths"]) and bool(opts["readings"]), "Pick at least one width and one influence reading.")
 cfg = configs.or_stop(configs.malleability_config, s, **opts)  # e.g. flow with Adam: one line, no traceback
+cfg = with_protocol(cfg, s)
 res = obtain_planned(run_malleability, cfg, "Malleability", button="Run the attacks")
 if res is None:
     st.stop()

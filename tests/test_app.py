@@ -328,8 +328,9 @@ def test_malleability_reads_one_attack_three_ways_across_widths(env):
 
 
 def test_each_readme_protocol_is_one_click_on_the_malleability_page(env):
-    """The three protocol buttons set the sidebar's size and attention and every control to the
-    registry's presets, so the page then measures what the README's rows report."""
+    """The three protocol buttons set this page's size and attention and every control to the registry's
+    presets, so the page then measures what the README's rows report; the shared sidebar (and so every
+    other page) keeps its own, and one button goes back to it."""
     from engine.experiments.registry import preset
 
     at = open_page(app(SMALL), "pages/malleability.py")
@@ -338,13 +339,19 @@ def test_each_readme_protocol_is_one_click_on_the_malleability_page(env):
     net = preset("malleability", "network")
     assert at.multiselect(key="mall.readings").value == list(net.readings)
     assert at.multiselect(key="mall.widths").value == list(net.widths)
-    assert at.selectbox(key="attention").value == "centered" and at.number_input(key="n").value == net.data.n
+    n_before = at.number_input(key="n").value
+    assert at.selectbox(key="attention").value != "centered" or n_before != net.data.n  # the sidebar kept its own
+    shown = " ".join(i.value for i in at.info)
+    assert f"n = {net.data.n}" in shown and "centered attention" in shown and "this page only" in shown
     assert at.number_input(key="mall.lr").value == net.train.lr and at.radio(key="mall.loss").value == "mse"
     next(b for b in at.button if b.key == "mall.protocol.trained, centred").click()
     settle(at)
     trained = preset("malleability", "trained")
     assert at.number_input(key="mall.epochs").value == trained.train.epochs
     assert at.multiselect(key="mall.readings").value == ["ridge"] and not at.exception
+    next(b for b in at.button if b.key == "mall.protocol.off").click()
+    settle(at)
+    assert not any("this page only" in i.value for i in at.info) and at.number_input(key="n").value == n_before
 
 
 def test_influence_reads_its_top_points_by_retraining_too(env):
