@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from engine.data import DataSpec
 from engine.experiments import dynamics
 from engine.experiments.configs.coord_check import CoordCheckConfig
 from engine.experiments.configs.dynamics import DynamicsConfig
@@ -30,23 +31,32 @@ PARAM_LABELS = {"ntk": "NTK (m^-½, the paper's)", "mup": "μP (m^-1, SGD lr × 
 OPTIMIZERS = configs.choices_of(TrainSpec, "optimizer")
 
 
-def use_binary_preset() -> None:
-    """Button callback: the sidebar and this page's controls set to the ``binary-mse`` preset
-    (the data set stays the one chosen when it is not MNIST: its classes 3 and 8 are used)."""
-    base, _, pair = BINARY.data.dataset.partition(":")
-    if base in available_names():
-        st.session_state["data"] = base
+def use_binary_preset(on: bool = True) -> None:
+    """Button callback: this page's controls set to the ``binary-mse`` preset, and its data (MNIST 3 vs 8, or
+    classes 3 and 8 of the sidebar's data set where MNIST is not here), n and widths used on this page only
+    (``regime.binary_on``; the shared sidebar, and so every other page, stays as it was). False: back to the
+    sidebar's."""
+    st.session_state["regime.binary_on"] = on
+    if not on:
+        return
     t = BINARY.train
     st.session_state.update({
-        "classes": pair, "n": BINARY.data.n, "n_test": BINARY.data.n_test, "widths": list(BINARY.widths),
         "regime.epochs": t.epochs, "regime.seeds": len(BINARY.seeds), "regime.optimizer": t.optimizer,
         "regime.lr": t.lr, "regime.param": t.param, "regime.every": BINARY.record_every})
+
+
+def binary_data(s) -> DataSpec:
+    """The preset's data on this machine: its own where its data set is here, else the sidebar's data set
+    with the preset's two classes."""
+    base, _, pair = BINARY.data.dataset.partition(":")
+    data = BINARY.data if base in available_names() else replace(BINARY.data, dataset=f"{s.base}:{pair}")
+    return replace(data, seed=int(s.seed))
 
 
 def preset_ui() -> None:
     c1, c2 = st.columns([1, 3], vertical_alignment="center")
     c1.button("3 vs 8 with MSE", key="regime.binary", on_click=use_binary_preset, icon=":material/tune:",
-              help="Sets the sidebar and the controls below to the `binary-mse` preset of `python -m engine "
+              help="Sets this page (not the sidebar) and the controls below to the `binary-mse` preset of `python -m engine "
                    "dynamics`: MNIST 3 vs 8, n = 200, MSE, plain SGD lr 1, 50 epochs, widths 64 … 4096, 3 seeds.")
     c2.caption("On 10 classes with cross-entropy both nets' gaps fall near the lazy rate. The binary task with "
                "MSE (where the closed-form K∞ gradient flow applies) is the set-up that separates them: 2L-ReLU's "
@@ -84,6 +94,9 @@ def coord_ui(archs: tuple[str, ...]) -> tuple[str, str, float, int]:
 
 def dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every) -> DynamicsConfig:
     train = replace(QUICK.train, epochs=epochs, optimizer=optimizer, lr=lr, param=param)
+    if st.session_state.get("regime.binary_on"):  # the preset's data, n and widths, on this page only
+        return replace(QUICK, data=binary_data(s), widths=BINARY.widths, archs=tuple(s.archs), attention=s.attention,
+                       seeds=tuple(int(s.seed) + i for i in range(n_seeds)), train=train, record_every=every)
     return replace(QUICK, data=s.data(), widths=tuple(sorted(s.widths)), archs=tuple(s.archs),
                    attention=s.attention, seeds=tuple(int(s.seed) + i for i in range(n_seeds)), train=train,
                    record_every=every)
@@ -107,6 +120,12 @@ st.markdown(
 require(bool(s.widths), "Pick at least one width in the sidebar.")
 require(bool(s.archs), "Pick at least one architecture in the sidebar.")
 preset_ui()
+if st.session_state.get("regime.binary_on"):
+    c1, c2 = st.columns([4, 1], vertical_alignment="center")
+    c1.info(f"Preset 3 vs 8 with MSE on this page only: {binary_data(s).dataset}, n = {BINARY.data.n}, widths "
+            f"{', '.join(str(w) for w in BINARY.widths)} (the sidebar and the other pages keep {plain(s.label)}, "
+            f"n = {s.n}).")
+    c2.button("Back to the sidebar's", key="regime.binary.off", on_click=use_binary_preset, args=(False,))
 epochs, n_seeds, optimizer, lr, param, every = controls_ui()
 try:
     cfg = dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every)

@@ -11,9 +11,10 @@ from engine.experiments.malleability import run_malleability
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.sweep import run_ntk_sweep
 from engine.reporting import alignment as alignment_words, paper, plots, rule, tables
+from engine.reporting.plots.nulls import nulls_data
 from engine.runtime import bundle
 from engine.runtime.errors import EngineError
-from ui import configs
+from ui import configs, render
 from ui.common import cache_summary, data_dir, dataset_infos, get_cache, plain, shared
 from ui.findings import findings_ui
 from ui.runner import obtain_together, peek
@@ -105,6 +106,16 @@ for reading in ("retrain", "flow", "ridge"):
                      "paper": "not measured (the paper reads ridge on the eNTK only)" if reading != "ridge"
                      else f"{paper.MALLEABILITY_GAP[0]:g}–{paper.MALLEABILITY_GAP[1]:g}× in raw flip rates"})
 st.table(pd.DataFrame(rows), hide_index=True)  # a static table: long cells wrap instead of being cut
+if mall is not None:  # the flip rates measured here, each beside its nulls (the sidebar's data, one draw)
+    msum = mall.frames["summary"]
+    msum = msum[(msum["reading"] == msum["reading"].iloc[0]) & (msum["width"] == msum["width"].max())]
+    label = plots.eps_label(mall_cfg.attack.norm, mall_cfg.space)
+    render.chart(plots.nulls_fig(msum, paper.FLIP_EPS, label, mall_cfg.attention),
+                 nulls_data(msum, paper.FLIP_EPS), "flip rates and nulls here", config=mall.config,
+                 how_to_read="Per net and attack, the attack's flip rate beside the seed null (another network seed, "
+                             "no attack) and the random null (a random perturbation of the same size), means over "
+                             "seeds on one data draw: a flip rate no higher than its nulls says nothing about the "
+                             "attack.")
 st.subheader("The two halves of the claim")
 try:
     align = peek("alignment", configs.alignment_config(s))  # seconds of work, measured on its own page

@@ -289,7 +289,8 @@ def test_the_overview_measures_on_a_click_then_reads_the_cache(env):
 
 
 def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
-    """The button sets the sidebar and the page's controls to engine.experiments.dynamics' ``binary-mse`` preset."""
+    """The button sets the page's data, n, widths and controls to engine.experiments.dynamics' ``binary-mse``
+    preset on this page only: the shared sidebar keeps its own, and one button goes back to it."""
     from engine.experiments.configs.dynamics import PRESETS
 
     preset = PRESETS["dynamics"]["binary-mse"]
@@ -299,14 +300,17 @@ def test_the_kernel_regime_preset_sets_the_binary_mse_set_up_in_one_click(env):
     at.button(key="regime.binary").click()
     at.run()
     assert not at.exception
-    assert at.text_input(key="classes").value == preset.data.dataset.split(":")[1]
-    assert at.number_input(key="n").value == preset.data.n and at.number_input(key="n_test").value == preset.data.n_test
-    assert at.multiselect(key="widths").value == list(preset.widths)
+    shown = " ".join(i.value for i in at.info)
+    assert f":{preset.data.dataset.split(':')[1]}, n = {preset.data.n}" in shown and "this page only" in shown
+    assert at.number_input(key="n").value == int(SMALL["n"]) and at.text_input(key="classes").value in ("", "all")
     assert at.number_input(key="regime.epochs").value == preset.train.epochs
     assert at.number_input(key="regime.seeds").value == len(preset.seeds)
     assert at.selectbox(key="regime.optimizer").value == preset.train.optimizer
     assert at.select_slider(key="regime.lr").value == preset.train.lr
     assert at.selectbox(key="regime.param").value == preset.train.param
+    at.button(key="regime.binary.off").click()
+    at.run()
+    assert not any("this page only" in i.value for i in at.info) and not at.exception
 
 
 def test_malleability_reads_one_attack_three_ways_across_widths(env):
