@@ -81,9 +81,11 @@ _MARKDOWN = re.compile(r"([\\`*_\[\]<>#!|~$&@])|(?<=www)\.|:(?=//)", re.IGNORECA
 
 
 def plain(text) -> str:
-    """``text`` as typed in Streamlit's Markdown, on one line: no link, image, autolink (<…>, ://,
-    www., a@b), HTML, emphasis, code, table, formula or :color[…]. Every value from a URL, a file
-    name, an upload or a spec goes through this before ``st.markdown``, ``st.warning``, ..."""
+    """``text`` as typed in Streamlit's Markdown, on one line: no link, image, HTML, emphasis, code,
+    table, formula or :color[…]. It does not stop autolinks (the autolinker reads the text after the
+    escapes are removed, so ``www.`` or ``http://`` still becomes a link): a value from a URL, a file
+    name or an upload is shown with ``ui.text.verbatim`` (inline code) instead; this is for the
+    engine's own words and a spec's labels."""
     return _MARKDOWN.sub(lambda m: "\\" + m.group(0), " ".join(str(text).splitlines()))
 
 
