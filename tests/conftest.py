@@ -237,3 +237,6 @@ def steady_app_state(monkeypatch, cache_dir, data_dir) -> None:
 # A 95 % interval's coverage estimated over simulated experiments: at least this share must cover the
 # truth (the bar; the t interval over cluster means is exact for normal cluster means).
 MIN_COVERAGE_95 = 0.90
+# Fieller's interval against a brute-force scan of ρ on a grid of step 0.005: the scan's ends lie within
+# one step (and a little) of the exact roots.
+ATOL_RATIO_SCAN = 0.01

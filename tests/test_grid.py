@@ -330,3 +330,32 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_doubled(ray_head, src
         assert len(res.frames["rows"]) == 2 and res.frames["losses"]["epoch"].max() == SLOW_EPOCHS
     cache.close()
     assert results(obj) == results(local)  # the same as a run nobody disturbed
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_local_worker_ends_when_its_driver_is_killed(tmp_path):
+    """A grid driver killed from outside (SIGKILL: no cleanup runs) leaves no worker computing cells that
+    nobody will collect: each worker asked the kernel for SIGTERM when its parent dies."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import multiprocessing, os, sys, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+        "from engine.grid.backends import _init_worker\n"
+        "if __name__ == '__main__':\n"
+        "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('spawn'),\n"
+        "                               initializer=_init_worker, initargs=(1,))\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    time.sleep(600)\n")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(driver.stdout.readline())
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait()
+    for _ in range(200):  # the kernel signals at once; the worker's exit is awaited, not timed
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail(f"worker {worker} outlived its killed driver")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from conftest import ATOL64, MIN_COVERAGE_95
+from conftest import ATOL64, ATOL_RATIO_SCAN, MIN_COVERAGE_95
 from engine.maths.metrics import LEVEL, draw_means, excess_interval, fieller, gap_interval, holm
 
 
@@ -114,7 +114,7 @@ def test_fieller_is_the_set_of_ratios_the_paired_t_test_does_not_reject():
     coarse = grid[::100]
     accepted = coarse[np.array([scipy.stats.ttest_1samp(a - r * b, 0.0).pvalue for r in coarse]) >= 1 - LEVEL]
     assert ratio == pytest.approx(a.mean() / b.mean())
-    assert lo == pytest.approx(accepted.min(), abs=0.01) and hi == pytest.approx(accepted.max(), abs=0.01)
+    assert lo == pytest.approx(accepted.min(), abs=ATOL_RATIO_SCAN) and hi == pytest.approx(accepted.max(), abs=ATOL_RATIO_SCAN)
     assert math.isnan(fieller(a, b - b.mean())[1])              # b's interval reaches zero: no bounded set
 
 

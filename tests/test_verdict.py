@@ -128,7 +128,7 @@ def test_the_per_draw_strip_shows_each_draws_gap_beside_the_pooled_interval():
     verdict, per_draw = F.verdict(rows, flips, nulls=True)
     data = plots.draw_gaps_data(verdict, per_draw, "pgd", 0.3)
     assert len(data) == 4 and list(data["data_seed"]) == [0, 1, 2, 3]
-    assert data["gap_draw"].mean() == pytest.approx(data["gap"].iloc[0], abs=1e-9)   # equal nets per draw
+    assert data["gap_draw"].mean() == pytest.approx(data["gap"].iloc[0], abs=ATOL64)   # equal nets per draw
     assert data["gap"].iloc[0] == pytest.approx(100 * verdict["gap"].iloc[0])
     fig = plots.draw_gaps_fig(data)
     assert [len(t.y) for t in fig.data] == [4, 1]

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections import Counter, deque
@@ -123,9 +124,23 @@ def check_address(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
 
 
 
+def _die_with_parent() -> None:
+    """Linux: this worker gets SIGTERM when the process that started it dies, so a driver killed from
+    outside leaves no worker computing cells nobody will collect (the pool's own shutdown covers Ctrl-C)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:  # another libc: the pool's shutdown still ends workers on a normal exit
+            pass
+
+
 def _init_worker(threads: int) -> None:
     import torch
 
+    _die_with_parent()
     keep_freed_blocks()  # a worker process runs experiments: the allocator the CLI runs them with
     torch.set_num_threads(threads)
     # The grid's thread count, not one read from the load: the count changes the last bits of

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...data import DataSpec
 from ...maths.specs import AttackSpec, TrainSpec
 from ...runtime import budget as B
@@ -66,7 +64,8 @@ class AlignmentConfig:
         if self.curve_ns:
             return self.curve_ns
         top = max(2, self.data.n // 2)
-        return tuple(sorted({int(p) for p in np.geomspace(min(10, top), top, 6).round()}))
+        lo = min(10, top)  # six sizes log-spaced from lo to top (no numpy: configs load none)
+        return tuple(sorted({int(round(lo * (top / lo) ** (i / 5))) for i in range(6)}))
 
 
 PRESETS = {"alignment": {  # named instances of the config: the dashboard's quick run and the paper's
