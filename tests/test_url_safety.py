@@ -209,8 +209,8 @@ def test_refused_malleability_settings_are_named_and_start_nothing(env):
     assert not at.exception
     lines = _link_lines(at)
     assert len(lines) == 4, lines
-    expect = {"mall.eps = `0.07`": "not among this page's choices", "mall.steps = `100000`": "<= 1000",
-              "mall.norm = `l3`": "one of linf, l2", "mall.tau = `5`": "<= 1"}
+    expect = {"`mall.eps` = `0.07`": "not among this page's choices", "`mall.steps` = `100000`": "<= 1000",
+              "`mall.norm` = `l3`": "one of linf, l2", "`mall.tau` = `5`": "<= 1"}
     for asked, allowed in expect.items():
         assert any(asked in t and allowed in t and "so the page uses" in t for t in lines), (asked, lines)
     assert _jobs() == []
@@ -231,8 +231,8 @@ def test_refused_ntk_settings_are_named_and_start_nothing(env):
     at.run()
     assert not at.exception
     lines = _link_lines(at)
-    assert any("ntk.epochs = `-5`" in t and ">= 0" in t for t in lines), lines
-    assert any("ntk.lr = `nan`" in t and "> 0" in t for t in lines), lines
+    assert any("`ntk.epochs` = `-5`" in t and ">= 0" in t for t in lines), lines
+    assert any("`ntk.lr` = `nan`" in t and "> 0" in t for t in lines), lines
     assert _jobs() == []
     at.number_input(key="ntk.epochs").set_value(3)  # the user sets the refused value: its line goes
     at.run()

@@ -177,8 +177,13 @@ def _taken(asked: str, now: list[str], value) -> bool:
 
 
 def _value(key: str) -> str:
+    """What the page uses for ``key``, as a person reads it: ``0.3``, ``PGD, FGSM`` (a list without its brackets)."""
     now = st.query_params.get_all(key)
-    return ", ".join(now) if now else str(st.session_state.get(key, "the default"))
+    if now:
+        return ", ".join(now)
+    value = st.session_state.get(key, "the default")
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) \
+        if isinstance(value, (list, tuple)) else (f"{value:g}" if isinstance(value, float) else str(value))
 
 
 def page_problems() -> list[str]:
@@ -197,7 +202,7 @@ def page_problems() -> list[str]:
             continue
         allowed = next(filter(None, (declared_refusal(key, v) for v in bad)), None)
         why = f"is not allowed ({allowed})" if allowed else "is not among this page's choices"
-        refused[key] = (f"This link's {key} = {verbatim(', '.join(bad or asked))} {why}, so the page uses "
+        refused[key] = (f"This link's setting {verbatim(key)} = {verbatim(', '.join(bad or asked))} {why}, so the page uses "
                         f"{verbatim(_value(key))} instead.", _value(key))
     for key, (_, shown) in list(refused.items()):
         if _value(key) != shown:  # changed on the page since: the link's value is no longer the question
