@@ -78,14 +78,19 @@ def add_grid(spec_path: Path, source: Path | None, cache_dir: Path) -> list[str]
     return missing
 
 
-def copy_out(cache_dir: Path, out: Path) -> dict:
+def copy_out(cache_dir: Path, out: Path, merge: bool = False) -> dict:
     """The finished entries of ``cache_dir`` (checkpoints left out) as ``out/<key>.npz``, and
-    the index; files of an older bundle are removed."""
+    the index; files of an older bundle are removed (``merge``: the entries of ``out``'s index made
+    by this very code are kept beside the new ones)."""
     from engine.runtime.cache import CHECKPOINT_PREFIX, ENGINE_VERSION, Cache, Result, code_fingerprint
 
     cache = Cache(cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     entries = {}
+    if merge and (out / "index.json").is_file():
+        old = json.loads((out / "index.json").read_text())
+        if old.get("code") == code_fingerprint():
+            entries = {k: v for k, v in old.get("entries", {}).items() if (out / f"{k}.npz").is_file()}
     for key in sorted(k for k in cache._store.iterkeys() if not str(k).startswith(CHECKPOINT_PREFIX)):
         blob = cache._store.get(key)
         kind = Result.from_bytes(blob).kind
@@ -112,10 +117,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="a grid spec whose computed cells are shipped too (default: %(default)s)")
     parser.add_argument("--grid-cache", type=Path, default=None,
                         help="the cache the grid was computed into (default: the engine's)")
+    parser.add_argument("--grid-only", action="store_true",
+                        help="only add the grid's cells to the bundle in --out (made by this code), opening no page")
     args = parser.parse_args(argv)
     from engine.runtime.cache import DEFAULT_CACHE_DIR
 
     grid_cache = args.grid_cache or Path(os.environ.get("ENGINE_CACHE_DIR") or DEFAULT_CACHE_DIR)  # before the override
+    if args.grid_only:  # add the grid's cells to a bundle this code made, opening no page
+        with tempfile.TemporaryDirectory(prefix="bundle-cache-") as tmp:
+            os.environ["ENGINE_CACHE_DIR"], os.environ["ENGINE_BUNDLE_DIR"] = tmp, ""
+            problems = add_grid(args.grid, grid_cache, Path(tmp))
+            index = copy_out(Path(tmp), args.out, merge=True)
+        print(f"{len(index['entries'])} result(s) in {args.out}", file=sys.stderr)
+        for line in problems:
+            print(f"problem: {line}", file=sys.stderr)
+        return 1 if problems else 0
     from engine.data import available_datasets, resolve_data_dir
     from engine.runtime import budget
 
