@@ -103,7 +103,7 @@ def _small(kind: str):
         "retrain-loo": lambda: RetrainConfig(data=SYN, train=replace(sgd, loss="mse"), widths=(16, 64), seeds=(0,),
                                              k=2),
         "alignment": lambda: AlignmentConfig(data=SYN, train=replace(t, snapshot_epochs=(0, 2)), widths=(16, 64),
-                                             seeds=(0,), data_seeds=(0,), curve_ns=(10, 20, 40), curve_trials=2),
+                                             seeds=(0,), data_seeds=(0,), curve_ns=(10, 20), curve_trials=2),
     }
     return small[kind]() if kind in small else EXPERIMENTS[kind].probe()
 
