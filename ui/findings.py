@@ -51,18 +51,15 @@ def findings_ui() -> bool:
     if net is not None:
         v = net.frames["verdict"]
         attack, eps = str(v["attack"].iloc[0]), float(v["eps"].iloc[0])
-        left, right = st.columns(2)
-        with left:
-            data = plots.excess_width_data(net.frames["summary"], attack, eps)
-            render.chart(plots.excess_width_fig(data, net.config.get("attention")), data, "flip excess by reading",
-                         "The flip excess over the larger null against width, per net (colour) and reading (dash: "
-                         "ridge leave-one-out on the eNTK, its gradient flow, retraining the network), with 95 % "
-                         "intervals over data draws.", config=net.config)
-        with right:
-            data = plots.draw_gaps_data(v, net.frames["draws"], attack, eps)
-            render.chart(plots.draw_gaps_fig(data), data, "gap per data draw",
-                         "MLP-Attn's excess minus 2L-ReLU's: each circle one data draw, the diamond their mean with "
-                         "its 95 % t interval — the number the verdict reads.", config=net.config)
+        data = plots.excess_width_data(net.frames["summary"], attack, eps)
+        render.chart(plots.excess_width_fig(data, net.config.get("attention")), data, "flip excess by reading",
+                     "The flip excess over the larger null against width, per net (colour) and reading (dash: "
+                     "ridge leave-one-out on the eNTK, its gradient flow, retraining the network), with 95 % "
+                     "intervals over data draws.", config=net.config, wide=True)
+        data = plots.draw_gaps_data(v, net.frames["draws"], attack, eps)
+        render.chart(plots.draw_gaps_fig(data), data, "gap per data draw",
+                     "MLP-Attn's excess minus 2L-ReLU's: each circle one data draw, the diamond their mean with its "
+                     "95 % t interval — the number the verdict reads.", config=net.config, wide=True)
     with st.expander("How these numbers were made"):
         st.markdown(f"From the README's grid, `grids/{SPEC.name}`, as `python -m engine report` prints them. "
                     + plain(f"Primary: {rule.PRIMARY_WORDS}. Intervals: {INTERVAL_WORDS}. Rule: "
