@@ -94,10 +94,9 @@ def coord_ui(archs: tuple[str, ...]) -> tuple[str, str, float, int]:
 
 def dynamics_config(s, epochs, n_seeds, optimizer, lr, param, every) -> DynamicsConfig:
     train = replace(QUICK.train, epochs=epochs, optimizer=optimizer, lr=lr, param=param)
-    if st.session_state.get("regime.binary_on"):  # the preset's data, n and widths, on this page only
-        return replace(QUICK, data=binary_data(s), widths=BINARY.widths, archs=tuple(s.archs), attention=s.attention,
-                       seeds=tuple(int(s.seed) + i for i in range(n_seeds)), train=train, record_every=every)
-    return replace(QUICK, data=s.data(), widths=tuple(sorted(s.widths)), archs=tuple(s.archs),
+    preset_on = st.session_state.get("regime.binary_on")  # the preset's data, n and widths, on this page only
+    return replace(QUICK, data=binary_data(s) if preset_on else s.data(),
+                   widths=BINARY.widths if preset_on else tuple(sorted(s.widths)), archs=tuple(s.archs),
                    attention=s.attention, seeds=tuple(int(s.seed) + i for i in range(n_seeds)), train=train,
                    record_every=every)
 
