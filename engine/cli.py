@@ -26,30 +26,7 @@ from .reporting import report
 from .runtime import budget as B, memory
 from .runtime.errors import EngineError
 from .runtime.settings import add_arguments, from_args
-
-
-def _jsonable(obj):
-    """NaN/inf become null so that stdout is strict JSON. numpy and pandas values can only exist
-    once their modules are loaded, so they are looked up, never imported, here."""
-    np, pd = sys.modules.get("numpy"), sys.modules.get("pandas")
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if np is not None and isinstance(obj, np.integer):
-        return int(obj)
-    if np is not None and isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, float) or (np is not None and isinstance(obj, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if pd is not None and obj is pd.NA:
-        return None
-    return obj
-
-
-def _records(df) -> list[dict]:
-    """A DataFrame's rows as JSON-able dicts (missing values as None)."""
-    return _jsonable(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+from .runtime.stream import jsonable as _jsonable, landing, records as _records  # noqa: F401 (re-exported)
 
 
 class _StderrProgress:
@@ -92,6 +69,8 @@ def _add_config(p: argparse.ArgumentParser, exp: Experiment, preset: str | None)
     p.add_argument("--max-gib", type=float, default=None,
                    help="refuse runs estimated above this memory (default: 80%% of available memory)")
     p.add_argument("--estimate", action="store_true", help="print the run's estimated time and memory only")
+    p.add_argument("--stream", action="store_true", help="JSON lines on stdout: each finished unit's rows as it "
+                   "lands ({\"unit\", \"rows\"}), then the --json object")
 
 
 def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
@@ -164,7 +143,7 @@ def _estimate_only(exp: Experiment, cfg, device: str = "cpu") -> dict:
     from .runtime.speed import seconds_here
 
     est = exp.estimate(cfg)
-    images = str(getattr(getattr(cfg, "data", None), "dataset", "")).split(":")[0].lower() in B.INPUT_DIMS
+    images = str(getattr(getattr(cfg, "data", None), "dataset", "")).split(":")[0].lower() in B.TORCHVISION_DECODES
     here = seconds_here(est.seconds, device_type(device), images)
     on = "" if here["threads"] is None else f" on {here['threads']} thread(s)"
     return {"estimate_seconds": est.seconds, "estimate_bytes": est.bytes, **here,
@@ -179,7 +158,10 @@ def _run(exp: Experiment, cfg, a, progress):
     limit = None if a.max_gib is None else B.gib_limit(a.max_gib)  # NaN, inf, 1e300: one line, exit 2
     budget = B.Budget(B.seconds_limit(a.max_seconds), limit)
     cache = None if a.no_cache else Cache(a.cache_dir)
-    return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=budget)
+    listen = (lambda unit, rows: print(json.dumps(_jsonable({"unit": unit, "rows": rows})), flush=True)) \
+        if getattr(a, "stream", False) else None
+    with landing(listen):
+        return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=budget)
 
 
 def run_command(name: str, a, progress) -> dict:
@@ -192,9 +174,9 @@ def run_command(name: str, a, progress) -> dict:
     for i, frame in enumerate(exp.tables):  # --json: every frame the pages draw, each under its own name
         df = res.frames.get(frame)
         if df is not None and not (df.empty and i > 0):
-            alias = i == 0 and name != "spectrum" and not (a.json and "rows" in res.frames)
+            alias = i == 0 and name != "spectrum" and not ((a.json or a.stream) and "rows" in res.frames)
             out["rows" if alias else frame] = _records(df)
-    if a.json:
+    if a.json or a.stream:
         out.update({frame: _records(df) for frame, df in res.frames.items() if frame not in out})
     if name != "spectrum":
         out["meta"] = res.meta
@@ -258,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    if a.json:
+    if a.json or getattr(a, "stream", False):
         print(json.dumps(_jsonable(out), indent=None))
     else:
         _print_human(out)

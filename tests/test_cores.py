@@ -211,3 +211,45 @@ def test_an_unknown_malloc_switch_warns_once_in_one_line_and_keeps_the_default(m
         assert memory.malloc_keep_wanted() is True
     (line,) = [str(w.message) for w in seen]
     assert "\n" not in line and "'nope'" in line and "0, false, off, no" in line
+
+
+def test_side_by_side_gives_what_one_after_the_other_gives_and_raises_what_a_task_raised():
+    from engine.runtime.cores import limit_own_threads, restore_own_threads, side_by_side
+
+    def net(seed):
+        g = torch.Generator().manual_seed(seed)
+        W, X = torch.randn(64, 48, generator=g), torch.randn(200, 48, generator=g)
+        for _ in range(20):
+            W = W - 0.01 * torch.relu(X @ W.T).T @ X / 200
+        return W
+
+    saved = limit_own_threads(2)
+    try:
+        together = side_by_side([lambda: net(0), lambda: net(1)])
+        assert torch.get_num_threads() == 2  # the caller's count is back
+    finally:
+        restore_own_threads(saved)
+    assert all(torch.equal(a, net(s)) for s, a in enumerate(together))
+
+    def boom():
+        raise BadInput("task 2 failed")
+
+    with pytest.raises(BadInput, match="task 2 failed"):
+        side_by_side([lambda: net(0), boom])
+
+
+def test_busy_cores_does_not_count_this_process_own_threads():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        busy = cores.busy_cores(0.3)
+    finally:
+        stop.set()
+        t.join()
+    assert busy is not None and busy < 0.5  # the spinning thread is ours: not other work

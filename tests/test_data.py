@@ -791,3 +791,34 @@ def test_failed_download_leaves_no_folders(tmp_path, monkeypatch, cls, leftover)
     with pytest.raises(DataMissing):
         fetch_dataset(name, kept)
     assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == ["MNIST", "notes.txt"]
+
+
+@needs_mnist
+def test_idx_files_read_as_torchvision_reads_them():
+    """The direct IDX reader against torchvision's own MNIST decoding: every image byte and label."""
+    import torchvision.datasets as tvd
+
+    from engine.data.images import read_idx
+
+    for train, split in ((True, "train"), (False, "t10k")):
+        ref = tvd.MNIST(str(SHARED), train=train, download=False)
+        images = read_idx(MNIST_RAW / f"{split}-images-idx3-ubyte", 3)
+        labels = read_idx(MNIST_RAW / f"{split}-labels-idx1-ubyte", 1)
+        assert images.dtype == np.uint8 and not images.flags.writeable
+        np.testing.assert_array_equal(images, ref.data.numpy())
+        np.testing.assert_array_equal(labels.astype(np.int64), ref.targets.numpy())
+
+
+def test_idx_header_and_length_are_checked(tmp_path):
+    from engine.data.images import read_idx
+
+    good = b"\0\0\x08\x01" + (3).to_bytes(4, "big") + bytes([1, 2, 3])
+    (tmp_path / "ok").write_bytes(good)
+    np.testing.assert_array_equal(read_idx(tmp_path / "ok", 1), [1, 2, 3])
+    for name, data, words in (("short", good[:-1], "holds 2 values; its header says 3"),
+                              ("type", b"\0\0\x0d\x01" + good[4:], "unsigned bytes"),
+                              ("dims", good, "3-dimensional")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DataCorrupt, match=words) as e:
+            read_idx(tmp_path / name, 3 if name == "dims" else 1)
+        assert str(tmp_path / name) in str(e.value) and "\n" not in str(e.value)

@@ -468,3 +468,45 @@ def test_rows_record_the_precision_of_the_attack_and_of_the_kernel(precision, st
 def test_bad_new_settings(kwargs, match):
     with pytest.raises(BadInput, match=match):
         MalleabilityConfig(data=SYN, **kwargs)
+
+
+def test_each_net_lands_as_soon_as_it_and_its_seed_null_are_trained():
+    """engine.runtime.stream: one unit per (net, attack, ε) in the order finished, each holding exactly
+    the rows of the final frame for that unit; a run read back from its checkpoints lands whole."""
+    from engine.experiments import flips as F
+    from engine.runtime.stream import landing, records
+
+    cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0, 1, 2), attacks=("fgsm", "pgd"),
+                             eps=(0.1,), tau=0.5)
+    seen = []
+    with landing(lambda unit, rows: seen.append((unit, rows))):
+        res = run_malleability(cfg)
+    rows = res.frames["rows"]
+    assert [(u["arch"], u["seed"], u["attack"]) for u, _ in seen] == [
+        (a, s, m) for a in cfg.archs for s in cfg.seeds for m in cfg.attacks]
+    for unit, got in seen:
+        want = rows[(rows.arch == unit["arch"]) & (rows.seed == unit["seed"]) & (rows.attack == unit["attack"])]
+        assert len(got) == len(want) == len(cfg.readings)
+        assert records(F.frame(got)) == records(want)  # as the run builds its frame; missing values as None
+    quiet = []
+    run_malleability(cfg)  # nobody listening: nothing lands anywhere
+    assert quiet == [] and len(seen) == 12
+
+
+def test_stream_prints_a_json_line_per_unit_then_the_result(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "engine", "malleability", "--dataset", "synthetic", "--n", "12", "--n-test", "4",
+            "--synthetic-d", "6", "--synthetic-classes", "3", "--epochs", "3", "--lr", "0.01", "--batch-size", "6",
+            "--widths", "32", "--seeds", "0,1", "--attack", "fgsm", "--eps", "0.1", "--tau", "0.5", "--stream",
+            "--quiet", "--cache-dir", str(tmp_path / "c")]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-1000:]
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    units, final = lines[:-1], lines[-1]
+    assert len(units) == 4 and all(set(u) == {"unit", "rows"} for u in units)
+    assert [r for u in units for r in u["rows"]] == final["rows"] and "verdict" in final and "summary" in final
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # from the cache: no unit lands
+    assert [json.loads(line) for line in again.stdout.splitlines()][-1]["cached"] is True

@@ -53,7 +53,9 @@ from ..maths.metrics import excess_interval, flip_rate, rank_correlation, sign_f
 from ..maths.specs import AttackSpec
 from ..maths.training import accuracy, predict_labels, resolve_loss
 from ..runtime.cache import Result
+from ..runtime.cores import side_by_side
 from ..runtime.errors import BadInput
+from ..runtime.stream import landed
 from . import flips as F
 from .configs.malleability import MalleabilityConfig
 from .influence import (
@@ -150,8 +152,9 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     tick(progress, cancel, 1.0, "done")
     frame = F.frame(rows)
     inter_frame = pd.DataFrame(inter)
-    verdict, per_draw = F.verdict(frame, flips, cfg.nulls)
-    frames = {"rows": frame, "summary": F.with_gaps(F.summary(frame, flips, cfg.nulls), verdict), "verdict": verdict,
+    summ = F.summary(frame, flips, cfg.nulls)
+    verdict, per_draw = F.verdict(frame, flips, cfg.nulls, summ)
+    frames = {"rows": frame, "summary": F.with_gaps(summ, verdict), "verdict": verdict,
               "draws": per_draw,
               "interventions": inter_frame,
               "interventions_summary": summarize(inter_frame, ["arch", "width", "intervention"],
@@ -172,11 +175,16 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter,
     inputs = (X32, Xt32, X32.to(dtype), Xt32.to(dtype), box)
     cells = [(a, w) for a in cfg.archs for w in cfg.widths]
     for k, (arch, width) in enumerate(cells):
-        span = k / len(cells), (k + 1) / len(cells)
-        unit = resumable({"arch": arch, "width": width, "draw": cfg.data.seed},
-                         lambda arch=arch, width=width, span=span: measure_cell(cfg, p, arch, width, inputs, loss,
-                                                                               span, progress, cancel),
+        span, fresh = (k / len(cells), (k + 1) / len(cells)), []
+
+        def compute(arch=arch, width=width, span=span, fresh=fresh) -> dict:
+            fresh.append(True)  # its units land as they finish; a checkpoint's land whole below
+            return measure_cell(cfg, p, arch, width, inputs, loss, span, progress, cancel)
+
+        unit = resumable({"arch": arch, "width": width, "draw": cfg.data.seed}, compute,
                          shape(rows=list, flips=list, inter=list, examples=dict), nan_ok=NAN_OK)
+        if not fresh:
+            landed({"data_seed": cfg.data.seed, "arch": arch, "width": width, "from": "checkpoint"}, unit["rows"])
         rows += unit["rows"]
         flips += [tuple(f) for f in unit["flips"]]
         inter += unit["inter"]
@@ -201,65 +209,79 @@ def train_net(cfg: MalleabilityConfig, p: Prepared, recipe: NetRecipe, X32: torc
 
 def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, inputs, loss: str,
                  span=(0.0, 1.0), progress: Progress | None = None, cancel=None) -> dict:
-    """One (arch, width) of a draw, every seed: the clean nets and their readings, then every
-    (attack, ε) measured with every reading, its nulls and per-point flips, the interventions and
-    the first seed's example arrays. ``inputs``: X32, Xt32 (the attack's space, float32), X, Xt (at
-    the attack's precision) and the pixel box. Returns JSON-able pieces (``runs.resumable``)."""
+    """One (arch, width) of a draw, every seed, each net measured as soon as it and its seed null's
+    partner are trained (so its rows land early: ``engine.runtime.stream``): the clean net and its
+    readings, then every (attack, ε) with every reading, its nulls and per-point flips, the
+    interventions and the first seed's example arrays. ``inputs``: X32, Xt32 (the attack's space,
+    float32), X, Xt (at the attack's precision) and the pixel box. Returns JSON-able pieces
+    (``runs.resumable``)."""
     X32, Xt32, X, Xt, box = inputs
     lo, hi = span
     ridge, readings = reading_of(cfg, "ridge"), [reading_of(cfg, name) for name in cfg.readings]
     ntk_acc = ntk_accuracy(net_recipe(cfg, arch, width, 0), ridge, X, Xt, p.Y, p.yt, p.c, p.device)
-    nets, clean, tops, kernels, base = {}, {}, {}, {}, {}
-    for i, seed in enumerate(cfg.seeds):
-        a = lo + 0.4 * (hi - lo) * i / len(cfg.seeds)
+    nets, ridges, tops, kernels, base = {}, {}, {}, {}, {}
+    seeds = list(cfg.seeds)
+    step = (hi - lo) / len(seeds)
+
+    def trained(seed: int, at: float) -> None:  # a net, its clean ridge reading and its top-τ points, once
+        if seed in nets:
+            return
         adv = attack_spec(cfg, "pgd", cfg.eps[0], seed) if cfg.adversarial_training else None
         t = train_net(cfg, p, net_recipe(cfg, arch, width, seed), X32, box,
-                      sub_progress(progress, a, a + 0.3 * (hi - lo) / len(cfg.seeds),
-                                   f"training {arch} m={width} seed {seed}"), cancel, adv)
+                      sub_progress(progress, at, at + 0.2 * step, f"training {arch} m={width} seed {seed}"), cancel, adv)
         I0, row, kernels[seed] = clean_run(ridge, t.net32, t.net, X32, Xt32, X, Xt, p, ntk_acc)
         nets[seed], base[seed] = t, {**row, "weight_movement": t.weight_movement()}
-        clean[seed] = {"ridge": ReadOut(torch.arange(X.shape[0], device=I0.device), I0, aggregate(I0))}
-        tops[seed] = top_indices(clean[seed]["ridge"].agg, cfg.tau)
+        ridges[seed] = ReadOut(torch.arange(X.shape[0], device=I0.device), I0, aggregate(I0))
+        tops[seed] = top_indices(ridges[seed].agg, cfg.tau)
+
     partners = seed_partners(cfg.seeds) if cfg.nulls else {}
-    for seed in cfg.seeds:  # the other readings, at this seed's points and those it is the seed null of
-        points = torch.unique(torch.cat([tops[seed], *(tops[q] for q, s in partners.items() if s == seed)]))
-        for r in readings:
-            if r.name != "ridge":
-                tick(progress, cancel, lo + 0.45 * (hi - lo), f"{arch} m={width} seed {seed}: {r.name} reading")
-                clean[seed][r.name] = read(r, nets[seed], p, X, Xt, points, kernels=kernels[seed], cancel=cancel)
     combos = [(m, e) for m in cfg.attacks for e in cfg.eps]
     rows, flips, inter, examples = [], [], [], {}
-    for i, seed in enumerate(cfg.seeds):
+    for i, seed in enumerate(seeds):
+        at = lo + i * step
+        partner = partners.get(seed)
+        side_by_side([lambda s=s, at=at: trained(s, at) for s in dict.fromkeys((seed, partner)) if s is not None
+                      and s not in nets])
         t, top, first_Xp = nets[seed], tops[seed], None
+        clean, null = {}, {}  # every reading of this net, and of its seed null's partner, on this net's points
+        for r in readings:
+            if r.name == "ridge":
+                clean[r.name], null[r.name] = ridges[seed], None if partner is None else ridges[partner]
+                continue
+            tick(progress, cancel, at + 0.4 * step, f"{arch} m={width} seed {seed}: {r.name} reading")
+            clean[r.name] = read(r, t, p, X, Xt, top, kernels=kernels[seed], cancel=cancel)
+            null[r.name] = None if partner is None else read(r, nets[partner], p, X, Xt, top,
+                                                             kernels=kernels[partner], cancel=cancel)
         for j, (method, eps) in enumerate(combos):
-            frac = (i * len(combos) + j) / (len(cfg.seeds) * len(combos))
-            tick(progress, cancel, lo + (0.5 + 0.45 * frac) * (hi - lo),
+            tick(progress, cancel, at + (0.5 + 0.45 * j / len(combos)) * step,
                  f"{arch} m={width} seed {seed}: {method} ε={eps:g}")
             spec = attack_spec(cfg, method, eps, seed)
             measured = _measure(cfg, p, t, X, Xt, box, spec, top, loss, _null_seed(seed, j), readings, cancel)
             first_Xp = measured["Xp"] if first_Xp is None else first_Xp
+            landing = []
             for r in readings:
-                partner = partners.get(seed)
-                row, unit = _flip_row(r, clean[seed][r.name], measured["after"][r.name],
-                                      measured["random"].get(r.name), None if partner is None else
-                                      clean[partner][r.name], top, cfg.nulls, partner)
-                rows.append({"data_seed": cfg.data.seed, "arch": arch, "width": width, "seed": seed,
-                             "attack": method, "eps": float(eps), "reading": r.name, **row, **base[seed],
-                             **measured["stats"], "test_acc_after": measured["acc_after"].get(r.name, math.nan),
-                             "n_top": int(top.numel()), "exact_for": r.exact_for(),
-                             "objective_match": r.matches(cfg.train, loss, base[seed]["train_acc"] >= 1.0),
-                             **_settings(cfg, arch, loss, spec)})
+                row, unit = _flip_row(r, clean[r.name], measured["after"][r.name], measured["random"].get(r.name),
+                                      null[r.name], top, cfg.nulls, partner)
+                landing.append({"data_seed": cfg.data.seed, "arch": arch, "width": width, "seed": seed,
+                                "attack": method, "eps": float(eps), "reading": r.name, **row, **base[seed],
+                                **measured["stats"], "test_acc_after": measured["acc_after"].get(r.name, math.nan),
+                                "n_top": int(top.numel()), "exact_for": r.exact_for(),
+                                "objective_match": r.matches(cfg.train, loss, base[seed]["train_acc"] >= 1.0),
+                                **_settings(cfg, arch, loss, spec)})
                 flips.append(unit)
-            if seed == cfg.seeds[0] and "ridge" in cfg.readings:
-                agg0, agg1 = clean[seed]["ridge"].agg, measured["after"]["ridge"].agg
+            rows += landing
+            landed({"data_seed": cfg.data.seed, "arch": arch, "width": width, "seed": seed, "attack": method,
+                    "eps": float(eps)}, landing)
+            if seed == seeds[0] and "ridge" in cfg.readings:
+                agg0, agg1 = clean["ridge"].agg, measured["after"]["ridge"].agg
                 examples.update({example_key(arch, method, eps, "top_idx"): top.cpu().numpy(),
                                  example_key(arch, method, eps, "X_clean"): X[top].float().cpu().numpy(),
                                  example_key(arch, method, eps, "X_pert"): measured["Xp"][top].float().cpu().numpy(),
                                  example_key(arch, method, eps, "infl_before"): agg0.cpu().numpy(),
                                  example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
         if cfg.interventions:
-            tick(progress, cancel, lo + 0.95 * (hi - lo), f"{arch} m={width} seed {seed}: interventions")
-            inter += _interventions(cfg, t, p, X, Xt, box, clean[seed]["ridge"].agg, top, base[seed]["test_acc"],
+            tick(progress, cancel, at + 0.95 * step, f"{arch} m={width} seed {seed}: interventions")
+            inter += _interventions(cfg, t, p, X, Xt, box, ridges[seed].agg, top, base[seed]["test_acc"],
                                     first_Xp, loss, cancel)
     return {"rows": rows, "flips": flips, "inter": inter, "examples": examples}
 

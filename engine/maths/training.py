@@ -45,6 +45,7 @@ from ..runtime import budget as B
 from ..runtime.errors import BadInput, Cancelled
 from .grads import StackedHead, autocast, check_precision
 from .heads import BATCH_SEED_OFFSET, CancelFlag, Progress, TrainResult, loss_weights, targets, write_back
+from .optim import OPTIMIZERS
 from .span import train_in_span
 from .specs import TrainSpec
 
@@ -232,11 +233,7 @@ def _train_one_trainable(net: Net, X: torch.Tensor, y: torch.Tensor, n_classes: 
     return TrainResult([row[0] for row in curves], W0[0], {e: w[0] for e, w in snapshots.items()})
 
 
-OPTIMIZER_FNS = {  # all elementwise, so batching widths into one parameter changes nothing
-    "adam": lambda p, **kw: torch.optim.Adam(p, fused=True, **kw),  # fused: one kernel per step
-    "adamw": lambda p, **kw: torch.optim.AdamW(p, fused=True, **kw),
-    "sgd": lambda p, **kw: torch.optim.SGD(p, **kw),
-}
+OPTIMIZER_FNS = OPTIMIZERS  # engine.maths.optim: torch.optim's rules without its import of torch._dynamo
 
 
 class AutogradBatches:

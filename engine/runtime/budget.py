@@ -35,11 +35,14 @@ STEP_OVERHEAD_S = 1.2e-3 # fixed cost of one optimiser or attack step (Python, a
 TRAIN_FLOPS, TRAIN_STEP_S = 1.3e11, 6e-4  # training's GEMM rate and cost per step (fitted: benchmarks/RESULTS.md)
 ELEMENT_S = 2e-9        # one activation's elementwise passes per epoch (relu, mask, loss, update; 2 cores, measured)
 FIXED_S = 0.1           # loading a cached draw, building the result
+SIDE_BY_SIDE = 0.79     # two nets trained side by side on a core each, over the same two in turn on both cores
+#                         (the malleability quick preset's pair, 2-core Zen 4 EPYC, 2026-12-07: cores.side_by_side)
 QUICK_SECONDS = 30.0    # the dashboard starts runs below this without a click
 DASHBOARD_SECONDS = 3600.0  # the dashboard never starts a run above this
 DEFAULT_SECONDS = 6 * 3600.0  # the engine's own limit; the CLI can raise it
 
 INPUT_DIMS = {"mnist": 784, "fashion-mnist": 784, "cifar10": 3072}
+TORCHVISION_DECODES = ("cifar10",)  # the data sets a run imports torchvision for (MNIST's IDX files are read directly)
 
 
 @dataclass(frozen=True)

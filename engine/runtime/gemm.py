@@ -99,6 +99,9 @@ def _damage(record: Any, key: dict[str, str]) -> str | None:
         return "damaged (numpy_over_torch)"
     if not (isinstance(imports, dict) and all(k in IMPORT_NAMES and _positive(v) for k, v in imports.items())):
         return "damaged (import_cpu_s)"
+    idle = record.get("idle_torch_gflops", {})
+    if not (isinstance(idle, dict) and all(k.isdigit() and _positive(v) for k, v in idle.items())):
+        return "damaged (idle_torch_gflops)"
     return None
 
 

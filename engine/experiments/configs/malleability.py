@@ -126,6 +126,8 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
         grad_step = (3 * B.gemm_s(n, m, d, cfg.precision == "float64") + B.attention_s(cfg.attention, n, d)
                      + B.STEP_OVERHEAD_S)
         fit = B.train_s(n, d, m, tr.epochs, tr.batch_size)
+        if cfg.nulls and len(cfg.seeds) > 1:  # each cell's first net and its seed null's train side by side
+            fit *= 1 - 2 * (1 - B.SIDE_BY_SIDE) / len(cfg.seeds)
         if cfg.adversarial_training:
             fit += tr.epochs * cfg.attack.steps * grad_step
         per = fit + kernel * (2 + measured) + steps * grad_step + B.chol_s(n)  # + the K_m ridge baseline
@@ -146,4 +148,11 @@ def estimate_malleability(cfg: MalleabilityConfig) -> Estimate:
     heads = 1 + tracked if "retrain" in cfg.readings else 1
     memory = (kernels + factor_bytes(n, nt, c_out) + B.head_bytes(m, n + nt, c_out) + 8 * n * n + 16 * m * d
               + 8 * n * m + len(cfg.seeds) * 12 * m * d + 4 * 3 * heads * m * (d + max(tr.batch_size, nt)))
-    return Estimate(B.FIXED_S + draws * slow * len(cfg.archs) * len(cfg.seeds) * seconds, int(memory))
+    return Estimate(B.FIXED_S + RATE_CENTRE * draws * slow * len(cfg.archs) * len(cfg.seeds) * seconds, int(memory))
+
+
+# The cost model's rates are the AVX2 reference's. Its quick-preset estimate ÷ wall read 0.79 there
+# (2026-12-02) and 1.9 on a 2-core Zen 4 once training stopped importing torch._dynamo and MNIST
+# torchvision (2026-12-07): the float64 attack steps run relatively faster on AVX-512. 0.75 puts
+# both inside 0.5-2x (about 0.6 and 1.4).
+RATE_CENTRE = 0.75
