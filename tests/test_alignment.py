@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.stats
 from scipy.integrate import trapezoid
 from scipy.linalg import hadamard
 from scipy.optimize import brentq
@@ -152,27 +153,35 @@ def test_bad_input_is_one_line():
         AlignmentConfig(attention="qkv")
 
 
-def _summary(relu, attn, acc_relu=0.8, acc_attn=0.8, units=4):
+def _rows(gaps, acc_gaps, draws):
+    """Per-net rows: each (draw, seed) pair's MLP-Attn alignment exceeds 2L-ReLU's 0.3 by ``gaps[i]``,
+    its K_m ridge accuracy 0.8's by ``acc_gaps[i]``; ``draws[i]`` the pair's data draw."""
     rows = []
-    for arch, (m, sd), acc in (("relu", relu, acc_relu), ("attn", attn, acc_attn)):
-        rows.append({"arch": arch, "width": 256, "align_trained_mean": m, "align_trained_sd": sd,
-                     "test_acc_kernel_trained_mean": acc, "test_acc_kernel_trained_sd": 0.01, "n_seeds": units})
+    for i, (g, ag, d) in enumerate(zip(gaps, acc_gaps, draws, strict=True)):
+        for arch, al, acc in (("relu", 0.3, 0.8), ("attn", 0.3 + g, 0.8 + ag)):
+            rows.append({"data_seed": d, "arch": arch, "width": 256, "seed": i, "align_trained": al,
+                         "test_acc_kernel_trained": acc})
     return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize("relu,attn,acc_attn,units,outcome", [
-    ((0.30, 0.01), (0.40, 0.02), 0.80, 4, "holds"),      # gap 0.10 beyond the spread 0.03
-    ((0.30, 0.05), (0.36, 0.05), 0.80, 4, "fails"),      # gap 0.06 within 0.10
-    ((0.30, 0.01), (0.40, 0.02), 0.70, 4, "fails"),      # aligned, but 10 points less accurate
-    ((0.30, 0.01), (0.40, 0.02), 0.79, 4, "holds"),      # one point lower: within the accuracy spread 0.02
-    ((0.30, 0.01), (0.40, 0.02), 0.80, 1, "uninformative"),
-    ((0.40, 0.01), (0.30, 0.02), 0.80, 4, "fails"),      # 2L-ReLU's beyond the spread
+@pytest.mark.parametrize("gaps,acc_gaps,draws,outcome", [
+    ((0.10, 0.12, 0.09, 0.11), (0.0, 0.0, 0.01, -0.01), (0, 0, 1, 1), "holds"),
+    ((0.10, -0.05, 0.12, -0.04), (0.0,) * 4, (0, 1, 2, 3), "fails"),          # the interval reaches zero
+    ((0.10, 0.12, 0.09, 0.11), (-0.10, -0.11, -0.09, -0.10), (0, 0, 1, 1), "fails"),  # 10 points less accurate
+    ((0.10, 0.12, 0.09, 0.11), (-0.01, 0.01, -0.02, 0.0), (0, 1, 2, 3), "holds"),     # accuracy within its interval
+    ((0.10,), (0.0,), (0,), "uninformative"),
+    ((-0.10, -0.12, -0.09, -0.11), (0.0,) * 4, (0, 1, 2, 3), "fails"),       # 2L-ReLU's the better aligned
 ])
-def test_the_verdict_rule(relu, attn, acc_attn, units, outcome):
-    v = AL.verdict(_summary(relu, attn, acc_attn=acc_attn, units=units)).iloc[0]
+def test_the_verdict_rule(gaps, acc_gaps, draws, outcome):
+    """The paired rule against scipy's t interval over data-draw means of the per-pair differences."""
+    v = AL.verdict(_rows(gaps, acc_gaps, draws)).iloc[0]
     assert v["outcome"] == outcome
-    assert ("2L-ReLU's is better aligned" in v["why"]) == (attn[0] - relu[0] < -(attn[1] + relu[1]))
-    assert v["gap"] == pytest.approx(attn[0] - relu[0])
+    by = pd.Series(gaps).groupby(list(draws)).mean()
+    assert v["gap"] == pytest.approx(by.mean())
+    if len(by) > 1:
+        lo, hi = scipy.stats.t.interval(0.95, len(by) - 1, loc=by.mean(), scale=scipy.stats.sem(by))
+        assert (v["gap_low"], v["gap_high"]) == pytest.approx((lo, hi))
+        assert ("2L-ReLU's is the better aligned" in v["why"]) == (hi < 0)
 
 
 def test_parted_flags_only_gaps_beyond_both_tolerances():

@@ -129,3 +129,25 @@ def test_holm_against_its_definition():
         expect[i] = min(1.0, max(min(1.0, (m - j) * p[order[j]]) for j in range(rank + 1)))
     assert [adjusted[i] for i in finite] == pytest.approx([expect[i] for i in finite], abs=ATOL64)
     assert math.isnan(adjusted[2])
+
+
+def test_draw_interval_is_a_t_interval_over_draw_means_or_over_the_nets_where_draws_cannot_spread():
+    from scipy import stats
+
+    from engine.maths.metrics import draw_interval
+
+    def t(values):
+        v = np.asarray(values, dtype=float)
+        return stats.t.interval(0.95, v.size - 1, loc=v.mean(), scale=stats.sem(v))
+
+    values, draws = [0.1, 0.3, 0.2, 0.6, 0.5, np.nan], [0, 0, 1, 1, 2, 2]
+    mean, lo, hi, g = draw_interval(values, draws)
+    means = [0.2, 0.4, 0.5]  # the NaN net is left out, its draw keeps its other net
+    assert g == 3 and mean == pytest.approx(np.mean(means)) and (lo, hi) == pytest.approx(t(means))
+    one = draw_interval([0.1, 0.3, 0.2], [4, 4, 4])
+    assert one[3] == 1 and one[1:3] == pytest.approx(t([0.1, 0.3, 0.2]))
+    agree = draw_interval([0.0, -0.2, -0.1, -0.1], [0, 0, 1, 1])  # both draw means -0.1: the nets spread it
+    assert agree[3] == 2 and agree[1:3] == pytest.approx(t([0.0, -0.2, -0.1, -0.1])) and agree[1] < 0 < agree[2]
+    same = draw_interval([0.2, 0.2, 0.2, 0.2], [0, 0, 1, 1])  # every net the same: nothing to spread
+    assert same[1] == same[2] == pytest.approx(0.2)
+    assert np.isnan(draw_interval([0.2], [0])[1]) and draw_interval([], [])[3] == 0

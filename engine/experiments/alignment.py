@@ -126,15 +126,21 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
             training.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
                              "alignment": AL.centered_alignment(K_e, Y),
                              "kernel_dist": relative_distance(K_e, K_inf)})
-    snaps = []
+    snaps, design = [], []
     if cfg.flips:  # the vulnerability half at the same snapshots, largest width (engine.experiments.along)
         w, loss = max(cfg.widths), resolve_loss(cfg.train, p.c)
         tr = results[cfg.widths.index(w)]
         for i, (e, W_e) in enumerate(sorted(tr.snapshots.items())):
-            tick(progress, cancel, lo + (0.65 + 0.15 * i / len(tr.snapshots)) * (hi - lo),
+            tick(progress, cancel, lo + (0.65 + (0.05 if cfg.design else 0.15) * i / len(tr.snapshots)) * (hi - lo),
                  f"{stage}: attack at epoch {e}")
             snaps.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
                           **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, loss, cancel)})
+        if cfg.design:  # the causal design: kernel K_m(0) / K_m(t) / K∞ × attacker epoch 0 / t
+            tick(progress, cancel, lo + 0.7 * (hi - lo), f"{stage}: the causal design (kernel × attacker)")
+            own = {s["epoch"]: {k: v for k, v in s.items() if k not in ("data_seed", "arch", "width", "seed", "epoch")}
+                   for s in snaps}
+            design = [{**c, "data_seed": draw} for c in
+                      along.design_flips(cfg, p, arch, w, seed, tr.snapshots, tr.W0, own, loss, cancel)]
     tick(progress, cancel, lo + 0.8 * (hi - lo), f"{stage}: spectra and learning curves")
     key = {"data_seed": draw, "arch": arch, "seed": seed}
     power, curves = [], []
@@ -142,7 +148,7 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
         pw, cv = _curves(name, parts, Y, cfg, 1000 * draw + seed)
         power += [{**key, **r} for r in pw]
         curves += [{**key, **r} for r in cv] if name == "K_m trained" else []
-    return {"rows": rows, "training": training, "power": power, "curves": curves, "snaps": snaps}
+    return {"rows": rows, "training": training, "power": power, "curves": curves, "snaps": snaps, "design": design}
 
 
 @experiment_run("alignment")
@@ -163,10 +169,15 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
     With ``cfg.flips``, frames ``flips_training`` (per draw, arch, seed and snapshot epoch of the largest
     width: the flip rate of the ridge reading on K_m(t) under a PGD attack on that epoch's net, its seed
     and random nulls, the excess with its interval, beside the alignment at that epoch) and
-    ``flips_training_summary`` (per arch, width and epoch, the pooled excess): ``engine.experiments.along``.
+    ``flips_training_summary`` (per arch, width and epoch, the pooled excess): ``engine.experiments.along``;
+    ``association``: Spearman ρ between the kernel's distance from K∞ and the flip excess across nets and
+    snapshots, per arch, with its interval (``along.association``). With ``cfg.design`` too, the causal
+    design at every snapshot: ``flips_design`` (per net, epoch, kernel K_m(0) / K_m(t) / K∞ and attacker
+    epoch 0 / t), ``flips_design_summary`` (pooled per cell) and ``design_effects`` (``along.DESIGN_RULE``
+    per arch). Frame ``power_metrics``: the power half by every metric (``engine.maths.alignment.power_metrics``).
     """
     draws = _draws(cfg)
-    rows, kinf, training, power, curves, snaps, meta = [], [], [], [], [], [], {}
+    rows, kinf, training, power, curves, snaps, design, meta = [], [], [], [], [], [], [], {}
     units = len(draws) * len(cfg.archs) * (1 + len(cfg.seeds))
     done = 0
     for draw in draws:
@@ -194,13 +205,18 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
                 power += part["power"]
                 curves += part["curves"]
                 snaps += part.get("snaps", [])
+                design += part.get("design", [])
                 done += 1
     tick(progress, cancel, 1.0, "done")
     flips, flips_summary = along.frames(along.seed_nulls(snaps, cfg.seeds), pd.DataFrame(training))
+    design_rows, design_summary = along.design_frames(design, cfg.seeds)
     frame = pd.DataFrame(rows)
     summary = summarize(frame, ["arch", "attention", "width"], ALIGNMENT_METRICS)
     meta["data_seeds"] = list(draws)
     frames = {"rows": frame, "summary": summary, "kinf": pd.DataFrame(kinf), "power": pd.DataFrame(power),
               "curves": pd.DataFrame(curves), "training": pd.DataFrame(training),
-              "verdict": AL.verdict(summary), "flips_training": flips, "flips_training_summary": flips_summary}
+              "verdict": AL.verdict(frame), "flips_training": flips, "flips_training_summary": flips_summary,
+              "flips_design": design_rows, "flips_design_summary": design_summary,
+              "design_effects": along.design_effects(design_rows), "association": along.association(flips),
+              "power_metrics": AL.power_metrics(frame, pd.DataFrame(curves))}
     return Result("alignment", {}, frames, {}, meta)

@@ -175,7 +175,8 @@ def _cell(rows: pd.DataFrame, flips: list, mask: pd.Series) -> dict:
     return out
 
 
-def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+def verdict(rows: pd.DataFrame, flips: list, nulls: bool,
+            summ: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The ``verdict`` frame — one row per (width, attack, ε, reading) with both architectures — and the
     ``draws`` frame (one row per cell and data draw: each side's mean excess over its nets in that draw
     and their gap, the values the interval summarises).
@@ -185,7 +186,8 @@ def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> tuple[pd.DataFrame,
     ratio with Fieller's interval only where 2L-ReLU's excess interval excludes zero
     (``engine.maths.metrics``), over the nets through the training gate (``kept``), with ``left_out``
     naming the others and ``gap_all*`` the gap with them; ``role`` (``engine.experiments.verdict.roles``);
-    ``outcome`` and ``why`` from ``flip_rule`` on the cell's summary, and ``holds`` = outcome "holds"."""
+    ``outcome`` and ``why`` from ``flip_rule`` on the cell's summary, and ``holds`` = outcome "holds".
+    ``summ``: ``summary(rows, flips, nulls)`` where the caller has it already (computed here otherwise)."""
     if not nulls or rows.empty or not {"attn", "relu"} <= set(rows["arch"]):
         return pd.DataFrame(columns=list(VERDICT_COLUMNS)), pd.DataFrame(columns=list(DRAW_COLUMNS))
     keep = kept(rows)
@@ -221,7 +223,7 @@ def verdict(rows: pd.DataFrame, flips: list, nulls: bool) -> tuple[pd.DataFrame,
     secondary = table["role"] != "primary"
     table["gap_p_holm"] = table["gap_p"]
     table.loc[secondary, "gap_p_holm"] = holm(table.loc[secondary, "gap_p"])
-    summ = with_gaps(summary(rows, flips, nulls), table)
+    summ = with_gaps(summary(rows, flips, nulls) if summ is None else summ, table)
     rules = [flip_rule(summ[(summ["width"] == r["width"]) & (summ["reading"] == r["reading"])], r["attack"], r["eps"])
              for _, r in table.iterrows()]
     table["outcome"] = [v["outcome"] for v in rules]

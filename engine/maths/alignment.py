@@ -235,48 +235,50 @@ def _measure(K, Y, ns, ridge_abs, trials, rng):
 # ---------------------------------------------------------------- verdict
 
 VERDICT_WORDS = ("**holds** where MLP-Attn's centred alignment of its trained K_m with the labels exceeds "
-                 "2L-ReLU's by more than the sum of their sds over seeds and data draws, and its K_m ridge "
-                 "test accuracy is not lower than 2L-ReLU's by more than the sum of those sds; "
-                 "**fails** otherwise; **uninformative** with fewer than two (seed, draw) pairs per net.")
+                 "2L-ReLU's (the paired difference within each (draw, seed), its 95 % t interval over data draws "
+                 "above zero) and its K_m ridge test accuracy is not lower (that difference's interval does not lie "
+                 "below zero); **fails** otherwise; **uninformative** with fewer than two (draw, seed) pairs.")
 
 
-def verdict(summary: pd.DataFrame, metric: str = "align_trained", acc: str = "test_acc_kernel_trained") -> pd.DataFrame:
-    """"MLP-Attn's kernel is better aligned", per width, from an alignment run's ``summary``
-    (columns arch, width, ``{metric}_mean/_sd``, ``{acc}_mean/_sd``, n_seeds: units over seeds
-    and draws). One row per width: both nets' means and sds, the gap, the spread, the accuracy
-    gap, and ``outcome`` in holds / fails / uninformative with ``why``."""
+def verdict(rows: pd.DataFrame, metric: str = "align_trained", acc: str = "test_acc_kernel_trained") -> pd.DataFrame:
+    """"MLP-Attn's kernel is better aligned", per width, from an alignment run's per-net ``rows``
+    (columns data_seed, arch, width, seed, ``metric``, ``acc``). Each (draw, seed) pairs MLP-Attn's
+    net with 2L-ReLU's; the difference is pooled with data draws as the unit
+    (``engine.maths.metrics.draw_interval``). One row per width: both nets' means and sds, the gap
+    with its interval, the accuracy gap with its interval, the pairs and draws, and ``outcome`` in
+    holds / fails / uninformative with ``why`` (``VERDICT_WORDS``)."""
+    from .metrics import draw_interval
+
+    cols = ["width", "relu_mean", "relu_sd", "attn_mean", "attn_sd", "gap", "gap_low", "gap_high", "relu_acc",
+            "attn_acc", "acc_gap", "acc_low", "acc_high", "units", "n_draws", "outcome", "why"]
     out = []
-    for width, g in summary.groupby("width", sort=True):
+    if rows.empty or not {metric, acc} <= set(rows):
+        return pd.DataFrame(columns=cols)
+    for width, g in rows.groupby("width", sort=True):
         r, a = g[g["arch"] == "relu"], g[g["arch"] == "attn"]
         if r.empty or a.empty:
             continue
-        r, a = r.iloc[0], a.iloc[0]
-        gap = a[f"{metric}_mean"] - r[f"{metric}_mean"]
-        spread = a[f"{metric}_sd"] + r[f"{metric}_sd"]
-        acc_gap = a[f"{acc}_mean"] - r[f"{acc}_mean"]
-        acc_spread = a[f"{acc}_sd"] + r[f"{acc}_sd"]
-        row = {"width": int(width), "relu_mean": r[f"{metric}_mean"], "relu_sd": r[f"{metric}_sd"],
-               "attn_mean": a[f"{metric}_mean"], "attn_sd": a[f"{metric}_sd"], "gap": gap, "spread": spread,
-               "relu_acc": r[f"{acc}_mean"], "attn_acc": a[f"{acc}_mean"], "acc_gap": acc_gap,
-               "units": int(min(r["n_seeds"], a["n_seeds"]))}
-        if row["units"] < 2 or not math.isfinite(spread):
-            row["outcome"], row["why"] = "uninformative", "fewer than two (seed, draw) pairs per net"
-        elif gap < -spread:
+        pairs = a.merge(r, on=["data_seed", "seed"], suffixes=("_attn", "_relu"))
+        gap, lo, hi, draws = draw_interval(pairs[f"{metric}_attn"] - pairs[f"{metric}_relu"], pairs["data_seed"])
+        acc_gap, acc_lo, acc_hi, _ = draw_interval(pairs[f"{acc}_attn"] - pairs[f"{acc}_relu"], pairs["data_seed"])
+        row = {"width": int(width), "relu_mean": float(r[metric].mean()), "relu_sd": float(r[metric].std()),
+               "attn_mean": float(a[metric].mean()), "attn_sd": float(a[metric].std()), "gap": gap, "gap_low": lo,
+               "gap_high": hi, "relu_acc": float(r[acc].mean()), "attn_acc": float(a[acc].mean()), "acc_gap": acc_gap,
+               "acc_low": acc_lo, "acc_high": acc_hi, "units": len(pairs), "n_draws": draws}
+        span = f"gap {gap:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        if len(pairs) < 2 or not math.isfinite(lo):
+            row["outcome"], row["why"] = "uninformative", "fewer than two (draw, seed) pairs"
+        elif hi < 0:
+            row["outcome"], row["why"] = "fails", f"2L-ReLU's is the better aligned: {span}"
+        elif lo <= 0:
+            row["outcome"], row["why"] = "fails", f"the alignment {span} reaches zero"
+        elif math.isfinite(acc_hi) and acc_hi < 0:
             row["outcome"] = "fails"
-            row["why"] = f"2L-ReLU's is better aligned: gap {gap:+.3f} beyond the spread {spread:.3f}"
-        elif gap <= spread:
-            row["outcome"] = "fails"
-            row["why"] = f"alignment gap {gap:+.3f} within the spread {spread:.3f}"
-        elif acc_gap < -acc_spread:
-            row["outcome"] = "fails"
-            row["why"] = f"better aligned by {gap:+.3f}, but K_m ridge accuracy lower by {-100 * acc_gap:.1f} points"
+            row["why"] = f"better aligned, {span}, but K_m ridge accuracy lower by {-100 * acc_gap:.1f} points"
         else:
-            row["outcome"] = "holds"
-            row["why"] = (f"alignment gap {gap:+.3f} beyond the spread {spread:.3f}; K_m ridge accuracy "
-                          f"{100 * acc_gap:+.1f} points")
+            row["outcome"], row["why"] = "holds", f"alignment {span}; K_m ridge accuracy {100 * acc_gap:+.1f} points"
         out.append(row)
-    return pd.DataFrame(out, columns=["width", "relu_mean", "relu_sd", "attn_mean", "attn_sd", "gap", "spread",
-                                      "relu_acc", "attn_acc", "acc_gap", "units", "outcome", "why"])
+    return pd.DataFrame(out, columns=cols)
 
 
 REACH_ERROR = 0.6  # sample efficiency: the p at which a learning curve's error falls to 60 % of the zero predictor's
@@ -306,7 +308,8 @@ def power_metrics(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """The power half by every metric it is claimed in, per metric: each net's mean, the paired
     difference MLP-Attn − 2L-ReLU (each (draw, seed) pair at the largest width; draws the unit:
     ``engine.maths.metrics.draw_interval``) with its 95 % interval, and which net it favours
-    (``favours``: attn, relu, or neither when the interval reaches zero). ``rows``: an alignment run's
+    (``favours``: attn, relu, neither when the interval reaches zero, or unmeasured where no pair has the
+    metric: a learning curve that never reaches ``REACH_ERROR`` at the sizes measured). ``rows``: an alignment run's
     per-net rows; ``curves``: its learning curves (the trained K_m's give ``p_reach``)."""
     from .metrics import draw_interval
 
@@ -334,7 +337,7 @@ def power_metrics(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         worse = (hi < 0) if higher else (lo > 0)
         out.append({"metric": metric, "words": words, "attn": float(pairs[f"{col}_attn"].mean()),
                     "relu": float(pairs[f"{col}_relu"].mean()), "diff": mean, "low": lo, "high": hi, "n_draws": g,
-                    "favours": "attn" if better else "relu" if worse else "neither"})
+                    "favours": "unmeasured" if not g else "attn" if better else "relu" if worse else "neither"})
     return pd.DataFrame(out, columns=cols)
 
 
@@ -343,15 +346,20 @@ def disagreement(table: pd.DataFrame) -> str:
     task better, and where they part."""
     if table.empty:
         return "The power metrics were not measured."
-    sides = {f: list(table[table["favours"] == f]["metric"]) for f in ("attn", "relu", "neither")}
+    sides = {f: list(table[table["favours"] == f]["metric"]) for f in ("attn", "relu", "neither", "unmeasured")}
+    unmeasured = (f" ({', '.join(sides['unmeasured'])}: not reached at the sizes measured)"
+                  if sides["unmeasured"] else "")
     if sides["attn"] and sides["relu"]:
         return (f"The metrics disagree: {', '.join(sides['attn'])} favour MLP-Attn, {', '.join(sides['relu'])} "
-                "favour 2L-ReLU" + (f", {', '.join(sides['neither'])} neither" if sides["neither"] else "") + ".")
+                "favour 2L-ReLU" + (f", {', '.join(sides['neither'])} neither" if sides["neither"] else "") + f"{unmeasured}.")
     lead = "MLP-Attn" if sides["attn"] else "2L-ReLU" if sides["relu"] else None
     if lead is None:
-        return "No metric separates the two nets beyond its interval."
-    rest = f"; {', '.join(sides['neither'])} separate neither" if sides["neither"] else ""
-    return f"Every metric that separates the nets favours {lead} ({', '.join(sides['attn'] or sides['relu'])}){rest}."
+        return f"No metric separates the two nets beyond its interval{unmeasured}."
+    rest = ""
+    if sides["neither"]:
+        rest = f"; {', '.join(sides['neither'])} {'does' if len(sides['neither']) == 1 else 'do'} not separate them"
+    return (f"Every metric that separates the nets favours {lead} ({', '.join(sides['attn'] or sides['relu'])})"
+            f"{rest}{unmeasured}.")
 
 
 def parted(curves: pd.DataFrame, rtol: float = 0.2) -> pd.DataFrame:

@@ -269,7 +269,9 @@ def gap_interval(units_a: Iterable[tuple], units_b: Iterable[tuple], draws_a: It
 def draw_interval(values: ArrayLike, draws: Iterable, level: float = LEVEL) -> tuple[float, float, float, int]:
     """A per-net quantity (e.g. a paired change, one value per net) pooled with data draws as the unit:
     each draw's mean over its nets, then the mean of the G draw means with a t interval over them (G − 1
-    degrees of freedom); with one draw, a t interval over that draw's nets (about that sample only).
+    degrees of freedom); with one draw, a t interval over that draw's nets (about that sample only), and
+    likewise where the draw means agree exactly while the nets do not (two draws of quantised flip counts
+    can: a zero-width interval there would claim what the draws cannot show).
     Returns (mean, low, high, G); NaN bounds with fewer than two values to spread."""
     v = np.asarray(values, dtype=float)
     labels = list(draws)
@@ -282,6 +284,8 @@ def draw_interval(values: ArrayLike, draws: Iterable, level: float = LEVEL) -> t
     for x, d in zip(v, labels, strict=True):
         by.setdefault(d, []).append(float(x))
     means = np.array([np.mean(x) for x in by.values()]) if len(by) > 1 else v
+    if means.size > 1 and np.ptp(means) == 0 and np.ptp(v) > 0:
+        means = v  # draws that agree exactly (counts of a few flips) have a spread they cannot measure: the nets'
     if means.size < 2:
         return float(means.mean()), nan, nan, len(by)
     mean, lo, hi, _ = _t_interval(means, level, math.inf)

@@ -23,9 +23,10 @@ def _largest(verdict: pd.DataFrame) -> pd.Series | None:
 
 
 def measured_words(v: pd.Series) -> str:
-    """One verdict row as text: both alignments, the gap against the spread, the accuracies."""
+    """One verdict row as text: both alignments, the paired gap with its interval, the accuracies."""
     return (f"m = {int(v['width'])}: A(K_m, YYᵀ) 2L-ReLU {v['relu_mean']:.3f} ± {v['relu_sd']:.3f}, MLP-Attn "
-            f"{v['attn_mean']:.3f} ± {v['attn_sd']:.3f} (gap {v['gap']:+.3f}, spread {v['spread']:.3f}); K_m ridge "
+            f"{v['attn_mean']:.3f} ± {v['attn_sd']:.3f} (paired gap {v['gap']:+.3f} [{v['gap_low']:+.3f}, "
+            f"{v['gap_high']:+.3f}], {int(v['n_draws'])} draw(s)); K_m ridge "
             f"test acc. {100 * v['relu_acc']:.1f} % / {100 * v['attn_acc']:.1f} %; {v['outcome']}")
 
 
@@ -39,7 +40,7 @@ def verdict_alignment(verdict: pd.DataFrame | None, dataset: str = "") -> Verdic
                        f"Run `python -m engine alignment`{where} to measure it.")
     status = {"holds": "agrees", "fails": "disagrees"}.get(v["outcome"], "not measured")
     if v["outcome"] == "fails" and v["gap"] > 0:
-        status = "partly"  # better aligned, but within the spread or at a lower accuracy
+        status = "partly"  # better aligned on average, but the interval reaches zero or the accuracy is lower
     words = (f"MLP-Attn's trained kernel is better aligned with the labels than 2L-ReLU's{where}: {v['why']}."
              if v["outcome"] == "holds" else
              f"MLP-Attn's trained kernel is not measurably better aligned with the labels{where}: {v['why']}.")
@@ -173,7 +174,8 @@ def readme_paragraph(results) -> str:
         table = AL.power_metrics(r.frames["rows"], r.frames["curves"])
         if len(table):
             by_metric.append(f"- {label}: " + "; ".join(
-                f"{t.metric} {t.diff:+.3g} [{t.low:+.3g}, {t.high:+.3g}] ({_favours(t.favours)})"
+                (f"{t.metric} not reached by either curve at the sizes measured" if t.favours == "unmeasured" else
+                 f"{t.metric} {t.diff:+.3g} [{t.low:+.3g}, {t.high:+.3g}] ({_favours(t.favours)})")
                 for t in table.itertuples()) + f". {AL.disagreement(table)}")
         nets = r.frames.get("flips_training")
         if nets is not None and not nets.empty:

@@ -141,8 +141,9 @@ def findings(found, power) -> list[str]:
             continue
         a = v.sort_values("width").iloc[-1]
         out.append(f"**Power, {_cell(label)}: {a['outcome']}.** Centred alignment of the trained eNTK with the labels "
-                   f"at m = {int(a['width'])}: MLP-Attn {a['attn_mean']:.3f} ± {a['attn_sd']:.3f} against 2L-ReLU "
-                   f"{a['relu_mean']:.3f} ± {a['relu_sd']:.3f}.")
+                   f"at m = {int(a['width'])}: MLP-Attn − 2L-ReLU {a['gap']:+.3f} [{a['gap_low']:+.3f}, "
+                   f"{a['gap_high']:+.3f}] (paired, {int(a['n_draws'])} draw(s); MLP-Attn {a['attn_mean']:.3f}, "
+                   f"2L-ReLU {a['relu_mean']:.3f}).")
     return out
 
 

@@ -40,6 +40,10 @@ class AlignmentConfig:
     flips: bool = setting(True, "flip rates along training: at every snapshot epoch of the largest width, the "
                           "ridge influence on the net's own K_m(t) before and after a PGD attack on that epoch's net "
                           "(its top-τ rows move), beside the seed and random nulls (adds an attack per snapshot)")
+    design: bool = setting(False, "the causal design along training (needs the flip rates): at every snapshot, "
+                           "the influence read on K_m(0), K_m(t) or K∞ × the attack climbing the epoch-0 or the "
+                           "epoch-t net's loss, so that the excess can be traced to the kernel's movement or to "
+                           "the attacker's training (about 3 more attacks per snapshot)")
     eps: float = setting(0.3, "radius ε of the attack at every snapshot, in the attack space's units (raw: pixels "
                          "in [0, 1]; normalized: fractions of a unit row)", flag="--eps", lo=0, lo_open=True, hi=100.0)
     attack: AttackSpec = AttackSpec(steps=10, norm="l2")  # norm, steps, step size, random start
@@ -53,6 +57,8 @@ class AlignmentConfig:
         validate(self)
         options.check_init_widths(self.init, self.widths)
         options.check_space(self.space, self.data.normalize)
+        if self.design and not self.flips:
+            raise BadInput("design reads the flip rates along training; drop --no-flips, or --design")
         big = [p for p in self.curve_ns if p >= self.data.n]
         if big:
             raise BadInput(f"curve sizes {big} leave no held-out point of the pool n = {self.data.n}; allowed: "
@@ -80,6 +86,9 @@ PRESETS = {"alignment": {  # named instances of the config: the dashboard's quic
 }}
 
 
+CELL_SHARE = 0.6  # of the attack-and-three-readings cost model, per flip cell along training (below)
+
+
 def estimate_alignment(cfg: AlignmentConfig) -> Estimate:
     n, nt, d = cfg.data.n, cfg.data.n_test, B.input_dim(cfg.data)
     tr, draws = cfg.train, max(1, len(cfg.data_seeds))
@@ -98,7 +107,10 @@ def estimate_alignment(cfg: AlignmentConfig) -> Estimate:
         attn_share = sum(a == "attn" for a in cfg.archs) / len(cfg.archs)  # per_group is per (arch, seed)
         grad_step = 2 * B.gemm_s(n, m, d, double) + attn_share * B.attention_s(cfg.attention, n, d) + B.STEP_OVERHEAD_S
         reading = (B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)) * (2.0 if double else 1.0)
-        per_group += len(tr.snapshot_epochs) * (cfg.attack.steps * grad_step + 3 * reading)
+        cells = len(tr.snapshot_epochs) + (2 + 3 * (len(tr.snapshot_epochs) - 1) if cfg.design else 0)
+        # FLOPS64 is the AVX2 reference's; a cell took 0.28-0.31 s on a 2-core Zen 4 against 0.61 s
+        # estimated (quick preset, 2026-12-07): 0.6 keeps both CPUs within 0.5-2x
+        per_group += CELL_SHARE * cells * (cfg.attack.steps * grad_step + 3 * reading)
     units = draws * len(cfg.archs)
     seconds = B.FIXED_S + draws * 0.05 + units * (kinf + len(cfg.seeds) * per_group)
     memory = (8 * (8 * n * n + 2 * nt * n) + 16 * sum(cfg.widths) * d + 2 * (n + nt) * max(cfg.widths) * 4
