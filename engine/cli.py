@@ -344,9 +344,10 @@ def _add_figure(sub, preset: str | None) -> None:
         if exp.figure is None:
             continue
         q = kinds.add_parser(name, aliases=list(exp.aliases), help=exp.figure_help,
-                             description=f"{exp.figure_help}; the flags are those of `{name}`.")
+                             description=f"{exp.figure_help}; the flags are those of `{name}`, from the page's own "
+                                         "defaults (the quick preset) unless --preset says otherwise.")
         _add_common(q)
-        _add_config(q, exp, preset)
+        _add_config(q, exp, preset or "quick")  # what the page opens on, read from the cache or the bundle
         q.add_argument("--out", required=True, help="output file: .png, .svg or .pdf")
         q.add_argument("--plot", dest="fig_metric", default=None,
                        help="ntk: the sweep metric drawn (default prediction_gap_init, as on the page; "
@@ -358,7 +359,8 @@ def _add_figure(sub, preset: str | None) -> None:
                        help="image height in CSS pixels (default: the chart's own for PNG and SVG, 16:9 of the width for PDF)")
         q.add_argument("--png-scale", dest="fig_scale", type=float, default=export.SCALE,
                        help=f"PNG pixel density (default: {export.SCALE:g})")
-        q.add_argument("--talk", action="store_true", help="slide-sized text and thicker lines")
+        q.add_argument("--talk", action="store_true", help="slide-sized text and thicker lines on a 16:9 slide "
+                       f"({export.SLIDE_PX[0]} x {export.SLIDE_PX[1]} unless --width-px / --height-px say otherwise)")
 
 
 def cmd_figure(a, progress) -> dict:
@@ -373,8 +375,12 @@ def cmd_figure(a, progress) -> dict:
         return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)
     fig = exp.main_figure(res, a.fig_metric)
-    if a.talk:
+    if a.talk:  # as the page's Presentation mode and its slide buttons: the settings line, 16:9
         fig = export.talk_style(fig)
-    path = export.write_image(fig, a.out, a.fig_width, a.fig_height, a.fig_scale)
+    fig = export.slide(fig, export.settings_line(res.config))
+    width, height = a.fig_width, a.fig_height
+    if a.talk and height is None and width == export.WIDTH_PX:
+        width, height = export.SLIDE_PX
+    path = export.write_image(fig, a.out, width, height, a.fig_scale)
     return {"figure": str(path), "kind": exp.name, "format": fmt, "bytes": path.stat().st_size,
             "title": fig.layout.title.text, "cached": res.cached, "config": res.config}

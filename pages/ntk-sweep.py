@@ -76,24 +76,24 @@ if res is not None:
                      "approaching the kernel limit.")
     with c2:
         data = plots.distance_data(rows, f"{metric}_trained")
-        render.chart(plots.distance_fig(data, f"{metric}_trained"), data, f"{metric} after training", config=res.config,
+        render.chart(plots.distance_fig(data, f"{metric}_trained", untrained=bad), data, f"{metric} after training", config=res.config,
                      how_to_read="The same distance after training; if it is much larger than at init, training moved "
                      "the kernel (feature learning) instead of staying in the lazy regime.")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.distance_data(rows, "train_acc")
-        render.chart(plots.distance_fig(data, "train_acc"), data, "train accuracy", config=res.config,
+        render.chart(plots.distance_fig(data, "train_acc", untrained=bad), data, "train accuracy", config=res.config,
                      how_to_read="Train accuracy of the nets, mean ± sd over seeds: a net near chance has not "
                                  "learned the task, and its distances to K∞ describe an untrained predictor.")
     with c2:
         data = plots.distance_data(rows, "test_acc")
-        render.chart(plots.distance_fig(data, "test_acc"), data, "test accuracy", config=res.config,
+        render.chart(plots.distance_fig(data, "test_acc", untrained=bad), data, "test accuracy", config=res.config,
                      how_to_read="Test accuracy of the trained nets; compare with the K∞ ridge baseline in the "
                                  "table below: a net far below it underfits, and its distances mean little.")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.distance_data(rows, "function_dist_rel")
-        render.chart(plots.distance_fig(data, "function_dist_rel"), data, "relative function distance",
+        render.chart(plots.distance_fig(data, "function_dist_rel", untrained=bad), data, "relative function distance",
                      config=res.config,
                      how_to_read="‖f_m − f_NTK‖_F / ‖f_NTK‖_F on the test points: the paper's function distance "
                                  "divided by the scale of what it compares (its absolute value mostly tracks the "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
@@ -15,8 +13,8 @@ from engine.reporting.plots.nulls import nulls_data
 from engine.runtime import bundle
 from engine.runtime.errors import EngineError
 from ui import configs, render
-from ui.common import cache_summary, data_dir, dataset_infos, get_cache, plain, shared
-from ui.findings import findings_ui
+from ui.common import cache_summary, data_dir, dataset_infos, plain, shared
+from ui.findings import findings_ui, readme_results
 from ui.runner import obtain_together, peek
 
 PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distance to K∞ against width",
@@ -25,7 +23,6 @@ PAGE_BLURBS = {"spectrum": "κ, κ³ and the width needed", "ntk-sweep": "distan
                "grid": "many settings, cached cell by cell", "reproduction": "the paper's claims, here",
                "alignment": "does the kernel align with the labels?"}
 
-ROOT = Path(__file__).resolve().parents[1]  # grids/ sits beside pages/ (in the checkout and the image)
 s = shared()
 st.title("Influence malleability in linearized attention")
 st.markdown(f"**The paper claims** (*{paper.PAPER}*): " + " ".join(paper.CLAIM)
@@ -34,7 +31,8 @@ st.caption("This dashboard recomputes the paper's quantities from scratch with t
            "every result is cached on disk, and every chart offers its data as CSV.")
 
 st.header("What we found")
-findings_ui()
+readme_found, readme_power = readme_results()  # the README grid's cells, read once for the card and the protocols
+findings_ui(readme_found, readme_power)
 
 st.header("Headline numbers: here and in the paper")
 # The landing page starts nothing by itself: numbers measured before (in the cache) are shown,
@@ -130,13 +128,9 @@ st.table(pd.DataFrame(readings), hide_index=True)
 st.markdown("**The README's protocols**, each read with the same rule from this machine's cache (`python -m engine "
             "grid grids/readme.toml` computes them, resumably; `python -m engine report grids/readme.toml` prints the "
             "README's tables from them):")
-try:
-    from engine.grid.driver import load_spec
-    from engine.reporting.report import protocol_lines
+from engine.reporting.report import protocol_lines
 
-    spec_lines = protocol_lines(load_spec(ROOT / "grids" / "readme.toml"), get_cache(), data_dir())
-except EngineError as exc:
-    spec_lines = [f"the README's grid cannot be read here: {exc}"]
+spec_lines = protocol_lines(readme_found) or ["the README's grid cannot be read here"]
 st.markdown("\n".join(f"- {plain(line)}" for line in spec_lines))
 st.caption(f"The network's own leave-one-out (retraining without each tracked point) beside the kernel's readings of "
            f"the same attack: lazy SGD on MSE, {net_cfg.attention} attention, ℓ2 PGD at ε = {net_cfg.eps[0]:g} on "

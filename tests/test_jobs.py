@@ -131,8 +131,9 @@ def test_progress_and_eta_follow_the_recent_rate():
     assert fresh.eta_s() is None
 
 
-def test_eta_uses_the_last_ten_seconds_with_the_managers_clock():
-    """Slow for 60 s, then fast: the ETA follows the fast rate, not the average since start."""
+def test_eta_uses_the_later_half_of_the_run_with_the_managers_clock():
+    """Slow for 60 s, then fast for 20 s: the ETA follows the rate over the later half of the run (40 s:
+    from 20 % to 70 %), between the last ten seconds' (15 s left) and the average since the start's (34 s)."""
     now = [1000.0]
     m = JobManager(clock=lambda: now[0])
     reported, gate = threading.Event(), threading.Event()
@@ -152,8 +153,8 @@ def test_eta_uses_the_last_ten_seconds_with_the_managers_clock():
     assert reported.wait(5)
     assert job.state is JobState.RUNNING and job.frac == pytest.approx(0.70)
     assert job.elapsed_s() == pytest.approx(80.0)
-    assert job.eta_s() == pytest.approx(15.0)        # 30 % at 2 %/s; since start it would be 34 s
-    assert len(job.history) <= 12                    # only the window (plus its first sample) is kept
+    assert job.eta_s() == pytest.approx(0.30 * 40 / 0.50)  # 30 % at 1.25 %/s
+    assert len(job.history) <= engine.runtime.jobs.KEEP_SAMPLES + 1  # the window, thinned
     gate.set()
     assert job.wait(5) and job.eta_s() == 0.0
     m.shutdown()
@@ -428,3 +429,26 @@ def test_the_process_exits_on_sigterm_without_finishing_its_jobs(tmp_path, every
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_eta_moves_smoothly_through_stages_of_different_pace():
+    """A recorded trace of the malleability quick run's shape: per net, training (20 % of a unit's
+    progress in 75 % of its time) then its attacks (80 % in 25 %), six nets, reports every 0.1 s.
+    Read once a second from a fifth of the way in, the ETA never jumps by more than half its value
+    beyond the second that passed, and stays within 2x of the truth at every read."""
+    now = [0.0]
+    job = Job("k", "fake", "l", state=JobState.RUNNING, started=0.0, clock=lambda: now[0])
+    total, trace = 120.0, []
+    unit = total / 6
+    for k in range(int(total * 10) + 1):
+        t = k / 10
+        u, r = divmod(t, unit)
+        done = (u + (0.2 * r / (0.75 * unit) if r < 0.75 * unit else 0.2 + 0.8 * (r - 0.75 * unit) / (0.25 * unit))) / 6
+        now[0] = t
+        job._progress(min(done, 1.0), "unit")
+        if k % 10 == 0 and t >= 0.2 * total and t < total:
+            trace.append((t, job.eta_s()))
+    for (t0, a), (t1, b) in zip(trace, trace[1:], strict=False):
+        assert abs(b - (a - (t1 - t0))) <= 0.5 * a, (t0, a, b)
+    for t, eta in trace:
+        assert 0.5 <= eta / (total - t) <= 2.0 or total - t < 10, (t, eta)

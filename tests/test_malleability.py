@@ -484,8 +484,8 @@ def test_each_net_lands_as_soon_as_it_and_its_seed_null_are_trained():
     rows = res.frames["rows"]
     assert [(u["arch"], u["seed"], u["attack"]) for u, _ in seen] == [
         (a, s, m) for a in cfg.archs for s in cfg.seeds for m in cfg.attacks]
-    for unit, got in seen:
-        want = rows[(rows.arch == unit["arch"]) & (rows.seed == unit["seed"]) & (rows.attack == unit["attack"])]
+    for landed_unit, got in seen:
+        want = rows[(rows.arch == landed_unit["arch"]) & (rows.seed == landed_unit["seed"]) & (rows.attack == landed_unit["attack"])]
         assert len(got) == len(want) == len(cfg.readings)
         assert records(F.frame(got)) == records(want)  # as the run builds its frame; missing values as None
     quiet = []

@@ -148,6 +148,9 @@ def test_draw_interval_is_a_t_interval_over_draw_means_or_over_the_nets_where_dr
     assert one[3] == 1 and one[1:3] == pytest.approx(t([0.1, 0.3, 0.2]))
     agree = draw_interval([0.0, -0.2, -0.1, -0.1], [0, 0, 1, 1])  # both draw means -0.1: the nets spread it
     assert agree[3] == 2 and agree[1:3] == pytest.approx(t([0.0, -0.2, -0.1, -0.1])) and agree[1] < 0 < agree[2]
-    same = draw_interval([0.2, 0.2, 0.2, 0.2], [0, 0, 1, 1])  # every net the same: nothing to spread
-    assert same[1] == same[2] == pytest.approx(0.2)
+    same = draw_interval([0.2, 0.2, 0.2, 0.2], [0, 0, 1, 1])  # every net the same: a sign test over 4 nets
+    assert same[0] == pytest.approx(0.2) and np.isnan(same[1]) and np.isnan(same[2]) and same[3] == 2
+    six = draw_interval([0.2] * 6, [0, 0, 1, 1, 2, 2])  # 2 / 2⁶ < 0.05: six nets that agree are evidence
+    assert six[1:3] == pytest.approx((0.2, 0.2))
+    assert np.isnan(draw_interval([0.0] * 6, [0, 0, 1, 1, 2, 2])[1])  # no change at all: no interval
     assert np.isnan(draw_interval([0.2], [0])[1]) and draw_interval([], [])[3] == 0

@@ -23,7 +23,7 @@ def _summary(kappa=1.5e3, kappa_att=None, v2=28.0, n=200):
 
 
 def _sweep(relu, attn, widths=(16, 1024, 4096)):
-    return pd.DataFrame([{"arch": a, "width": w, "seed": 0, "function_dist": v}
+    return pd.DataFrame([{"arch": a, "width": w, "seed": 0, paper.CONVERGENCE_METRIC: v}
                          for a, vals in (("relu", relu), ("attn", attn)) for w, v in zip(widths, vals, strict=True)])
 
 
@@ -316,7 +316,7 @@ base."data.n" = 31
     spec = parse_spec(doc)
     first = spec.cells[0]
     res = EXPERIMENTS["malleability"].run(first.config, cache)
-    lines = report.protocol_lines(spec, cache)
+    lines = report.protocol_lines(report.results(spec, cache))
     v = FR.flip_rule(res.frames["summary"])
     assert lines == [f"tiny ({first.settings}), PGD ε = {v['eps']:g}: {v['outcome']} ({v['role']}) — {v['why']}",
                      f"other ({spec.cells[2].settings}): not in this cache"]

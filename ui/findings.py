@@ -36,9 +36,8 @@ def readme_results() -> tuple[list, list]:
         return [], []
 
 
-def findings_ui() -> bool:
-    """The Overview's "What we found" card; False when the README's runs are not here."""
-    found, power = readme_results()
+def findings_ui(found: list, power: list) -> bool:
+    """The Overview's "What we found" card from ``readme_results``; False when the README's runs are not here."""
     lines = report.findings(found, power)
     if not lines:
         st.info("The README's runs (`grids/readme.toml`) are neither in this cache nor in the shipped bundle: "

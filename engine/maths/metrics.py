@@ -270,8 +270,10 @@ def draw_interval(values: ArrayLike, draws: Iterable, level: float = LEVEL) -> t
     """A per-net quantity (e.g. a paired change, one value per net) pooled with data draws as the unit:
     each draw's mean over its nets, then the mean of the G draw means with a t interval over them (G − 1
     degrees of freedom); with one draw, a t interval over that draw's nets (about that sample only), and
-    likewise where the draw means agree exactly while the nets do not (two draws of quantised flip counts
-    can: a zero-width interval there would claim what the draws cannot show).
+    likewise where the draw means agree exactly (two draws of quantised flip counts can: a zero-width
+    interval there would claim what the draws cannot show). Where every net agrees too, the interval is
+    that value only where a two-sided sign test over the nets rejects zero (six or more nets at 95 %),
+    else NaN bounds: four nets that each flipped one point the same way are not evidence of an effect.
     Returns (mean, low, high, G); NaN bounds with fewer than two values to spread."""
     v = np.asarray(values, dtype=float)
     labels = list(draws)
@@ -284,8 +286,12 @@ def draw_interval(values: ArrayLike, draws: Iterable, level: float = LEVEL) -> t
     for x, d in zip(v, labels, strict=True):
         by.setdefault(d, []).append(float(x))
     means = np.array([np.mean(x) for x in by.values()]) if len(by) > 1 else v
-    if means.size > 1 and np.ptp(means) == 0 and np.ptp(v) > 0:
+    if means.size > 1 and np.ptp(means) == 0:
         means = v  # draws that agree exactly (counts of a few flips) have a spread they cannot measure: the nets'
+    if means.size > 1 and np.ptp(means) == 0:  # every net the same value: a sign test over the nets decides
+        same = float(means[0])
+        sure = same != 0 and 2 * 0.5 ** means.size < 1 - level
+        return same, same if sure else nan, same if sure else nan, len(by)
     if means.size < 2:
         return float(means.mean()), nan, nan, len(by)
     mean, lo, hi, _ = _t_interval(means, level, math.inf)

@@ -143,6 +143,46 @@ def along_sentence(nets: pd.DataFrame | None, rule: bool = True) -> str:
     return "Along training: " + "; ".join(parts) + "." + (f" Rule: {ALONG_RULE}" if rule else "")
 
 
+FOLLOWS_WORDS = {"kernel": "follows the kernel's movement, not the attacker's training",
+                 "attacker": "follows the attacker's training, not the kernel's movement",
+                 "both": "follows both the kernel's movement and the attacker's training",
+                 "neither": "follows neither the kernel's movement nor the attacker's training beyond its interval"}
+
+
+def design_sentence(effects: pd.DataFrame | None, rule: bool = True) -> str:
+    """One sentence per net from ``engine.experiments.along.design_effects`` (``along.DESIGN_RULE``):
+    what the flip excess follows, the two effects with their intervals, and K∞'s reading beside K_m(T)'s."""
+    from ..experiments.along import DESIGN_RULE
+
+    if effects is None or effects.empty:
+        return "The causal design was not run (alignment --design)."
+    parts = []
+    for _, e in effects.iterrows():
+        name = "MLP-Attn" if e["arch"] == "attn" else "2L-ReLU"
+        scope = "one draw" if e["n_draws"] <= 1 else f"{e['n_draws']} draws"
+        parts.append(f"{name} (m = {e['width']}, {e['n_nets']} nets, {scope}): the flip excess "
+                     f"{FOLLOWS_WORDS.get(e['follows'], e['follows'])} — reading K_m({e['last']}) instead of "
+                     f"K_m({e['first']}) changes it by {_interval(e['kernel_effect'], e['kernel_low'], e['kernel_high'])} "
+                     f"points, attacking the epoch-{e['last']} net instead of the epoch-{e['first']} one by "
+                     f"{_interval(e['attacker_effect'], e['attacker_low'], e['attacker_high'])}; K∞'s reading "
+                     f"differs from K_m({e['last']})'s by {_interval(e['kinf_minus_km'], e['kinf_low'], e['kinf_high'])}")
+    return "The causal design: " + "; ".join(parts) + "." + (f" Rule: {DESIGN_RULE}" if rule else "")
+
+
+def association_sentence(table: pd.DataFrame | None) -> str:
+    """The association between the kernel's movement and the flip excess, per net (``along.association``)."""
+    from ..experiments.along import ASSOCIATION_WORDS
+
+    if table is None or table.empty:
+        return "The association of kernel movement with the flip excess was not measured (--no-flips)."
+    parts = []
+    for _, a in table.iterrows():
+        name = {"attn": "MLP-Attn", "relu": "2L-ReLU"}.get(a["arch"], "both nets")
+        parts.append(f"{name} ρ = {a['rho']:+.2f} [{a['low']:+.2f}, {a['high']:+.2f}] ({a['n_nets']} nets, "
+                     f"{a['n_points']} snapshots)")
+    return "Kernel movement against the flip excess: " + "; ".join(parts) + f". ({ASSOCIATION_WORDS}.)"
+
+
 def _pct(v: float) -> str:
     return "—" if not math.isfinite(v) else f"{100 * v:.1f} %"
 
@@ -156,7 +196,7 @@ def readme_paragraph(results) -> str:
     row per cell and net (the alignment of K∞ and of the trained K_m, k at C(k) = 0.9, the K_m ridge
     accuracy, the cell's verdict), the rule once under it, then both halves along training per cell
     (``along_sentence``, paired changes) where the cell measured flips."""
-    rows, along, missing, by_metric = [], [], [], []
+    rows, along, missing, by_metric, design = [], [], [], [], []
     for label, r in results:
         if r is None:
             missing.append(label)
@@ -180,6 +220,12 @@ def readme_paragraph(results) -> str:
         nets = r.frames.get("flips_training")
         if nets is not None and not nets.empty:
             along.append(f"- {label}: {along_sentence(nets, rule=False)}")
+            assoc = r.frames.get("association")
+            if assoc is not None and not assoc.empty:
+                along.append(f"- {label}: {association_sentence(assoc)}")
+        effects = r.frames.get("design_effects")
+        if effects is not None and not effects.empty:
+            design.append(f"- {label}: {design_sentence(effects, rule=False)}")
     head = ("**The power half — does the data-dependent kernel align better with the task?** Centred kernel–target "
             "alignment A(K, YYᵀ) of the trained eNTK, mean ± sd over (seed, draw) nets.\n\n"
             "| cell | net | m | nets | A(K∞) | A(K_m) | k at C(k) = 0.9 | K_m ridge test acc. | verdict |\n"
@@ -192,6 +238,11 @@ def readme_paragraph(results) -> str:
     if along:
         text += "\nBoth halves along training (the flip excess of the ridge reading on K_m(t)):\n\n" + "\n".join(along)
         text += f"\n\nRule: {ALONG_RULE}\n"
+    if design:
+        from ..experiments.along import DESIGN_RULE
+
+        text += "\nWhat the excess follows along training (the causal design):\n\n" + "\n".join(design)
+        text += f"\n\nRule: {DESIGN_RULE}\n"
     if missing:
         text += "\nNot computed yet (run `python -m engine grid grids/readme.toml`): " + "; ".join(missing) + ".\n"
     return text

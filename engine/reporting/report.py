@@ -166,14 +166,15 @@ def results(spec, cache: Cache | None, data_dir=None, kind: str = "malleability"
     return out
 
 
-def protocol_lines(spec, cache: Cache | None, data_dir=None) -> list[str]:
-    """One sentence per block of a grid spec, from its first malleability cell: the block's label
-    and settings, then the verdict rule's outcome and reason (``flip_rule``), or that this cache
-    does not hold it (the Overview states the README's protocols with these)."""
+def protocol_lines(found: list[tuple[str, Result | None]]) -> list[str]:
+    """One sentence per block of a grid spec, from its first malleability cell (``found``: ``results``
+    of the spec, read once by the caller): the block's label and settings, then the verdict rule's
+    outcome and reason (``flip_rule``), or that this cache does not hold it (the Overview states the
+    README's protocols with these)."""
     from .rule import flip_rule
 
     lines, seen = [], set()
-    for label, hit in results(spec, cache, data_dir):
+    for label, hit in found:
         block, _, settings = label.partition(": ")
         if block in seen or not settings:
             continue

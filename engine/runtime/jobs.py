@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .cache import Result, config_key
 from .errors import Cancelled, EngineError
 from .speed import record_run, speed_factor
+from .stream import landing
 
 if TYPE_CHECKING:  # torch only for the device's type: a job manager never loads it
     import torch
@@ -56,10 +57,11 @@ class JobState(str, enum.Enum):
 
 
 FINISHED = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
-RATE_WINDOW_S = 10.0       # the ETA follows the progress rate over about this many recent seconds
+RATE_WINDOW_S = 10.0       # the ETA follows the progress rate over at least this many recent seconds
 MIN_SAMPLES_FOR_ETA = 3    # progress reports needed before an ETA is shown
 MIN_SECONDS_FOR_ETA = 0.5  # ... and the time they must span; a shorter rate is noise
 SAMPLE_EVERY_S = 0.1       # reports closer than this overwrite the newest sample (bounded history)
+KEEP_SAMPLES = 64          # the history is thinned beyond this many samples (a long window stays small)
 
 
 @dataclass(eq=False)
@@ -85,6 +87,11 @@ class Job:
     finished_event: threading.Event = field(default_factory=threading.Event, repr=False)
     estimate_s: float | None = None  # the engine's estimate times this machine's speed factor, if known
     first_report: tuple[float, float] | None = field(default=None, repr=False)  # (clock time, frac)
+    # (unit, rows) of every unit the run finished so far, in order (engine.runtime.stream): the page's partial chart
+    landed: list = field(default_factory=list, repr=False)
+
+    def _landed(self, unit: dict, rows: list[dict]) -> None:
+        self.landed.append((unit, rows))  # list.append is atomic: the page reads a prefix
 
     @property
     def done(self) -> bool:
@@ -101,34 +108,38 @@ class Job:
         return (self.finished or self.clock()) - self.started
 
     def eta_s(self) -> float | None:
-        """Seconds left, from measured progress.
+        """Seconds left, from measured progress, moving smoothly.
 
-        At the progress rate of the last ``RATE_WINDOW_S`` seconds (at least the last
-        ``MIN_SAMPLES_FOR_ETA`` reports, however sparse), counting down between reports. When
-        that has run out (the run is slower than its recent rate said), at the rate since the
-        first report with the time since the last one counted as spent: a longer ETA, never a
-        made-up "0 s left". Before there is a rate, ``estimate_s`` minus the time elapsed,
-        when known and not yet exceeded. 0.0 once done; None while queued, after a failure or
-        cancel, and when nothing is known.
+        The measured rate is the progress over the rate window: the last ``RATE_WINDOW_S`` seconds or
+        the later half of the time since the first report, whichever is longer (a run's stages differ
+        in pace, a net's training and its attacks by 4x: a short window swung a 5-minute run's ETA
+        between 0:29 and 21:12), counting down between reports. Where the engine's estimate is known,
+        the two are blended by the share done: the estimate leads at the start, the measurement at the
+        end. When the measured time has run out (the run is slower than its rate said), the rate since
+        the first report with the time since the last one counted as spent: a longer ETA, never a
+        made-up "0 s left". Before there is a rate, ``estimate_s`` minus the time elapsed, when known
+        and not yet exceeded. 0.0 once done; None while queued, after a failure or cancel, and when
+        nothing is known.
         """
         if self.state is not JobState.RUNNING:
             return 0.0 if self.state is JobState.DONE else None
         now = self.clock()
+        prior = None
+        if self.estimate_s is not None and self.started is not None:
+            prior = self.estimate_s - (now - self.started)
+            prior = prior if prior > 0.0 else None
         samples = tuple(self.history)  # a snapshot: the worker appends while we read
         if len(samples) >= MIN_SAMPLES_FOR_ETA:
             (t0, f0), (t1, f1) = samples[0], samples[-1]
             if t1 - t0 >= MIN_SECONDS_FOR_ETA and f1 > f0:
                 left = (1.0 - f1) * (t1 - t0) / (f1 - f0) - (now - t1)  # counts down between reports
                 if left >= 0.0:
-                    return left
+                    return left if prior is None else f1 * left + (1.0 - f1) * prior
                 first = self.first_report
                 if first is not None and f1 > first[1]:  # overdue: the whole run's rate, up to now
                     return (1.0 - f1) * (now - first[0]) / (f1 - first[1])
                 return None
-        if self.estimate_s is not None and self.started is not None:
-            left = self.estimate_s - (now - self.started)
-            return left if left > 0.0 else None
-        return None
+        return prior
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job has finished (or timeout); True if it has."""
@@ -145,9 +156,15 @@ class Job:
             h[-1] = (now, self.frac)
         else:
             h.append((now, self.frac))
-        # keep one sample at the window's start, and the last few reports however old (sparse ones)
-        while len(h) > MIN_SAMPLES_FOR_ETA and h[1][0] <= now - RATE_WINDOW_S:
+        # keep one sample at the window's start (RATE_WINDOW_S, or half the time since the first report),
+        # and the last few reports however old (sparse ones); at most about KEEP_SAMPLES in between
+        window = max(RATE_WINDOW_S, 0.5 * (now - self.first_report[0]))
+        while len(h) > MIN_SAMPLES_FOR_ETA and h[1][0] <= now - window:
             h.popleft()
+        if len(h) > KEEP_SAMPLES:  # thin the middle: every other sample, ends kept
+            kept = list(h)
+            h.clear()
+            h.extend([kept[0], *kept[1:-1:2], kept[-1]])
 
 
 class JobManager:
@@ -272,7 +289,8 @@ class JobManager:
             job.estimate_s = reference * _speed(device)
         t0 = time.perf_counter()
         try:
-            result = fn(config, progress=job._progress, cancel=job.cancel_event, **kwargs)
+            with landing(job._landed):
+                result = fn(config, progress=job._progress, cancel=job.cancel_event, **kwargs)
         except Cancelled as exc:
             self._finish(job, JobState.CANCELLED, error=str(exc) or "cancelled")
         except EngineError as exc:

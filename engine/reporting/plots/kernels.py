@@ -262,15 +262,28 @@ def distance_data(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     return out
 
 
-def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None) -> go.Figure:
+UNTRAINED_GREY = "#9e9e9e"
+
+
+def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None,
+                 untrained: pd.DataFrame | None = None) -> go.Figure:
     """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes.
-    Legends name the attention variant (``attention``, else the data's column)."""
+    Legends name the attention variant (``attention``, else the data's column). ``untrained``: the
+    (arch, width) groups whose nets stayed near chance (``engine.maths.gates.untrained``), drawn as
+    grey crosses named in the legend: their distances describe nets that did not learn the task."""
     fig = go.Figure()
     attention = attention_of(data, attention)
+    bad = set() if untrained is None or untrained.empty else set(zip(untrained["arch"], untrained["width"],
+                                                                        strict=True))
     for arch, d in by_arch(data):
         d = d.sort_values("width")
         color = ARCH_COLORS.get(arch, "black")
         label = arch_label(arch, attention)
+        grey = [(arch, w) in bad for w in d["width"]]
+        if any(grey):
+            fig.add_trace(go.Scatter(
+                x=d["width"][grey], y=for_log_axis(d["mean"][grey]), mode="markers", name=f"{label}: near chance",
+                marker=dict(color=UNTRAINED_GREY, symbol="x", size=14), hoverinfo="skip"))
         if (d["seeds"] > 1).any():
             fig.add_trace(go.Scatter(
                 x=np.concatenate([d["width"], d["width"][::-1]]),
