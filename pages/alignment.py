@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
 from engine.experiments.alignment import run_alignment
+from engine.experiments.along import DESIGN_RULE
 from engine.experiments.configs.alignment import PRESETS, AlignmentConfig
 from engine.maths import alignment as AL
 from engine.maths.alignment import VERDICT_WORDS, parted
 from engine.maths.specs import parse_attention
 from engine.reporting import plots
-from engine.reporting.alignment import along_sentence, power_sentence, verdict_alignment
+from engine.reporting.alignment import (
+    along_sentence,
+    association_sentence,
+    design_sentence,
+    power_sentence,
+    verdict_alignment,
+)
 from engine.reporting.plots import alignment as AP
+from engine.reporting.plots.design import design_data, design_fig
 from ui import configs, render
-from ui.common import plain, shared
-from ui.runner import obtain_planned
+from ui.common import data_dir, plain, shared
+from ui.runner import obtain_planned, peek
 from ui.text import verbatim
 
 BOUND = configs.BOUND
@@ -47,7 +57,9 @@ if parse_attention(s.attention).variant.trainable:
     st.stop()
 epochs, draws = controls_ui()
 cfg = configs.alignment_config(s, epochs, draws)
-res = obtain_planned(run_alignment, cfg, f"Task alignment at n = {s.n}", button="Measure the alignment")
+design_cfg = replace(cfg, design=True)  # a finished causal design is the same run and more: read it where it exists
+res = peek("alignment", design_cfg, data_dir()) or obtain_planned(run_alignment, cfg, f"Task alignment at n = {s.n}",
+                                                                  button="Measure the alignment")
 if res is None:
     st.stop()
 
@@ -65,7 +77,9 @@ st.dataframe(verdict, hide_index=True)
 st.caption(VERDICT_WORDS)
 
 st.subheader("The power half by every metric it is claimed in")
-metrics_table = AL.power_metrics(res.frames["rows"], res.frames["curves"])
+metrics_table = res.frames.get("power_metrics")
+if metrics_table is None:  # a result from before the frame existed
+    metrics_table = AL.power_metrics(res.frames["rows"], res.frames["curves"])
 st.markdown(f"**{AL.disagreement(metrics_table)}**")
 st.dataframe(metrics_table, hide_index=True, column_config={
     "attn": st.column_config.NumberColumn("MLP-Attn", format="%.3g"),
@@ -121,4 +135,26 @@ else:
                  "bootstrap interval over nets and points); dotted grey, that larger null's own flip rate (the next "
                  "seed's net, or random directions of the same norms).")
     st.caption(plain(along_sentence(res.frames["flips_training"])))
+    st.caption(plain(association_sentence(res.frames.get("association"))))
+
+st.subheader("What the flip excess follows: the kernel's movement or the attacker's training")
+effects = res.frames.get("design_effects")
+if effects is None or effects.empty:
+    st.markdown("Along training two things change at once: the kernel that reads the influence (K_m(t) moves away "
+                "from K_m(0)) and the net whose loss the attack climbs. The causal design separates them: at every "
+                "snapshot, the influence read on K_m(0), K_m(t) or K∞ × the attack on the epoch-0 or the epoch-t net.")
+    design = obtain_planned(run_alignment, replace(cfg, design=True), "the causal design along training",
+                            button="Run the causal design")
+    if design is not None:
+        st.rerun()  # the page then reads the design's result (the same run with design on)
+else:
+    data = design_data(res.frames.get("flips_design_summary"))
+    render.chart(design_fig(data, cfg.attention), data, "causal design along training", config=res.config,
+                 title="Flip excess by epoch, per influence kernel and attacker", how_to_read=
+                 "Colour: the kernel that reads the influence (K_m(0), K_m(t), K∞); dotted: the attack climbs the "
+                 "epoch-0 net's loss, solid: the epoch-t net's. Lines of one colour that part with their dash follow "
+                 "the attacker; lines of one dash that part with their colour follow the kernel. Bars: 95 % interval, "
+                 "data draws the unit.")
+    st.markdown(f"**{plain(design_sentence(effects, rule=False))}**")
+    st.caption(DESIGN_RULE)
 render.settings(res.config)

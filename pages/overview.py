@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
 from engine.experiments.malleability import run_malleability
 from engine.experiments.spectrum import run_spectrum
 from engine.experiments.sweep import run_ntk_sweep
-from engine.reporting import alignment as alignment_words, paper, plots, rule, tables
+from engine.reporting import alignment as alignment_words, paper, plots, rule
 from engine.reporting.plots.nulls import nulls_data
 from engine.runtime import bundle
 from engine.runtime.errors import EngineError
@@ -46,6 +48,15 @@ spec, sweep, mall = obtain_together(
      (run_malleability, mall_cfg, f"the flip rates at ε = {paper.FLIP_EPS:g}")],
     button="Measure them here", why="Not measured here yet, so the table shows the paper's numbers only:")
 
+def _gap(v: dict) -> str:
+    """A verdict's number in one cell: MLP-Attn's excess minus 2L-ReLU's in points with its interval (the
+    reasons and the per-net numbers sit on the Malleability and Reproduction pages)."""
+    g, lo, hi = (v.get(k, float("nan")) for k in ("gap", "gap_low", "gap_high"))
+    if not math.isfinite(g):
+        return "—"
+    return f"{100 * g:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}] points" if math.isfinite(lo) else f"{100 * g:+.0f} points"
+
+
 key = paper.paper_key(s.dataset) or "mnist"
 rows = []
 NOT_YET = "—"  # not measured here yet: the button above measures it
@@ -81,9 +92,7 @@ flips = paper.FLIP_RATE.get(key, paper.FLIP_RATE["mnist"])
 here = NOT_YET
 if mall is not None:
     rules = [(a, rule.flip_rule(mall.frames["summary"], a, paper.FLIP_EPS)) for a in mall_cfg.attacks]
-    here = "; ".join(f"{a.upper()}: excess 2L-ReLU {tables.pm(v.get('relu_excess'), None, 1, 100, '%')} vs MLP-Attn "
-                     f"{tables.pm(v.get('attn_excess'), None, 1, 100, '%')} — {v['outcome']} ({v['why']})"
-                     for a, v in rules)
+    here = "; ".join(f"{a.upper()}: {v['outcome']}, gap {_gap(v)}" for a, v in rules)
 rows.append({"quantity": f"flip excess over the larger null (seed, random) at ε = 0.3, "
                          f"{' / '.join(a.upper() for a in mall_cfg.attacks)}, 2L-ReLU vs "
                          f"{plots.arch_label('attn', mall_cfg.attention)}, with the verdict rule",
@@ -99,7 +108,7 @@ for reading in ("retrain", "flow", "ridge"):
         d = net.frames["summary"]
         d = d[(d["reading"] == reading) & (d["width"] == d["width"].max())]
         v = rule.flip_rule(d, net_cfg.attacks[0], net_cfg.eps[0])
-        here = f"m = {int(d['width'].max())}, {v['role']}: {v['outcome']} ({v['why']})"
+        here = f"m = {int(d['width'].max())}, {v['role']}: {v['outcome']}, gap {_gap(v)}"
     readings.append({"influence read by": plots.READING_LABELS[reading], "here": here,
                      "paper": "not measured (the paper reads ridge on the eNTK only)" if reading != "ridge"
                      else f"{paper.MALLEABILITY_GAP[0]:g}–{paper.MALLEABILITY_GAP[1]:g}× in raw flip rates"})

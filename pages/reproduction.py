@@ -78,6 +78,9 @@ if sweep_rows is not None and ref in paper.NTK_DISTANCE:
         on=["arch", "width"], how="left")
     table = table.rename(columns={"value": "paper"})
     st.dataframe(table.assign(arch=table["arch"].map(plots.arch_label)), hide_index=True, width="stretch")
+    st.caption("The paper's own quantity, ‖f_m − f_NTK‖ after training, measured the same way; its size tracks the "
+               "logits' and is not comparable across nets as reported. The verdicts below read the NTK convergence "
+               f"page's default instead: the {paper.CONVERGENCE_WORDS}.")
     data = plots.paper_trend_data(measured, paper.ntk_distance_table(ref))
     render.chart(plots.paper_trend_fig(data), data, "NTK distance relative to m = 16",
                  "Distances divided by their value at m = 16, dashed for the paper and solid for this run: "

@@ -366,3 +366,29 @@ def test_a_running_job_is_polled_less_often_as_it_ages():
     assert (np.diff(every) >= 0).all()
     assert (every <= np.maximum(POLL_S, ages / POLL_AGE)).all()  # a refresh at most every 1/POLL_AGE of the age
     assert set(every) == {POLL_S * 2 ** k for k in range(int(np.log2(POLL_MAX_S / POLL_S)) + 1)}  # few reruns
+
+
+def test_the_partial_chart_averages_the_nets_landed_so_far():
+    from ui.partial import expected_nets, partial_data
+
+    def row(arch, seed, attack, excess, draw=0):
+        return {"data_seed": draw, "arch": arch, "width": 64, "seed": seed, "attack": attack, "eps": 0.3,
+                "reading": "ridge", "flip_excess": excess}
+
+    landed = [({"seed": 0}, [row("relu", 0, "fgsm", 0.1)]), ({"seed": 0}, [row("relu", 0, "pgd", 0.3)]),
+              ({"seed": 1}, [row("relu", 1, "fgsm", 0.2)]), ({"seed": 0}, [row("attn", 0, "fgsm", 0.5)])]
+    d = partial_data(landed).set_index(["arch", "attack"])
+    assert d.loc[("relu", "fgsm"), "excess_points"] == pytest.approx(15.0) and d.loc[("relu", "fgsm"), "nets"] == 2
+    assert d.loc[("relu", "pgd"), "nets"] == 1 and d.loc[("attn", "fgsm"), "excess_points"] == pytest.approx(50.0)
+    assert partial_data([({}, [{"kappa": 4.0}])]).empty  # rows without a flip excess: counted, not charted
+    from engine.experiments.registry import preset
+
+    q = preset("malleability")
+    assert expected_nets(q) == len(q.archs) * len(q.widths) * len(q.seeds) and expected_nets(object()) is None
+
+
+def test_a_verdict_card_leads_with_one_sentence():
+    from ui.render import first_sentence
+
+    assert first_sentence("The distance falls from 3 to 1. It falls at every step.") == "The distance falls from 3 to 1."
+    assert first_sentence("gap +16 [+5, +27] points, 8 draws") == "gap +16 [+5, +27] points, 8 draws"

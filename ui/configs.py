@@ -20,7 +20,7 @@ from engine.experiments.configs.malleability import MalleabilityConfig
 from engine.experiments.configs.spectrum import SpectrumConfig
 from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.registry import EXPERIMENTS, estimate, of
-from engine.maths.specs import SUGGESTED_LR, TrainSpec
+from engine.maths.specs import SGD_LINEAR_NOTE, SUGGESTED_LR, TrainSpec
 from engine.runtime import budget
 from engine.runtime.device import device_type, resolve_device
 from engine.runtime.errors import EngineError
@@ -59,10 +59,15 @@ def optimizer_ui(container, key: str, lr_key: str) -> str:
     def follow():
         st.session_state[lr_key] = SUGGESTED_LR[st.session_state[key]]
 
-    return container.selectbox("Optimiser", choices_of(TrainSpec, "optimizer"), key=key, on_change=follow,
-                               help=help_of(TrainSpec, "optimizer") + ". Picking one sets the learning rate to "
-                               "one it trains with here (" + ", ".join(f"{o} {v:g}" for o, v in SUGGESTED_LR.items())
-                               + ")", **BOUND)
+    picked = container.selectbox("Optimiser", choices_of(TrainSpec, "optimizer"), key=key, on_change=follow,
+                                 help=help_of(TrainSpec, "optimizer") + ". Picking one sets the learning rate to "
+                                 "one it trains with here (" + ", ".join(f"{o} {v:g}" for o, v in SUGGESTED_LR.items())
+                                 + f"); {SGD_LINEAR_NOTE}", **BOUND)
+    from ui.common import shared  # the sidebar's attention (ui.common imports this module's neighbours)
+
+    if picked == "sgd" and shared().attention.split(":")[0] == "linear":
+        container.caption(SGD_LINEAR_NOTE[0].upper() + SGD_LINEAR_NOTE[1:] + ".")
+    return picked
 
 
 def number(container, label: str, cls, name: str, key: str, value=None, step=None, hi=None):

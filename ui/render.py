@@ -97,14 +97,23 @@ def settings(config: dict, title: str = "Settings used") -> None:
         st.code(json.dumps(config, indent=1, sort_keys=True, default=str), language="json")
 
 
+def first_sentence(text: str) -> str:
+    """A verdict's reason as one line: its first sentence (the rest goes in the card's details)."""
+    head, dot, _ = str(text).partition(". ")
+    return head + ("." if dot and not head.endswith(".") else "")
+
+
 def verdicts(table: pd.DataFrame) -> None:
-    """One bordered card per claim: verdict badge, claim, the two numbers, plain words."""
+    """One bordered card per claim: the verdict badge and the claim, one line of reason; the paper's and
+    this run's numbers and the full reasoning in the card's details."""
     cols = st.columns(2)
     for i, row in enumerate(table.itertuples(index=False)):
         with cols[i % 2].container(border=True):
             st.markdown(f"{STATUS_BADGES.get(row.status, row.status)} **{row.claim}**")
-            st.markdown(f"Paper: {row.paper}  \nHere: {row.measured}")
-            st.caption(row.words)
+            st.caption(first_sentence(row.words))
+            with st.expander("Numbers and reasoning"):
+                st.markdown(f"Paper: {row.paper}  \nHere: {row.measured}")
+                st.caption(row.words)
 
 
 def cached_note(result) -> None:

@@ -26,6 +26,7 @@ from engine.runtime.errors import EngineError
 from engine.runtime.jobs import Job, JobManager, JobState
 from ui.common import get_cache, get_manager, plain, shared
 from ui.links import link_refused
+from ui.partial import expected_nets, partial_ui
 
 INLINE_WAIT_S = 3.0   # wait this long for a fresh job before handing over to the polling fragment
 POLL_S = 2.0          # progress bar refresh at first: each redraw costs the run CPU time
@@ -78,7 +79,8 @@ def polled(body: Callable, age_s: float, *args) -> None:
 
 
 def _progress(key: str) -> None:
-    """The running job's progress bar and Cancel button, refreshed every ``poll_interval``."""
+    """The running job's progress bar and Cancel button, and what it finished so far (``ui.partial``),
+    refreshed every ``poll_interval``."""
     job = get_manager().get_key(key)
     polled(_progress_bar, job.elapsed_s() if job is not None else 0.0, key)
 
@@ -105,6 +107,7 @@ def _progress_bar(key: str, every: float) -> None:
         job.wait(CANCEL_WAIT_S)  # a run that checks its flag between steps stops well within this
         st.rerun(scope="app")
     bar.caption(CANCEL_NOTE)
+    partial_ui(job, st.session_state.get(f"nets.{key}"))
 
 
 def _warn_plain(message: str) -> None:
@@ -143,6 +146,7 @@ def obtain(kind: str, fn: Callable[..., Result], cfg, label: str, auto: bool = T
         hit = cache.get(kind, cfg, on_corrupt=_warn_plain, data_dir=data_dir)
         if hit is not None:
             return hit
+    st.session_state[f"nets.{key}"] = expected_nets(cfg)  # the partial chart's "k of N nets"
     slot = st.empty()  # one place for the button, the progress bar, the error, or nothing
     kwargs = dict(cache=cache, device=shared().device)
     args = (manager, kind, cfg, fn, label, data_dir, kwargs)

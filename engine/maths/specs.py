@@ -273,9 +273,14 @@ LOSSES = ("auto", "ce", "mse")
 MAX_LR = 1e4   # SGD's stability limit n·c/λ₁ reaches the hundreds for well-conditioned kernels
 OPTIMIZERS = ("adam", "adamw", "sgd")
 # A learning rate each optimiser trains with at the quick presets' sizes, for a page that switches
-# optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 1
-# lies well below its stability limit 2·n·c/λ₁ on the pages' data (tens to hundreds on MNIST).
-SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 1.0}
+# optimiser (Adam's lr left on plain SGD would barely move the net): Adam's is the paper's; SGD's 24 is
+# the network preset's (below its stability limit n·c/λ₁ ≈ 30 on MNIST). On the malleability quick
+# preset (200 epochs, cross-entropy; 2026-12-07) plain SGD trained 2L-ReLU to 100 % at 10-400 but only
+# 86 % at 1 (under the gate), and linear MLP-Attn at no rate tried (1-400: 26-62 % train accuracy; its
+# attention Gram's κ³ conditioning): the page says so beside the choice.
+SUGGESTED_LR = {"adam": 1e-3, "adamw": 1e-3, "sgd": 24.0}
+SGD_LINEAR_NOTE = ("plain SGD does not train linear MLP-Attn in a few hundred epochs at any rate tried (1-400: "
+                   "26-62 % train accuracy on MNIST; its κ³ conditioning): use centred attention or Adam")
 # What the training GEMMs multiply in: float32 (the default, the reference), or bfloat16 operands with
 # float32 accumulation, weights and optimiser state (AMX / AVX512-BF16 on CPUs, tensor cores on GPUs).
 TRAIN_PRECISIONS = ("float32", "bfloat16")
