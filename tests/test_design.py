@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import ATOL64_REFIT, RTOL64_KINF_ATTENTION, RTOL64_REFIT
+from conftest import ATOL64, ATOL64_REFIT, RTOL64_KINF_ATTENTION, RTOL64_REFIT
 from engine.data import DataSpec
 from engine.experiments import along
 from engine.experiments.configs.alignment import AlignmentConfig
@@ -109,8 +109,8 @@ def test_the_rule_names_what_the_excess_follows(kernel, attacker, follows):
                for d in (0, 1, 2) for s in (0, 1)]
     means = np.array(per_net).reshape(3, 2).mean(axis=1)  # draws the unit: the mean of each draw's nets
     lo, hi = stats.t.interval(0.95, 2, loc=means.mean(), scale=stats.sem(means))
-    assert e["kernel_effect"] == pytest.approx(means.mean(), abs=1e-12)
-    assert (e["kernel_low"], e["kernel_high"]) == pytest.approx((lo, hi), abs=1e-12)
+    assert e["kernel_effect"] == pytest.approx(means.mean(), abs=ATOL64)
+    assert (e["kernel_low"], e["kernel_high"]) == pytest.approx((lo, hi), abs=ATOL64)
 
 
 def test_association_is_spearman_with_whole_nets_resampled():

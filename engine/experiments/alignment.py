@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +30,10 @@ from ..runtime.cache import Result
 from . import along
 from .configs.alignment import AlignmentConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 ALIGNMENT_METRICS = ("align_init", "align_trained", "k90_init", "k90_trained", "auc_init", "auc_trained",
                      "test_acc_kernel_init", "test_acc_kernel_trained", "test_acc", "train_acc",
@@ -54,7 +60,7 @@ def kernel_reading(K: torch.Tensor, Y: np.ndarray, ridge: float) -> tuple[dict, 
     return {"align": AL.centered_alignment(Kn, Y), "k90": ps["k_at"], "auc": ps["auc_log"]}, (Kn, s, V, C)
 
 
-def _curves(kernel: str, parts, Y: np.ndarray, cfg: AlignmentConfig, seed: int) -> tuple[list, list]:
+def _curves(kernel: str, parts: tuple, Y: np.ndarray, cfg: AlignmentConfig, seed: int) -> tuple[list, list]:
     """C(k) on a log grid with the spectrum, and the learning curve measured and predicted."""
     Kn, s, V, C = parts
     n = len(s)
@@ -89,7 +95,7 @@ def _kinf_unit(cfg: AlignmentConfig, p: Prepared, arch: str, draw: int) -> dict:
 
 
 def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K_inf: torch.Tensor,
-           at: tuple[float, float], progress: Progress | None, cancel) -> dict:
+           at: tuple[float, float], progress: Progress | None, cancel: CancelFlag | None) -> dict:
     """One draw, architecture and seed, every width: the unit a cancelled run resumes from."""
     lo, hi = at
     stage = f"draw {draw}, {arch} seed {seed}"
@@ -134,13 +140,13 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
             tick(progress, cancel, lo + (0.65 + (0.05 if cfg.design else 0.15) * i / len(tr.snapshots)) * (hi - lo),
                  f"{stage}: attack at epoch {e}")
             snaps.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
-                          **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, loss, cancel)})
+                          **along.snapshot_flips(cfg, p, arch, w, seed, e, W_e, loss, cancel=cancel)})
         if cfg.design:  # the causal design: kernel K_m(0) / K_m(t) / K∞ × attacker epoch 0 / t
             tick(progress, cancel, lo + 0.7 * (hi - lo), f"{stage}: the causal design (kernel × attacker)")
             own = {s["epoch"]: {k: v for k, v in s.items() if k not in ("data_seed", "arch", "width", "seed", "epoch")}
                    for s in snaps}
             design = [{**c, "data_seed": draw} for c in
-                      along.design_flips(cfg, p, arch, w, seed, tr.snapshots, tr.W0, own, loss, cancel)]
+                      along.design_flips(cfg, p, arch, w, seed, tr.snapshots, tr.W0, own, loss, cancel=cancel)]
     tick(progress, cancel, lo + 0.8 * (hi - lo), f"{stage}: spectra and learning curves")
     key = {"data_seed": draw, "arch": arch, "seed": seed}
     power, curves = [], []
@@ -152,7 +158,8 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
 
 
 @experiment_run("alignment")
-def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_alignment(cfg: AlignmentConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                  cancel: CancelFlag | None) -> Result:
     """Kernel–target alignment of K∞ and K_m (init, along and after training), C(k) and learning curves.
 
     Frame ``rows``: one row per (data_seed, arch, width, seed): align_init / _trained (centred
@@ -177,6 +184,7 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
     per arch). Frame ``power_metrics``: the power half by every metric (``engine.maths.alignment.power_metrics``).
     """
     draws = _draws(cfg)
+    meta: dict[str, Any]
     rows, kinf, training, power, curves, snaps, design, meta = [], [], [], [], [], [], [], {}
     units = len(draws) * len(cfg.archs) * (1 + len(cfg.seeds))
     done = 0
@@ -186,7 +194,7 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
                         "source": p.sample.source, "device": str(dev)}
         for arch in cfg.archs:
             tick(progress, cancel, done / units, f"draw {draw}, {arch}: K∞")
-            part = resumable(f"draw {draw} {arch} K∞", lambda p=p, arch=arch, draw=draw: _kinf_unit(cfg, p, arch, draw))
+            part = resumable(f"draw {draw} {arch} K∞", partial(_kinf_unit, cfg, p, arch, draw))
             kinf.append(part["row"])
             power += part["power"]
             curves += part["curves"]
@@ -198,8 +206,7 @@ def run_alignment(cfg: AlignmentConfig, data_dir, dev: torch.device, progress: P
             for seed in cfg.seeds:
                 at = (done / units, (done + 1) / units)
                 part = resumable(f"draw {draw} {arch} seed {seed}",
-                                 lambda p=p, arch=arch, seed=seed, draw=draw, K=K_inf, at=at:
-                                 _group(cfg, p, arch, seed, draw, K, at, progress, cancel))
+                                 partial(_group, cfg, p, arch, seed, draw, K_inf, at, progress, cancel))
                 rows += part["rows"]
                 training += part["training"]
                 power += part["power"]

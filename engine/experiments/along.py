@@ -13,7 +13,7 @@ At each snapshot epoch t of the largest width, with the head's weights W(t) in p
   (``engine.maths.attacks.attack``, in the config's space), the influence read again on the
   perturbed set (MLP-Attn's attention over it, as in ``malleability``);
 - the random null: the same per-row ℓ2 norms in random directions
-  (``engine.experiments.malleability.random_perturbation``);
+  (``engine.experiments.flips.random_perturbation``);
 - the seed null: no attack, the next network seed's net at the same epoch read against this one
   on this seed's top-τ points (paired after every seed has run: ``seed_nulls``).
 
@@ -24,6 +24,7 @@ points (``engine.maths.metrics.excess_interval``), exactly as on the Malleabilit
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -34,26 +35,32 @@ from ..maths.influence import aggregate, top_indices
 from ..maths.metrics import draw_interval, excess_interval, flip_rate, sign_flipped
 from ..maths.training import predict_labels
 from .influence import attack_dtype, in_space
-from .malleability import attack_spec, random_perturbation, seed_partners
+from .flips import random_perturbation, seed_partners
+from .malleability import attack_spec
 from .readings import fresh_net, influence_of
 from .recipes import Reading, net_recipe
 from .runs import Prepared, check_finite
 
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from ..maths.models import Net
+    from .configs.alignment import AlignmentConfig
 
-def reading(cfg) -> Reading:
+
+def reading(cfg: AlignmentConfig) -> Reading:
     """The one reading along training: ridge leave-one-out on the net's own K_m(t), float64."""
     return Reading("ridge", "entk", cfg.target, cfg.ridge, "float64", cfg.precision)
 
 
-def snapshot_flips(cfg, p: Prepared, arch: str, width: int, seed: int, epoch: int, W: torch.Tensor,
-                   loss: str, cancel=None) -> dict:
+def snapshot_flips(cfg: AlignmentConfig, p: Prepared, arch: str, width: int, seed: int, epoch: int, W: torch.Tensor,
+                   loss: str, *, cancel: CancelFlag | None = None) -> dict:
     """One snapshot of one net: its clean aggregate influence (n,), its top-τ points, and the per-point
     sign flips of the attack and of the random null over them (JSON-able lists), with the attack's
     size and the accuracy of the net at W(t) before and after (MLP-Attn attends over the changed set)."""
-    return flips_at(cfg, p, arch, width, seed, epoch, W, W, reading(cfg), loss, cancel)
+    return flips_at(cfg, p, arch, width, seed, epoch, W, W, reading(cfg), loss, cancel=cancel)
 
 
-def _net_at(cfg, p: Prepared, arch: str, width: int, seed: int, W: torch.Tensor, r: Reading):
+def _net_at(cfg: AlignmentConfig, p: Prepared, arch: str, width: int, seed: int, W: torch.Tensor, r: Reading) -> Net:
     X32 = in_space(cfg, p)[0]
     net = fresh_net(net_recipe(cfg, arch, width, seed), X32, p.c, p.device)
     with torch.no_grad():
@@ -61,8 +68,8 @@ def _net_at(cfg, p: Prepared, arch: str, width: int, seed: int, W: torch.Tensor,
     return net.to(attack_dtype(r))  # our own copy: converted in place
 
 
-def flips_at(cfg, p: Prepared, arch: str, width: int, seed: int, epoch: int, W_kernel: torch.Tensor,
-             W_attack: torch.Tensor, r: Reading, loss: str, cancel=None) -> dict:
+def flips_at(cfg: AlignmentConfig, p: Prepared, arch: str, width: int, seed: int, epoch: int, W_kernel: torch.Tensor,
+             W_attack: torch.Tensor, r: Reading, loss: str, *, cancel: CancelFlag | None = None) -> dict:
     """The attack of one cell of the causal design: the influence read by ``r`` on the kernel of the
     net with head W_kernel (``r.kernel`` "kinf": K∞ of the same features, which W does not change), its
     top-τ points, a PGD attack on the training loss of the net with head W_attack moving those rows,
@@ -152,8 +159,9 @@ ATTACKERS = ("epoch 0", "epoch t")        # the net whose training loss the atta
 DESIGN_KEYS = ["data_seed", "arch", "width", "seed", "epoch", "kernel", "attacker"]
 
 
-def design_flips(cfg, p: Prepared, arch: str, width: int, seed: int, snapshots: dict[int, torch.Tensor],
-                 W0: torch.Tensor, own: dict[int, dict], loss: str, cancel=None) -> list[dict]:
+def design_flips(cfg: AlignmentConfig, p: Prepared, arch: str, width: int, seed: int,
+                 snapshots: dict[int, torch.Tensor], W0: torch.Tensor, own: dict[int, dict], loss: str,
+                 *, cancel: CancelFlag | None = None) -> list[dict]:
     """Every cell of the causal design of one net at every snapshot t: the influence read on K_m(0),
     K_m(t) or K∞ (``KERNELS``) × the attack climbing the loss of the epoch-0 or the epoch-t net
     (``ATTACKERS``), each as ``flips_at``. ``own``: the along-training snapshots already measured
@@ -170,12 +178,12 @@ def design_flips(cfg, p: Prepared, arch: str, width: int, seed: int, snapshots: 
                 elif late:
                     r = kinf if kernel == "K∞" else reading(cfg)
                     cell = flips_at(cfg, p, arch, width, seed, e, We if kernel == "K_m(t)" else W0,
-                                    We if attacker == "epoch t" else W0, r, loss, cancel)
+                                    We if attacker == "epoch t" else W0, r, loss, cancel=cancel)
                 else:  # the same at every snapshot: K_m(0) or K∞ read, the epoch-0 net attacked
                     base = "K∞" if kernel == "K∞" else "K_m(0)"
                     if base not in fixed:
                         fixed[base] = flips_at(cfg, p, arch, width, seed, 0, W0, W0,
-                                               kinf if base == "K∞" else reading(cfg), loss, cancel)
+                                               kinf if base == "K∞" else reading(cfg), loss, cancel=cancel)
                     cell = fixed[base]
                 out.append({"data_seed": None, "arch": arch, "width": width, "seed": seed, "epoch": e,
                             "kernel": kernel, "attacker": attacker, **cell})

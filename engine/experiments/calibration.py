@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from .registry import EXPERIMENTS, estimate
 
@@ -67,8 +68,8 @@ def _engine(argv: list[str], timeout: float) -> tuple[dict, float, float]:
     return json.loads(p.stdout.strip().splitlines()[-1]), wall, cpu
 
 
-def run(progress=None, preset: str = "quick", names: list[str] | None = None, timeout: float = 1800.0,
-        out: str | None = None) -> dict:
+def run(progress: Callable[[float, str], None] | None = None, preset: str = "quick", names: list[str] | None = None,
+        timeout: float = 1800.0, out: str | None = None) -> dict:
     """Estimate against actual wall time of every experiment's ``preset`` run, each in a fresh
     process, no cache. ``rows``: one per experiment (estimate and actual seconds, their ratio, the
     speed factor and threads of the estimate, the threads the run took, or the error);

@@ -9,7 +9,7 @@ ntk + SGD: Δh ∝ m^-1/2 (lazy), Δf flat; ntk + Adam: Δh flat, Δf ∝ m^+1/2
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,10 @@ from ..maths.training import per_model_loss, resolve_loss
 from ..runtime.cache import Result
 from .configs.coord_check import CoordCheckConfig
 from .runs import Progress, experiment_run, prepare, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 COORD_METRICS = ("delta_f", "delta_h", "f_rms")
 COORD_THEORY = {  # (param, optimiser family) -> log-log slope against width of (Δf, Δh)
@@ -51,7 +55,8 @@ def _stacked_loss_fn(phi: torch.Tensor, W: torch.Tensor, A: torch.Tensor, weight
 
 
 @experiment_run("coord-check")
-def run_coord_check(cfg: CoordCheckConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_coord_check(cfg: CoordCheckConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                    cancel: CancelFlag | None) -> Result:
     """μP's coordinate check for the head: sizes of the changes after t = 1 … T steps against width.
 
     Frame ``rows``: one row per (param, width, seed, step) with delta_f = RMS over test points

@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,10 @@ from ..maths.training import loss_fn, predict_labels, resolve_loss
 from ..runtime.cache import Result
 from .configs.dynamics import DynamicsConfig, record_epochs
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 METRICS = ("lin_gap", "pattern_change", "train_loss", "train_loss_lin", "train_acc", "test_acc", "test_acc_lin",
            "k_inf_gap", "weight_movement")
@@ -50,8 +55,8 @@ class _Pair:
     F0_t: torch.Tensor | None = None
 
 
-def measure_pair(cfg: DynamicsConfig, p: Prepared, pair: _Pair, flow, K_flow, epoch: int, W: torch.Tensor,
-                 W_lin: torch.Tensor) -> list[dict]:
+def measure_pair(cfg: DynamicsConfig, p: Prepared, pair: _Pair, flow: tuple[float, float, int] | None,
+                 K_flow: KernelFlow | None, epoch: int, W: torch.Tensor, W_lin: torch.Tensor) -> list[dict]:
     """The rows of every width of ``pair`` at one recorded epoch: the net (weights W, stacked)
     against its linearisation (W_lin) and, with ``flow`` (η', β, steps per epoch), against the
     K∞ gradient flow ``K_flow``. Columns as ``run_dynamics`` lists them, without ``seconds``."""
@@ -82,6 +87,7 @@ def measure_pair(cfg: DynamicsConfig, p: Prepared, pair: _Pair, flow, K_flow, ep
                "k_inf_gap": math.nan}
         if flow is not None:
             eta, beta, per_epoch = flow
+            assert K_flow is not None and pair.F0 is not None and pair.F0_t is not None  # with flow: both set
             f_k = K_flow.predict(p.Y, pair.F0[:, cols], pair.F0_t[:, cols], eta, beta, float(epoch * per_epoch))
             k_norm = float(torch.linalg.norm(f_k))
             row["k_inf_gap"] = float(torch.linalg.norm(f_t - f_k)) / k_norm if k_norm else math.nan
@@ -89,8 +95,8 @@ def measure_pair(cfg: DynamicsConfig, p: Prepared, pair: _Pair, flow, K_flow, ep
     return rows
 
 
-def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed: int, at: tuple[int, int],
-                    progress: Progress | None, cancel) -> dict:
+def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict[str, KernelFlow], arch: str, seed: int,
+                    at: tuple[int, int], progress: Progress | None, cancel: CancelFlag | None) -> dict:
     """One architecture and seed, every width, trained beside its linearisation: the unit a
     cancelled comparison resumes from. ``ref`` holds each architecture's ``KernelFlow``."""
     (j, n_groups), stage = at, f"{arch} seed {seed}"
@@ -119,7 +125,8 @@ def _dynamics_group(cfg: DynamicsConfig, p: Prepared, ref: dict, arch: str, seed
 
 
 @experiment_run("dynamics")
-def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_dynamics(cfg: DynamicsConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                 cancel: CancelFlag | None) -> Result:
     """Real against linearised training per (arch, width, seed), measured every few epochs.
 
     Frame ``rows``: one row per (arch, width, seed, epoch) with step (optimiser steps so far) and
@@ -138,7 +145,8 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     n, c, Xt = p.X.shape[0], p.c, p.Xt
     flow = flow_rates(cfg.train, n, p.n_out)
     loss_name = resolve_loss(cfg.train, c)
-    rows, ref = [], {}
+    ref: dict[str, KernelFlow] = {}
+    rows = []
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         # the unit ticks its own stage: one read back reports nothing, since it is not computed again
@@ -156,7 +164,7 @@ def run_dynamics(cfg: DynamicsConfig, data_dir, dev: torch.device, progress: Pro
     return Result("dynamics", {}, {"rows": frame, "summary": summary, "final": final}, {}, meta)
 
 
-def width_slopes(final: pd.DataFrame, metrics=("lin_gap", "pattern_change")) -> pd.DataFrame:
+def width_slopes(final: pd.DataFrame, metrics: Sequence[str] = ("lin_gap", "pattern_change")) -> pd.DataFrame:
     """Log-log slope of each final metric's mean against width, per arch (NaN with < 2 widths
     or non-positive values). The lazy regime of NTK theory predicts −1/2 under ntk + SGD."""
     out = []

@@ -14,12 +14,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import torch
 
 from ..maths.gates import GATE_SHARE
-from ..maths.metrics import draw_means, excess_interval, gap_interval, holm, summarize
+from ..maths.metrics import (
+    draw_means,
+    excess_interval,
+    flip_rate,
+    gap_interval,
+    holm,
+    rank_correlation,
+    sign_flipped,
+    summarize,
+)
 from .verdict import GAPS, flip_rule, roles, sensitivity_words
+
+if TYPE_CHECKING:
+    from .readings import ReadOut
+    from .recipes import Reading
 
 GROUP = ["arch", "width", "attack", "eps", "reading"]  # one summary row per group, over (draw, seed)
 VERDICT = ("width", "attack", "eps", "reading")         # one verdict row per group, both architectures
@@ -167,7 +182,7 @@ def _cell(rows: pd.DataFrame, flips: list, mask: pd.Series) -> dict:
     side = {a: rows[(rows["arch"] == a) & mask] for a in ("attn", "relu")}
     units = {a: [flips[i] for i in s.index] for a, s in side.items()}
     draws = {a: list(s["data_seed"]) for a, s in side.items()}
-    out = {"gap": gap_interval(units["attn"], units["relu"], draws["attn"], draws["relu"])}
+    out: dict[str, Any] = {"gap": gap_interval(units["attn"], units["relu"], draws["attn"], draws["relu"])}
     for a in ("attn", "relu"):
         out[a] = excess_interval(units[a], draws=draws[a])
         out[f"means_{a}"] = draw_means(units[a], draws[a]) if units[a] else {}
@@ -231,3 +246,58 @@ def verdict(rows: pd.DataFrame, flips: list, nulls: bool,
     table["holds"] = table["outcome"] == "holds"
     table["sensitivity"] = [sensitivity_words(v) for v in rules]
     return table[list(VERDICT_COLUMNS)], pd.DataFrame(per_draw, columns=list(DRAW_COLUMNS))
+
+
+# ---------------------------------------------------------------- one attack's flip row and its nulls
+
+def random_perturbation(X: torch.Tensor, X_attacked: torch.Tensor, seed: int) -> torch.Tensor:
+    """The random null's inputs: X (n, d) plus, in every row the attack moved, a uniformly random
+    direction with exactly that row's ℓ2 perturbation norm ‖x'_i − x_i‖₂; unmoved rows stay
+    bit-for-bit. Same space, dtype and device as X; drawn on the CPU from ``seed``.
+
+    Not clipped to the pixel box (clipping would shrink the norm it is compared at), so a raw
+    image may leave [0, 1] slightly; the networks see the row normalised either way."""
+    r = (X_attacked - X).norm(dim=1, keepdim=True)
+    g = torch.Generator().manual_seed(int(seed))
+    u = torch.randn(X.shape, generator=g, dtype=torch.float64).to(X.device, X.dtype)
+    u = u / u.norm(dim=1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
+    return torch.where(r > 0, X + u * r, X)
+
+
+def flip_row(r: Reading, clean: ReadOut, after: ReadOut, rand: ReadOut | None, partner: ReadOut | None,
+              top: torch.Tensor, nulls: bool, partner_seed: int | None) -> tuple[dict, tuple]:
+    """A reading's flip rates, nulls and excess for one attack; and its per-point flips
+    (attack, seed null or None, random null or None) over the top points."""
+    b0, b1 = clean.at(top), after.at(top)
+    every = r.name == "ridge"  # the ridge reading has every point: its ρ is over all of them
+    spear = (lambda u, v: rank_correlation(u.agg, v.agg)) if every else (lambda u, v: rank_correlation(u.at(top), v.at(top)))
+    row = {"flip_rate": flip_rate(b0, b1), "pair_flip_rate": flip_rate(clean.columns(top), after.columns(top)),
+           "spearman": spear(clean, after), "spearman_points": int(clean.agg.numel() if every else top.numel()),
+           "null_seed_flip_rate": math.nan, "null_seed_spearman": math.nan, "null_seed_partner": partner_seed,
+           "null_seed_kind": "off" if not nulls else "one seed", "null_random_flip_rate": math.nan,
+           "null_random_spearman": math.nan}
+    attack_flips, seed_flips, random_flips = sign_flipped(b0, b1), None, None
+    if partner is not None:
+        other = partner.at(top)
+        if torch.equal(other.cpu(), b0.cpu()):
+            row["null_seed_kind"] = "seed-free"
+        else:
+            seed_flips = sign_flipped(b0, other)
+            row.update(null_seed_kind="partner seed", null_seed_flip_rate=flip_rate(b0, other),
+                       null_seed_spearman=spear(clean, partner))
+    if rand is not None:
+        random_flips = sign_flipped(b0, rand.at(top))
+        row.update(null_random_flip_rate=flip_rate(b0, rand.at(top)), null_random_spearman=spear(clean, rand))
+    excess = excess_interval([(attack_flips, seed_flips, random_flips)]) if nulls else (math.nan,) * 3
+    row["flip_excess"], row["flip_excess_low"], row["flip_excess_high"] = excess
+    return row, (attack_flips, seed_flips, random_flips)
+
+
+def null_seed(seed: int, combo: int) -> int:
+    """Seed of the random null's directions for one net and one (attack, ε)."""
+    return (int(seed) * 1_000_003 + 7919 * (combo + 1)) % (2**63 - 1)
+
+
+def seed_partners(seeds: tuple[int, ...]) -> dict[int, int]:
+    """The seed null's pairs: each seed → the next one of the run, cyclically (none for one seed)."""
+    return {} if len(seeds) < 2 else {int(s): int(seeds[(i + 1) % len(seeds)]) for i, s in enumerate(seeds)}

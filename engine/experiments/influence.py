@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -31,25 +33,34 @@ from ..maths.specs import AttackSpec
 from ..maths.training import accuracy, predict_labels, resolve_loss, sgd_lr_limit, train
 from ..runtime.cache import Result
 from .configs.influence import InfluenceConfig
-from .readings import Trained, fresh_net, influence_of, kernels_of, read
+from .readings import ReadOut, Trained, fresh_net, influence_of, kernels_of, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
 
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .configs.alignment import AlignmentConfig
+    from .configs.malleability import MalleabilityConfig
+    from .runs import DataDir
 
-def fit_net(recipe: NetRecipe, X, y, c, dev, box=None, adversarial: AttackSpec | None = None,
-            progress: Progress | None = None, cancel=None) -> Net:
+
+def fit_net(recipe: NetRecipe, X: torch.Tensor, y: torch.Tensor, c: int, dev: torch.device,
+            box: tuple[float, float] | None = None, *, adversarial: AttackSpec | None = None,
+            progress: Progress | None = None, cancel: CancelFlag | None = None) -> Net:
     """The recipe's net trained on (X, y); with ``adversarial``, on that attack's examples each epoch."""
     net = fresh_net(recipe, X, c, dev)
     loss = resolve_loss(recipe.train, c)
 
-    def attacked(epoch):  # a fresh attack on the current net every epoch
+    def attacked(epoch: int) -> torch.Tensor:  # a fresh attack on the current net every epoch
+        assert adversarial is not None  # passed to train only with one
         return attack(net, X, y, c, replace(adversarial, seed=adversarial.seed + epoch), loss, None, box, cancel)
 
     train(net, X, y, c, recipe.train, recipe.seed, progress, cancel, None if adversarial is None else attacked)
     return net
 
 
-def in_space(cfg, p: Prepared) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float] | None]:
+def in_space(cfg: MalleabilityConfig | AlignmentConfig, p: Prepared
+             ) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float] | None]:
     """Training and test inputs in the attack's space, and the box perturbed inputs must stay in."""
     if cfg.space == "normalized":
         return normalize_rows(p.X), normalize_rows(p.Xt), None  # the nets normalise again: same features
@@ -70,11 +81,12 @@ def kernel_precision(r: Reading) -> str:
     return "float32" if "float32" in (r.precision, r.storage) else "float64"
 
 
-def _ridge_accuracy(K, Kt, Y, yt, ridge: float) -> float:
+def _ridge_accuracy(K: torch.Tensor, Kt: torch.Tensor, Y: torch.Tensor, yt: torch.Tensor, ridge: float) -> float:
     return float((predict_labels(kernel_regression(K, Kt, Y, ridge)) == yt).double().mean())
 
 
-def ntk_accuracy(recipe: NetRecipe, r: Reading, X, Xt, Y, yt, c, dev) -> float:
+def ntk_accuracy(recipe: NetRecipe, r: Reading, X: torch.Tensor, Xt: torch.Tensor, Y: torch.Tensor, yt: torch.Tensor,
+                 c: int, dev: torch.device) -> float:
     """Test accuracy of kernel ridge regression with K∞ on the same features (the baseline)."""
     probe = at_precision(r, fresh_net(recipe, X, c, dev))
     with torch.no_grad():
@@ -83,7 +95,8 @@ def ntk_accuracy(recipe: NetRecipe, r: Reading, X, Xt, Y, yt, c, dev) -> float:
                                Y, yt, r.ridge)
 
 
-def clean_run(r: Reading, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: float
+def clean_run(r: Reading, net32: Net, net: Net, X32: torch.Tensor, Xt32: torch.Tensor, X: torch.Tensor,
+              Xt: torch.Tensor, p: Prepared, ntk_acc: float
               ) -> tuple[torch.Tensor, dict, tuple[torch.Tensor, torch.Tensor]]:
     """The clean net's ridge influence (n_test, n), its row (accuracies, K_m baseline, training
     gate) and the kernels (K, K_test) of ``r.kernel`` it was read on."""
@@ -101,7 +114,8 @@ def clean_run(r: Reading, net32, net, X32, Xt32, X, Xt, p: Prepared, ntk_acc: fl
 # ---------------------------------------------------------------- influence
 
 @experiment_run("influence")
-def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_influence(cfg: InfluenceConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                  cancel: CancelFlag | None) -> Result:
     """Influence matrices of trained nets on one draw.
 
     Arrays (first seed): ``{arch}_I`` (n_test, n) float64 on ``cfg.target`` under
@@ -124,12 +138,13 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     X, Xt = p.X.to(attack_dtype(reading)), p.Xt.to(attack_dtype(reading))
     arrays = {"X": sample.X.float().numpy(), "y": sample.y.numpy(),
               "X_test": sample.X_test.float().numpy(), "y_test": sample.y_test.numpy()}
-    agg_rows, summary, agree, ntk_acc = [], [], [], {}
+    ntk_acc: dict[str, float] = {}
+    agg_rows, summary, agree = [], [], []
     runs = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for k, (arch, seed) in enumerate(runs):
         lo, hi = k / len(runs), (k + 1) / len(runs)
-        unit = resumable({"arch": arch, "seed": seed}, lambda arch=arch, seed=seed, lo=lo, hi=hi: _influence_unit(
-                             cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel),
+        unit = resumable({"arch": arch, "seed": seed},
+                         partial(_influence_unit, cfg, p, arch, seed, X, Xt, ntk_acc, (lo, hi), progress, cancel),
                          shape(I=(np.ndarray, type(None)), aggregate=np.ndarray, row=dict, readings=dict),
                          nan_ok=("reading_test_acc", "rho_vs_ridge"))
         if unit["I"] is not None:  # the first seed's only
@@ -158,7 +173,9 @@ def run_influence(cfg: InfluenceConfig, data_dir, dev: torch.device, progress: P
     return Result("influence", {}, frames, arrays, meta)
 
 
-def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, progress, cancel) -> dict:
+def _influence_unit(cfg: InfluenceConfig, p: Prepared, arch: str, seed: int, X: torch.Tensor, Xt: torch.Tensor,
+                    ntk_acc: dict[str, float], span: tuple[float, float], progress: Progress | None,
+                    cancel: CancelFlag | None) -> dict:
     """One (arch, seed) of ``run_influence``: the trained net's ridge influence (first seed only),
     its aggregate and its summary row, and each other reading of ``cfg.readings`` at the top
     ``cfg.read_points`` by |ridge aggregate| (``readings``: {name: points, I (first seed), aggregate,
@@ -177,7 +194,7 @@ def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, pr
     agg = aggregate(I)
     first = seed == cfg.seeds[0]
     others = [name for name in cfg.readings if name != "ridge"]
-    readings = {}
+    readings: dict[str, dict[str, Any]] = {}
     if others:
         tick(progress, cancel, lo + 0.85 * (hi - lo), f"reading {arch} seed {seed} by {', '.join(others)}")
         points = torch.sort(torch.argsort(agg.abs(), descending=True)[:cfg.read_points]).values
@@ -191,7 +208,8 @@ def _influence_unit(cfg, p: Prepared, arch, seed, X, Xt, ntk_acc: dict, span, pr
             "readings": readings}
 
 
-def agreement(I_ridge: torch.Tensor, agg_ridge: torch.Tensor, out, r: Reading, recipe: NetRecipe, c: int) -> dict:
+def agreement(I_ridge: torch.Tensor, agg_ridge: torch.Tensor, out: ReadOut, r: Reading, recipe: NetRecipe,
+              c: int) -> dict:
     """How a reading's influence at its points agrees with ridge's: Spearman ρ of the aggregates, the
     share of (test point, training point) entries of the same sign, and what the reading is exact for."""
     same = (torch.sign(out.I) == torch.sign(I_ridge.to(out.I.dtype))).double().mean()

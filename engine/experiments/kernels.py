@@ -5,6 +5,8 @@ The NTK page draws them as heatmaps; ``python -m engine kernels`` caches them as
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..data import load_sample
@@ -16,10 +18,15 @@ from ..runtime.cache import Result
 from .configs.kernels import KernelConfig
 from .runs import Progress, experiment_run, tick
 
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
+
 # ---------------------------------------------------------------- kernel views
 
 @experiment_run("kernels")
-def run_kernels(cfg: KernelConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_kernels(cfg: KernelConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                cancel: CancelFlag | None) -> Result:
     """K_m at init, K_m after training and K∞ on the training set, for one net.
 
     Arrays ``K_init``, ``K_trained``, ``K_inf`` (n, n) in ``cfg.storage`` and ``y`` (n,), the

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
 from ..maths.attacks import attack
 from ..maths.influence import aggregate, top_indices
-from ..maths.metrics import excess_interval, flip_rate, rank_correlation, sign_flipped, summarize
+from ..maths.metrics import flip_rate, rank_correlation, summarize
 from ..maths.specs import AttackSpec
 from ..maths.training import accuracy, predict_labels, resolve_loss
 from ..runtime.cache import Result
@@ -58,6 +59,7 @@ from ..runtime.errors import BadInput
 from ..runtime.stream import landed
 from . import flips as F
 from .configs.malleability import MalleabilityConfig
+from .flips import null_seed as _null_seed, random_perturbation, seed_partners  # noqa: F401 (where they were)
 from .influence import (
     at_precision,
     attack_dtype,
@@ -74,6 +76,15 @@ from .readings import ReadOut, Trained, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..maths.heads import CancelFlag
+    from .configs.alignment import AlignmentConfig
+    from .runs import DataDir
+
+    Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[float, float] | None]
+
 ROW_METRICS = F.METRICS
 # Row fields that are NaN by definition where they were not measured: a null with nulls off or one
 # seed (or a seed-free reading), the excess then, ρ of a constant influence vector, an intervention's ρ.
@@ -81,7 +92,7 @@ NAN_OK = ("null_seed_flip_rate", "null_seed_spearman", "null_random_flip_rate", 
           "flip_excess", "flip_excess_low", "flip_excess_high", "spearman")
 
 
-def attack_spec(cfg, method: str, eps: float, seed: int) -> AttackSpec:
+def attack_spec(cfg: MalleabilityConfig | AlignmentConfig, method: str, eps: float, seed: int) -> AttackSpec:
     """The attack of a config (anything with an ``attack`` AttackSpec) with one method, radius and seed filled in."""
     return replace(cfg.attack, method=method, eps=float(eps), seed=int(seed))
 
@@ -91,26 +102,13 @@ def example_key(arch: str, method: str, eps: float, what: str) -> str:
     return f"{arch}|{method}|{float(eps):g}|{what}"
 
 
-def random_perturbation(X: torch.Tensor, X_attacked: torch.Tensor, seed: int) -> torch.Tensor:
-    """The random null's inputs: X (n, d) plus, in every row the attack moved, a uniformly random
-    direction with exactly that row's ℓ2 perturbation norm ‖x'_i − x_i‖₂; unmoved rows stay
-    bit-for-bit. Same space, dtype and device as X; drawn on the CPU from ``seed``.
-
-    Not clipped to the pixel box (clipping would shrink the norm it is compared at), so a raw
-    image may leave [0, 1] slightly; the networks see the row normalised either way."""
-    r = (X_attacked - X).norm(dim=1, keepdim=True)
-    g = torch.Generator().manual_seed(int(seed))
-    u = torch.randn(X.shape, generator=g, dtype=torch.float64).to(X.device, X.dtype)
-    u = u / u.norm(dim=1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
-    return torch.where(r > 0, X + u * r, X)
-
-
 def _draws(cfg: MalleabilityConfig) -> tuple[int, ...]:
     return cfg.data_seeds or (cfg.data.seed,)
 
 
 @experiment_run("malleability")
-def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_malleability(cfg: MalleabilityConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                     cancel: CancelFlag | None) -> Result:
     """Flip rates of NTK influence under attacks on the training data, with their null baselines,
     per (data draw, arch, width, seed, attack, ε, reading).
 
@@ -142,7 +140,11 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     ``top_idx``, ``X_clean`` and ``X_pert`` (k, d) float32 in the attack's space, ``infl_before``
     and ``infl_after`` (n,).
     """
-    rows, flips, inter, arrays, metas = [], [], [], {}, []
+    rows: list[dict] = []
+    flips: list[tuple] = []
+    inter: list[dict] = []
+    arrays: dict[str, np.ndarray] = {}
+    metas = []
     draws = _draws(cfg)
     for i, ds in enumerate(draws):
         sub = sub_progress(progress, i / len(draws), (i + 1) / len(draws), f"data draw {ds}") \
@@ -163,7 +165,9 @@ def run_malleability(cfg: MalleabilityConfig, data_dir, dev: torch.device, progr
     return Result("malleability", {}, frames, arrays, meta)
 
 
-def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter, arrays) -> dict:
+def _malleability_draw(cfg: MalleabilityConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                       cancel: CancelFlag | None, rows: list[dict], flips: list[tuple], inter: list[dict],
+                       arrays: dict[str, np.ndarray]) -> dict:
     """One data draw of ``run_malleability``: appends its rows, per-row flips and interventions."""
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample, loss = p.sample, resolve_loss(cfg.train, p.c)
@@ -175,11 +179,13 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter,
     inputs = (X32, Xt32, X32.to(dtype), Xt32.to(dtype), box)
     cells = [(a, w) for a in cfg.archs for w in cfg.widths]
     for k, (arch, width) in enumerate(cells):
+        fresh: list[bool]
         span, fresh = (k / len(cells), (k + 1) / len(cells)), []
 
-        def compute(arch=arch, width=width, span=span, fresh=fresh) -> dict:
+        def compute(arch: str = arch, width: int = width, span: tuple[float, float] = span,
+                    fresh: list[bool] = fresh) -> dict:
             fresh.append(True)  # its units land as they finish; a checkpoint's land whole below
-            return measure_cell(cfg, p, arch, width, inputs, loss, span, progress, cancel)
+            return measure_cell(cfg, p, arch, width, inputs, loss, span=span, progress=progress, cancel=cancel)
 
         unit = resumable({"arch": arch, "width": width, "draw": cfg.data.seed}, compute,
                          shape(rows=list, flips=list, inter=list, examples=dict), nan_ok=NAN_OK)
@@ -198,17 +204,19 @@ def _malleability_draw(cfg, data_dir, dev, progress, cancel, rows, flips, inter,
             "readings": list(cfg.readings), "loss": loss, "null_seed_pairs": seed_partners(cfg.seeds)}
 
 
-def train_net(cfg: MalleabilityConfig, p: Prepared, recipe: NetRecipe, X32: torch.Tensor, box,
-              progress: Progress | None = None, cancel=None, adversarial: AttackSpec | None = None) -> Trained:
+def train_net(cfg: MalleabilityConfig, p: Prepared, recipe: NetRecipe, X32: torch.Tensor,
+              box: tuple[float, float] | None, progress: Progress | None = None, cancel: CancelFlag | None = None,
+              adversarial: AttackSpec | None = None) -> Trained:
     """The recipe's net trained on X32 (float32, the attack's space), kept with its copy at the
     config's precision and its initial weights."""
-    net32 = fit_net(recipe, X32, p.y, p.c, p.device, box, adversarial, progress, cancel)
+    net32 = fit_net(recipe, X32, p.y, p.c, p.device, box, adversarial=adversarial, progress=progress, cancel=cancel)
     W0 = fresh_net(recipe, X32, p.c, p.device).mlp.W.detach()
     return Trained(recipe, net32, at_precision(reading_of(cfg), net32), W0)
 
 
-def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, inputs, loss: str,
-                 span=(0.0, 1.0), progress: Progress | None = None, cancel=None) -> dict:
+def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, inputs: Inputs, loss: str,
+                 *, span: tuple[float, float] = (0.0, 1.0), progress: Progress | None = None,
+                 cancel: CancelFlag | None = None) -> dict:
     """One (arch, width) of a draw, every seed, each net measured as soon as it and its seed null's
     partner are trained (so its rows land early: ``engine.runtime.stream``): the clean net and its
     readings, then every (attack, ε) with every reading, its nulls and per-point flips, the
@@ -256,11 +264,11 @@ def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, in
             tick(progress, cancel, at + (0.5 + 0.45 * j / len(combos)) * step,
                  f"{arch} m={width} seed {seed}: {method} ε={eps:g}")
             spec = attack_spec(cfg, method, eps, seed)
-            measured = _measure(cfg, p, t, X, Xt, box, spec, top, loss, _null_seed(seed, j), readings, cancel)
+            measured = _measure(cfg, p, t, X, Xt, box, spec, top, loss, F.null_seed(seed, j), readings, cancel)
             first_Xp = measured["Xp"] if first_Xp is None else first_Xp
             landing = []
             for r in readings:
-                row, unit = _flip_row(r, clean[r.name], measured["after"][r.name], measured["random"].get(r.name),
+                row, unit = F.flip_row(r, clean[r.name], measured["after"][r.name], measured["random"].get(r.name),
                                       null[r.name], top, cfg.nulls, partner)
                 landing.append({"data_seed": cfg.data.seed, "arch": arch, "width": width, "seed": seed,
                                 "attack": method, "eps": float(eps), "reading": r.name, **row, **base[seed],
@@ -281,13 +289,15 @@ def measure_cell(cfg: MalleabilityConfig, p: Prepared, arch: str, width: int, in
                                  example_key(arch, method, eps, "infl_after"): agg1.cpu().numpy()})
         if cfg.interventions:
             tick(progress, cancel, at + 0.95 * step, f"{arch} m={width} seed {seed}: interventions")
+            assert first_Xp is not None  # attacks and eps are never empty (``validate``)
             inter += _interventions(cfg, t, p, X, Xt, box, ridges[seed].agg, top, base[seed]["test_acc"],
                                     first_Xp, loss, cancel)
     return {"rows": rows, "flips": flips, "inter": inter, "examples": examples}
 
 
-def _measure(cfg, p: Prepared, t: Trained, X, Xt, box, spec: AttackSpec, top, loss, null_seed: int,
-             readings: list[Reading], cancel) -> dict:
+def _measure(cfg: MalleabilityConfig, p: Prepared, t: Trained, X: torch.Tensor, Xt: torch.Tensor,
+             box: tuple[float, float] | None, spec: AttackSpec, top: torch.Tensor, loss: str, null_seed: int,
+             readings: list[Reading], cancel: CancelFlag | None) -> dict:
     """Attack the training set, then read every reading at the top points on the attacked set and
     (``cfg.nulls``) on a random perturbation of the same per-row norms. Kernels are those of the
     clean net (of one retrained on the changed set with ``cfg.retrain``), shared by the readings."""
@@ -308,7 +318,8 @@ def _measure(cfg, p: Prepared, t: Trained, X, Xt, box, spec: AttackSpec, top, lo
     return {"Xp": Xp, "after": after, "random": random, "acc_after": acc, "stats": stats}
 
 
-def _read_changed(cfg, p: Prepared, t: Trained, Xs, Xt, top, readings: list[Reading], cancel) -> tuple[dict, dict]:
+def _read_changed(cfg: MalleabilityConfig, p: Prepared, t: Trained, Xs: torch.Tensor, Xt: torch.Tensor,
+                  top: torch.Tensor, readings: list[Reading], cancel: CancelFlag | None) -> tuple[dict, dict]:
     """Every reading on the changed training set Xs, and the accuracy after of the predictor each describes."""
     if cfg.retrain:  # the kernels of a net retrained on Xs (attention over its own training set)
         net32 = fit_net(t.recipe, Xs.float(), p.y, p.c, p.device, cancel=cancel)
@@ -328,35 +339,6 @@ def _read_changed(cfg, p: Prepared, t: Trained, Xs, Xt, top, readings: list[Read
     return out, accs
 
 
-def _flip_row(r: Reading, clean: ReadOut, after: ReadOut, rand: ReadOut | None, partner: ReadOut | None, top,
-              nulls: bool, partner_seed: int | None) -> tuple[dict, tuple]:
-    """A reading's flip rates, nulls and excess for one attack; and its per-point flips
-    (attack, seed null or None, random null or None) over the top points."""
-    b0, b1 = clean.at(top), after.at(top)
-    every = r.name == "ridge"  # the ridge reading has every point: its ρ is over all of them
-    spear = (lambda u, v: rank_correlation(u.agg, v.agg)) if every else (lambda u, v: rank_correlation(u.at(top), v.at(top)))
-    row = {"flip_rate": flip_rate(b0, b1), "pair_flip_rate": flip_rate(clean.columns(top), after.columns(top)),
-           "spearman": spear(clean, after), "spearman_points": int(clean.agg.numel() if every else top.numel()),
-           "null_seed_flip_rate": math.nan, "null_seed_spearman": math.nan, "null_seed_partner": partner_seed,
-           "null_seed_kind": "off" if not nulls else "one seed", "null_random_flip_rate": math.nan,
-           "null_random_spearman": math.nan}
-    attack_flips, seed_flips, random_flips = sign_flipped(b0, b1), None, None
-    if partner is not None:
-        other = partner.at(top)
-        if torch.equal(other.cpu(), b0.cpu()):
-            row["null_seed_kind"] = "seed-free"
-        else:
-            seed_flips = sign_flipped(b0, other)
-            row.update(null_seed_kind="partner seed", null_seed_flip_rate=flip_rate(b0, other),
-                       null_seed_spearman=spear(clean, partner))
-    if rand is not None:
-        random_flips = sign_flipped(b0, rand.at(top))
-        row.update(null_random_flip_rate=flip_rate(b0, rand.at(top)), null_random_spearman=spear(clean, rand))
-    excess = excess_interval([(attack_flips, seed_flips, random_flips)]) if nulls else (math.nan,) * 3
-    row["flip_excess"], row["flip_excess_low"], row["flip_excess_high"] = excess
-    return row, (attack_flips, seed_flips, random_flips)
-
-
 def _settings(cfg: MalleabilityConfig, arch: str, loss: str, spec: AttackSpec) -> dict:
     """The options every row records beside its numbers."""
     return {"norm": cfg.attack.norm, "space": cfg.space, "target": cfg.target, "perturb": cfg.perturb,
@@ -370,17 +352,9 @@ def _settings(cfg: MalleabilityConfig, arch: str, loss: str, spec: AttackSpec) -
             "step_size": spec.eps if spec.method == "fgsm" else spec.alpha}
 
 
-def _null_seed(seed: int, combo: int) -> int:
-    """Seed of the random null's directions for one net and one (attack, ε)."""
-    return (int(seed) * 1_000_003 + 7919 * (combo + 1)) % (2**63 - 1)
-
-
-def seed_partners(seeds: tuple[int, ...]) -> dict:
-    """The seed null's pairs: each seed → the next one of the run, cyclically (none for one seed)."""
-    return {} if len(seeds) < 2 else {int(s): int(seeds[(i + 1) % len(seeds)]) for i, s in enumerate(seeds)}
-
-
-def _interventions(cfg, t: Trained, p: Prepared, X, Xt, box, agg0, top, acc, X_attacked, loss, cancel):
+def _interventions(cfg: MalleabilityConfig, t: Trained, p: Prepared, X: torch.Tensor, Xt: torch.Tensor,
+                   box: tuple[float, float] | None, agg0: torch.Tensor, top: torch.Tensor, acc: float,
+                   X_attacked: torch.Tensor, loss: str, cancel: CancelFlag | None) -> list[dict]:
     """Curated / Transformed / Adversarial retraining, compared with the clean net (ridge reading).
 
     ``X_attacked``: the training set after the first attack (its top-τ rows replace the

@@ -25,6 +25,7 @@ net retrained on ``Xs``. The retraining reading always retrains: it is the netwo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,14 +39,18 @@ from ..runtime.errors import BadInput
 from .recipes import NetRecipe, Reading
 from .runs import Prepared, check_finite
 
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
 
-def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev) -> Net:
+
+def fresh_net(recipe: NetRecipe, X_ref: torch.Tensor, c: int, dev: torch.device) -> Net:
     """The recipe's net at initialisation (float32), attending over ``X_ref`` (n, d)."""
     return Net(recipe.arch, X_ref, recipe.width, n_outputs(c), recipe.seed, recipe.init_std, recipe.attention,
                recipe.normalize, init=recipe.init).to(dev)
 
 
-def kernels_of(r: Reading, net, X, Xt, X_ref=None, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def kernels_of(r: Reading, net: Net, X: torch.Tensor, Xt: torch.Tensor, X_ref: torch.Tensor | None = None,
+               kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K (n, n) and K_test (n_test, n) of ``kind`` (default ``r.kernel``): the net's eNTK K_m, or
     K∞ of the net's features (with MLP-Attn's attention over ``X_ref``)."""
     if (kind or r.kernel) == "entk":
@@ -56,7 +61,9 @@ def kernels_of(r: Reading, net, X, Xt, X_ref=None, kind: str | None = None) -> t
     return infinite_ntk(phi, storage=r.storage), infinite_ntk(phi_t, phi, storage=r.storage)
 
 
-def influence_of(r: Reading, net, X, Y, Xt, yt, X_ref=None, kernels=None) -> torch.Tensor:
+def influence_of(r: Reading, net: Net, X: torch.Tensor, Y: torch.Tensor, Xt: torch.Tensor, yt: torch.Tensor,
+                 X_ref: torch.Tensor | None = None,
+                 kernels: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The ridge reading's influence (n_test, n) on ``r.target`` under ``r.kernel``."""
     K, Kt = kernels if kernels is not None else kernels_of(r, net, X, Xt, X_ref)
     return influence_matrix(K, Kt, Y, r.ridge, target=r.target, y_test=yt)
@@ -102,8 +109,8 @@ class ReadOut:
 
 
 def read(r: Reading, t: Trained, p: Prepared, Xs: torch.Tensor, Xt: torch.Tensor, points: torch.Tensor | None,
-         X_ref: torch.Tensor | None = None, kernels: tuple[torch.Tensor, torch.Tensor] | None = None,
-         cancel=None) -> ReadOut:
+         *, X_ref: torch.Tensor | None = None, kernels: tuple[torch.Tensor, torch.Tensor] | None = None,
+         cancel: CancelFlag | None = None) -> ReadOut:
     """Reading ``r`` of ``t`` on training inputs Xs (n, d) (labels ``p.y``, targets ``p.Y``) and test
     inputs Xt, at ``points`` (training indices; ``ridge`` reads every point and ignores them).
     ``X_ref``: the set attention runs over (None: the net's own training set). ``kernels``: (K,
@@ -128,7 +135,8 @@ def read(r: Reading, t: Trained, p: Prepared, Xs: torch.Tensor, Xt: torch.Tensor
     raise BadInput(f"unknown influence reading {r.name!r}; allowed: ridge, flow, retrain")
 
 
-def _retrained(r: Reading, t: Trained, p: Prepared, Xs, Xt, points, X_ref, cancel) -> ReadOut:
+def _retrained(r: Reading, t: Trained, p: Prepared, Xs: torch.Tensor, Xt: torch.Tensor, points: torch.Tensor,
+               X_ref: torch.Tensor | None, cancel: CancelFlag | None) -> ReadOut:
     """The ``retrain`` reading: 1 + p heads from the same W₀, head 0 on every point, head j + 1
     without ``points[j]``, trained as one batched model on float32 features of Xs."""
     ref = None if X_ref is None else X_ref.float()

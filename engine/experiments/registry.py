@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..data import DataSpec
 from ..maths.specs import AttackSpec, TrainSpec
@@ -42,7 +42,25 @@ from .configs import (
 )
 
 if TYPE_CHECKING:  # annotations only: the cache loads pandas
-    from ..runtime.cache import Result
+    import os
+
+    import plotly.graph_objects as go
+    from _typeshed import DataclassInstance
+
+    from ..maths.heads import CancelFlag
+    from ..runtime.cache import Cache, Result
+
+
+class Run(Protocol):
+    """What ``engine.experiments.runs.experiment_run`` makes of a run body: the signature every run
+    shares, with ``kind`` (the experiment's name) and ``compute`` (the body) on it."""
+
+    kind: str
+    compute: Callable[..., Result]
+
+    def __call__(self, cfg: DataclassInstance, cache: Cache | None = None, data_dir: str | os.PathLike | None = None,
+                 device: str = "cpu", progress: Callable[[float, str], None] | None = None,
+                 cancel: CancelFlag | None = None, budget: B.Budget | None = None) -> Result: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Experiment:
     name: str                       # CLI command, cache kind, preset key, grid kind, figure kind, page URL
     config: type                    # frozen config dataclass; its fields are the CLI flags and widgets
     run_path: str                   # "module:function" of its run_* in this package (imported on first use)
-    estimate: Callable[[object], Estimate]  # seconds on the reference CPU and peak bytes, from all fields
+    estimate: Callable[[Any], Estimate]     # seconds on the reference CPU and peak bytes, from all fields
     presets: Mapping[str, object]   # "default" (the dataclass's own), "quick", "paper", ...
     help: str                       # one line: what it measures
     what: str                       # how a budget refusal names it ("this width sweep needs …")
@@ -69,7 +87,7 @@ class Experiment:
     nested: tuple[str, ...] = field(default=())  # nested config fields whose settings are flags too
 
     @property
-    def runner(self) -> Callable:
+    def runner(self) -> Run:
         """The run function (signature of every run; ``.compute`` is the body), imported now."""
         module, fn = self.run_path.split(":")
         runner = getattr(importlib.import_module(f"{__package__}.{module}"), fn)
@@ -77,8 +95,9 @@ class Experiment:
             raise RuntimeError(f"{self.run_path} is registered as {runner.kind!r}, not {self.name!r}")
         return runner
 
-    def run(self, cfg, cache=None, data_dir=None, device: str = "cpu", progress=None, cancel=None,
-            budget: B.Budget | None = None) -> Result:
+    def run(self, cfg: DataclassInstance, cache: Cache | None = None, data_dir: str | os.PathLike | None = None,
+            device: str = "cpu", progress: Callable[[float, str], None] | None = None,
+            cancel: CancelFlag | None = None, budget: B.Budget | None = None) -> Result:
         """Resolve the device, refuse work over ``budget`` before it starts, then read the cached
         result or compute it and store it (see ``engine.runtime.cache.cached_run``)."""
         from ..runtime.cache import cached_run
@@ -99,7 +118,7 @@ class Experiment:
 
         return cached_run(self.name, cfg, compute, cache, data_dir=data_dir)
 
-    def main_figure(self, result: Result, metric: str | None = None):
+    def main_figure(self, result: Result, metric: str | None = None) -> go.Figure:
         """The chart the page leads with, drawn from ``result`` (plotly imported only here)."""
         if self.figure is None:
             raise BadInput(f"experiment {self.name!r} has no main figure; those with one: "
@@ -108,7 +127,7 @@ class Experiment:
         return getattr(importlib.import_module(module), fn)(result, metric)
 
 
-def _nested(cls) -> tuple[str, ...]:
+def _nested(cls: type) -> tuple[str, ...]:
     import dataclasses
 
     return tuple(f.name for f in dataclasses.fields(cls)
@@ -272,7 +291,7 @@ def get(name: str) -> Experiment:
     return EXPERIMENTS[key]
 
 
-def of(cfg) -> Experiment:
+def of(cfg: object) -> Experiment:
     """The record whose config class ``cfg`` is an instance of (exact class)."""
     rec = BY_CONFIG.get(type(cfg))
     if rec is None:
@@ -281,12 +300,12 @@ def of(cfg) -> Experiment:
     return rec
 
 
-def estimate(cfg) -> Estimate:
+def estimate(cfg: object) -> Estimate:
     """Estimated seconds (reference 2-core CPU) and peak bytes of running ``cfg``."""
     return of(cfg).estimate(cfg)
 
 
-def preset(name: str, which: str = "quick"):
+def preset(name: str, which: str = "quick") -> object:
     """A named preset of experiment ``name``; ``BadInput`` naming the allowed ones otherwise."""
     rec = get(name)
     if not isinstance(which, str) or which not in rec.presets:

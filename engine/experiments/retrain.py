@@ -57,7 +57,7 @@ import copy
 import math
 import time
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -73,6 +73,10 @@ from ..runtime.cache import Result
 from ..runtime.errors import BadInput
 from .configs.retrain import RetrainConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 PICKS = ("top", "random")
 RANDOM_SEED_OFFSET = 15485863  # the random pick's generator: seed + this, apart from init and batch order
@@ -111,7 +115,8 @@ def picks(agg: torch.Tensor, k: int, seed: int) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- run
 
 @experiment_run("retrain-loo")
-def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_retrain_loo(cfg: RetrainConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                    cancel: CancelFlag | None) -> Result:
     """Leave-one-out by retraining against the kernels' leave-one-out, per (arch, width, seed).
 
     Frame ``rows``: one row per (arch, width, seed, kernel, loo, pick) with the ``agreement``
@@ -131,7 +136,8 @@ def run_retrain_loo(cfg: RetrainConfig, data_dir, dev: torch.device, progress: P
     if "flow" in cfg.loo and loss_name != "mse":
         raise BadInput(f"loo 'flow' follows MSE training; this task trains with {loss_name}: add --loss mse "
                        "or use --loo ridge")
-    rows, changes, kinf, stop, gap = [], [], {}, {}, 0.0
+    kinf: dict[str, _Reference] = {}
+    rows, changes, stop, gap = [], [], {}, 0.0
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         span = j / len(groups), (j + 1) / len(groups)
@@ -160,10 +166,11 @@ class _Reference(NamedTuple):
     K: torch.Tensor
     K_t: torch.Tensor
     ridge: KernelLOO | None
-    stopping_ridge: float
+    stopping_ridge: float | None
 
 
-def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, cancel) -> dict:
+def _retrain_unit(cfg: RetrainConfig, p: Prepared, arch: str, seed: int, kinf: dict[str, _Reference],
+                  span: tuple[float, float], progress: Progress | None, cancel: CancelFlag | None) -> dict:
     """One (arch, seed) of ``run_retrain_loo``, every width at once: its rows, its per-point
     changes (one column dict per (width, kernel, loo, pick)), the full runs' rerun gap and the
     arch's stopping ridge. ``kinf`` keeps each arch's ``_Reference`` once computed."""
@@ -185,7 +192,8 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
         kinf[arch] = _Reference(K, K_t, ridge, stopping_ridge(cfg.train, n, n_out, float(K.diagonal().mean())))
 
     # 1. the full runs, every width in one batched model
-    sub = lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}")  # noqa: E731
+    sub = None if progress is None else (
+        lambda f, s, a=lo, b=hi: progress(a + 0.2 * f * (b - a), f"{stage}: full runs, {s}"))
     full = train_masked(phi, y, c, heads, torch.ones(len(heads), n, dtype=torch.bool, device=dev), cfg.train,
                         seed, None if progress is None else sub, cancel)
     tick(progress, cancel, lo + 0.2 * (hi - lo), f"{stage}: kernels of the trained nets")
@@ -209,6 +217,7 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
             ref = kinf[arch]
             KK, KK_t, ridge = (K, K_t, influence) if kernel == "entk" else (ref.K, ref.K_t, ref.ridge)
             if "ridge" in cfg.loo:
+                assert ridge is not None  # K∞'s ridge leave-one-out is computed whenever "ridge" is in loo
                 mine[kernel, "ridge"] = KernelLOO(ridge.D[:, pts], pts, ridge.jstar)
             if "flow" in cfg.loo:
                 mine[kernel, "flow"] = flow_loo(KK, KK_t, Y, yt, pts, cfg.train, F0, F0_t)
@@ -224,8 +233,8 @@ def _retrain_unit(cfg, p: Prepared, arch, seed, kinf: dict, span, progress, canc
         keep[torch.arange(1, 1 + len(pts), device=dev), pts] = False
         batch_heads += [head] * (1 + len(pts))
         keep_rows.append(keep)
-    sub = lambda f, s, a=lo, b=hi: progress(a + (0.25 + 0.7 * f) * (b - a),  # noqa: E731
-                                            f"{stage}: retrainings, {s}")
+    sub = None if progress is None else (
+        lambda f, s, a=lo, b=hi: progress(a + (0.25 + 0.7 * f) * (b - a), f"{stage}: retrainings, {s}"))
     run = train_masked(phi, y, c, batch_heads, torch.cat(keep_rows), cfg.train, seed,
                        None if progress is None else sub, cancel)
     tick(progress, cancel, lo + 0.95 * (hi - lo), f"{stage}: comparing")

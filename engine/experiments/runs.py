@@ -15,7 +15,7 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable, Collection
+from typing import TYPE_CHECKING, Any, Callable, Collection, cast
 
 import numpy as np
 import torch
@@ -26,10 +26,23 @@ from ..runtime.cache import canonical, checkpoints, code_fingerprint
 from ..runtime.device import resolve_device
 from ..runtime.errors import BadInput, Cancelled
 
+if TYPE_CHECKING:  # annotations only
+    import os
+    from typing import TypeAlias
+
+    from _typeshed import DataclassInstance
+
+    from ..maths.heads import CancelFlag
+    from ..runtime.budget import Budget
+    from ..runtime.cache import Cache, Result
+    from .registry import Run
+
+    DataDir: TypeAlias = str | os.PathLike | None  # the data sets' folder (``engine.data.load_sample``)
+
 Progress = Callable[[float, str], None]
 
 
-def tick(progress: Progress | None, cancel, frac: float, stage: str) -> None:
+def tick(progress: Progress | None, cancel: CancelFlag | None, frac: float, stage: str) -> None:
     """Stop with ``Cancelled`` if asked to, else report ``frac`` (clipped to [0, 1]) and ``stage``."""
     if cancel is not None and cancel.is_set():
         raise Cancelled(f"cancelled during: {stage}")
@@ -43,7 +56,7 @@ def unit_name(unit: dict | str) -> str:
     return unit if isinstance(unit, str) else json.dumps(canonical(unit), sort_keys=True, ensure_ascii=False)
 
 
-def shape(**types) -> Callable[[dict], None]:
+def shape(**types: type | tuple[type, ...]) -> Callable[[dict], None]:
     """A unit validator: the value is a dict with exactly these keys, each an instance of its
     type(s) (``list`` of row dicts, ``float``, ``np.ndarray``, ``torch.Tensor``, ``type(None)``...)."""
     def check(value: dict) -> None:
@@ -78,7 +91,7 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
     A unit must not depend on the units before it (its own seed, its own nets)."""
     name, kept = unit_name(unit), checkpoints()
     stored = kept.get(name) if kept is not None else None
-    if stored is not None:
+    if kept is not None and stored is not None:
         try:
             if not (isinstance(stored, dict) and set(stored) == {"unit", "run", "code", "sha", "value"}):
                 raise ValueError("not a checkpoint envelope")
@@ -104,12 +117,12 @@ def resumable(unit: dict | str, compute: Callable[[], dict], check: Callable[[di
     return value
 
 
-def _sha(encoded) -> str:
+def _sha(encoded: Any) -> str:
     # SHA-256 of the value's JSON: a hand edit of a stored number no longer matches it
     return hashlib.sha256(json.dumps(encoded, sort_keys=True).encode()).hexdigest()
 
 
-def _validate(value, check, nan_ok: Collection[str]) -> None:
+def _validate(value: Any, check: Callable[[dict], None] | None, nan_ok: Collection[str]) -> None:
     if not isinstance(value, dict):
         raise BadInput(f"a unit's value is {type(value).__name__}; expected a dict")
     if check is not None:  # a call site without a validator (not yet declared its NaN fields) skips this
@@ -117,7 +130,7 @@ def _validate(value, check, nan_ok: Collection[str]) -> None:
         check(value)
 
 
-def _finite(value, where: str, nan_ok: frozenset) -> None:
+def _finite(value: Any, where: str, nan_ok: frozenset[str]) -> None:
     # every measured number finite, except under a key the unit declares may be NaN
     if where.rsplit(".", 1)[-1] in nan_ok:
         return
@@ -135,7 +148,7 @@ def _finite(value, where: str, nan_ok: frozenset) -> None:
             raise BadInput(f"non-finite values in array {where or 'the unit'}")
 
 
-def _encode_array(obj) -> dict:
+def _encode_array(obj: Any) -> dict:
     if isinstance(obj, np.generic):
         return obj.item()
     if not isinstance(obj, (np.ndarray, torch.Tensor)):
@@ -158,7 +171,7 @@ def _load_npy(text: str) -> np.ndarray:
     return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
-def _decode_arrays(value):
+def _decode_arrays(value: Any) -> Any:
     if isinstance(value, list):
         return [_decode_arrays(v) for v in value]
     if not isinstance(value, dict):
@@ -185,7 +198,8 @@ def check_finite(value: torch.Tensor | float, stage: str, hint: str = "") -> Non
         raise BadInput(f"non-finite values appeared during {stage}{'; ' + hint if hint else ''}")
 
 
-def to_device(sample: Sample, device: torch.device, dtype=torch.float32):
+def to_device(sample: Sample, device: torch.device, dtype: torch.dtype = torch.float32
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Training and test inputs and labels moved once to the device."""
     return (sample.X.to(device, dtype), sample.y.to(device),
             sample.X_test.to(device, dtype), sample.y_test.to(device))
@@ -209,7 +223,8 @@ class Prepared:
         return n_outputs(self.c)
 
 
-def prepare(data: DataSpec, data_dir, device: str, progress: Progress | None, cancel) -> Prepared:
+def prepare(data: DataSpec, data_dir: DataDir, device: str | torch.device, progress: Progress | None,
+            cancel: CancelFlag | None) -> Prepared:
     """Load the draw once and move it to the device once."""
     dev = resolve_device(device)
     tick(progress, cancel, 0.0, "loading data")
@@ -218,7 +233,7 @@ def prepare(data: DataSpec, data_dir, device: str, progress: Progress | None, ca
     return Prepared(dev, sample, X, y, Xt, yt, sample.n_classes, targets(y, sample.n_classes))
 
 
-def experiment_run(name: str):
+def experiment_run(name: str) -> Callable[[Callable[..., Result]], Run]:
     """Make ``compute(cfg, data_dir, device, progress, cancel) -> Result`` experiment ``name``'s run.
 
     The returned function has the signature every run shares, ``run(cfg, cache=None,
@@ -228,16 +243,18 @@ def experiment_run(name: str):
     writes the result in ``cache`` under the experiment's name. ``compute`` gets a resolved
     ``torch.device`` and does the work; ``run.kind`` is the name, ``run.compute`` the body.
     """
-    def wrap(compute: Callable) -> Callable:
-        def run(cfg, cache=None, data_dir=None, device: str = "cpu", progress: Progress | None = None,
-                cancel=None, budget=None):
+    def wrap(compute: Callable[..., Result]) -> Run:
+        def run(cfg: DataclassInstance, cache: Cache | None = None, data_dir: DataDir = None, device: str = "cpu",
+                progress: Progress | None = None, cancel: CancelFlag | None = None,
+                budget: Budget | None = None) -> Result:
             from .registry import EXPERIMENTS  # the record holds the estimate and the budget's wording
 
             return EXPERIMENTS[name].run(cfg, cache, data_dir, device, progress, cancel, budget)
 
         run.__name__, run.__qualname__ = compute.__name__, compute.__qualname__
         run.__module__, run.__doc__ = compute.__module__, compute.__doc__
-        run.kind, run.compute = name, compute
-        return run
+        typed = cast("Run", run)  # a function with the two attributes below set on it
+        typed.kind, typed.compute = name, compute
+        return typed
 
     return wrap

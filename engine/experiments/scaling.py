@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,10 @@ from ..runtime.errors import BadInput
 from .configs.scaling import ScalingConfig, measured_models, width_grid
 from .runs import Progress, experiment_run, resumable, shape, tick, to_device
 
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
+
 BOOTSTRAP = 400   # resamples of the seeds for the exponent's interval
 
 
@@ -46,7 +51,8 @@ def theory_exponent(arch: str, attention: str) -> float | None:
     return None if p is None or att.variant.kappa_top else 2.0 * p
 
 
-def width_needed(widths, dists, target: float) -> tuple[int | None, bool]:
+def width_needed(widths: Sequence[int] | np.ndarray, dists: Sequence[float] | np.ndarray,
+                 target: float) -> tuple[int | None, bool]:
     """Smallest width from which every larger width has dist ≤ target, and whether the
     criterion is monotone (never holds below that width). None when the largest fails."""
     ok = np.asarray(dists) <= target
@@ -58,7 +64,7 @@ def width_needed(widths, dists, target: float) -> tuple[int | None, bool]:
     return int(widths[i]), not ok[:i].any()
 
 
-def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
+def fit_exponent(kappas: Sequence[float], widths: Sequence[float | None]) -> tuple[float | None, float | None]:
     """Slope and intercept of log width against log κ over the found widths (None: < 2 κ).
 
     A width of None or NaN (how a pandas column holds None) is censored and left out."""
@@ -68,7 +74,7 @@ def fit_exponent(kappas, widths) -> tuple[float | None, float | None]:
     return loglog_slope([k for k, _ in pts], [w for _, w in pts])
 
 
-def exponent_resolution(kappas, per_octave: int) -> float | None:
+def exponent_resolution(kappas: Sequence[float | None], per_octave: int) -> float | None:
     """The smallest change of a fitted exponent the width grid can show: one grid step (a
     factor 2^(1/per_octave) in width) at one end of the κ range moves the slope by
     log 2^(1/per_octave) / log(κ_max / κ_min). A bootstrap interval narrower than this (say
@@ -79,13 +85,15 @@ def exponent_resolution(kappas, per_octave: int) -> float | None:
     return math.log(2.0) / per_octave / math.log(max(ks) / min(ks))
 
 
-def _distance(cfg, K, K_ref) -> float:
+def _distance(cfg: ScalingConfig, K: torch.Tensor, K_ref: torch.Tensor) -> float:
     if cfg.metric == "whitened":
         return whitened_distance(K, K_ref, cfg.ridge)
     return relative_distance(K, K_ref)
 
 
-def _distances(cfg, arch, attention, grid, X, y, c, dev, K_inf, cancel, report) -> dict[str, list]:
+def _distances(cfg: ScalingConfig, arch: str, attention: str, grid: list[int], X: torch.Tensor, y: torch.Tensor,
+               c: int, dev: torch.device, K_inf: torch.Tensor, cancel: CancelFlag | None,
+               report: tuple[Progress | None, float, float, str]) -> dict[str, list]:
     """One resumable unit: ``distances``, per grid width the distance of each seed's net (``report``:
     progress, fraction, share of the run, stage). Every width and seed trains as one batched model
     where the batch orders allow it (``train_seeds``)."""
@@ -106,7 +114,8 @@ def _distances(cfg, arch, attention, grid, X, y, c, dev, K_inf, cancel, report) 
 
 
 @experiment_run("scaling")
-def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_scaling(cfg: ScalingConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                cancel: CancelFlag | None) -> Result:
     """Width needed against κ, and the fitted exponent with its interval, per (arch, attention).
 
     Frames: ``widths`` (arch, attention, kappa, kappa_measured, width_needed, censored,
@@ -118,6 +127,7 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
     models = measured_models(cfg)
     total = len(models) * len(cfg.kappas)
     rows, evals, done = [], [], 0
+    w: int | None  # a grid width in the loop below; then each row's width needed (None: censored)
     for kappa in cfg.kappas:
         spec = DataSpec("synthetic", n=cfg.n, n_test=1, seed=cfg.seed, normalize=cfg.normalize,
                         synthetic_d=cfg.d, synthetic_kappa=float(kappa), synthetic_decay=cfg.decay,
@@ -163,7 +173,8 @@ def run_scaling(cfg: ScalingConfig, data_dir, dev: torch.device, progress: Progr
                                          "fit": pd.DataFrame(fits)}, {}, {"grid": grid})
 
 
-def _fit_row(cfg, arch, attention, widths, ev, grid) -> dict:
+def _fit_row(cfg: ScalingConfig, arch: str, attention: str, widths: pd.DataFrame, ev: pd.DataFrame,
+             grid: list[int]) -> dict:
     label = attention if arch == "attn" else None
     mine = widths[(widths.arch == arch) & (widths.attention.fillna("") == (label or ""))]
     slope, icpt = fit_exponent(mine.kappa.tolist(), mine.width_needed.tolist())

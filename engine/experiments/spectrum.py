@@ -7,6 +7,8 @@ width thresholds they imply and κ's growth with n.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 import torch
 
@@ -17,6 +19,10 @@ from ..maths.specs import parse_attention
 from ..runtime.cache import Result
 from .configs.spectrum import SpectrumConfig
 from .runs import Progress, experiment_run, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 # ---------------------------------------------------------------- helpers
 
@@ -43,7 +49,8 @@ def theory_formula(attention: str) -> str | None:
 
 # ---------------------------------------------------------------- spectrum
 
-def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig) -> tuple[dict, object, object]:
+def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig
+                  ) -> tuple[dict, spectral.Spectrum, spectral.Spectrum]:
     n, d = Z.shape
     spec = spectral.gram_spectrum(Z, cfg.rtol)
     kappa_d = spec.kappa_top(min(n, d))
@@ -69,7 +76,8 @@ def _spectrum_row(Z: torch.Tensor, X_raw: torch.Tensor, cfg: SpectrumConfig) -> 
 
 
 @experiment_run("spectrum")
-def run_spectrum(cfg: SpectrumConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_spectrum(cfg: SpectrumConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                 cancel: CancelFlag | None) -> Result:
     """Spectrum of G = Z Zᵀ (Z: the normalised training rows) and of the attention features.
 
     Result: meta["summary"] (the CLI's object), arrays ``eig_G`` and ``eig_attention``

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from functools import partial
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -24,6 +25,10 @@ from ..maths.training import accuracy, n_outputs, predict_labels, train_many
 from ..runtime.cache import Result
 from .configs.sweep import SweepConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
+
+if TYPE_CHECKING:
+    from ..maths.heads import CancelFlag
+    from .runs import DataDir
 
 SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
                  "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
@@ -47,8 +52,9 @@ def kernel_metrics(net: Net, p: Prepared, K_inf: torch.Tensor, K_inf_t: torch.Te
             f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == p.yt).double().mean())}
 
 
-def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int, at: tuple[int, int],
-                 progress: Progress | None, cancel) -> dict:
+def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                 arch: str, seed: int, at: tuple[int, int], progress: Progress | None,
+                 cancel: CancelFlag | None) -> dict:
     """One architecture and seed of a width sweep, every width: the unit a cancelled sweep resumes
     from. ``ref`` holds each architecture's K∞, K∞(test, train) and f_NTK once computed; ``at`` is
     (this group's index, the number of groups) for progress. Returns lists of row dicts."""
@@ -107,7 +113,8 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict, arch: str, seed: int,
 
 
 @experiment_run("ntk-sweep")
-def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progress | None, cancel) -> Result:
+def run_ntk_sweep(cfg: SweepConfig, data_dir: DataDir, dev: torch.device, progress: Progress | None,
+                  cancel: CancelFlag | None) -> Result:
     """Kernel and function distances to the infinite-width NTK across widths, per seed.
 
     Frame ``rows``: one row per (arch, width, seed) with
@@ -129,7 +136,8 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir, dev: torch.device, progress: Progr
     """
     p = prepare(cfg.data, data_dir, dev, progress, cancel)
     sample, Xt, c = p.sample, p.Xt, p.c
-    rows, losses, trajectory, ref = [], [], [], {}
+    ref: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    rows, losses, trajectory = [], [], []
     groups = [(a, s) for a in cfg.archs for s in cfg.seeds]
     for j, (arch, seed) in enumerate(groups):
         # the unit ticks its own stage: one read back reports nothing, since it is not computed again

@@ -19,6 +19,7 @@ secondary: its gap must also hold after Holm's correction over the run's seconda
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -51,7 +52,7 @@ GAPS = ("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high", "gap_p
         "role", "gap_all", "gap_all_low", "gap_all_high", "left_out")
 
 
-def _num(d, arch: str, col: str) -> float:
+def _num(d: pd.DataFrame, arch: str, col: str) -> float:
     v = d.at[arch, col] if col in d.columns else math.nan
     try:
         return math.nan if v is None or pd.isna(v) else float(v)
@@ -59,7 +60,7 @@ def _num(d, arch: str, col: str) -> float:
         return math.nan
 
 
-def _text(d, arch: str, col: str) -> str:
+def _text(d: pd.DataFrame, arch: str, col: str) -> str:
     v = d.at[arch, col] if col in d.columns else ""
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
@@ -90,7 +91,7 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     nulls and accuracies in words; ``role`` (``ROLES``); per arch ``{arch}_excess``, ``_low``, ``_high``,
     ``_flip``, ``_null_seed``, ``_null_random``, ``_trained`` (share of nets through the gate), and the
     gap columns (``GAPS``). Fractions in [0, 1] (excesses in [−1, 1], gaps in [−2, 2])."""
-    out = {"attack": attack, "eps": eps, "numbers": "—", "role": "exploratory"}
+    out: dict[str, Any] = {"attack": attack, "eps": eps, "numbers": "—", "role": "exploratory"}
     if summary is None or summary.empty:
         return {**out, "outcome": "uninformative", "why": "not measured"}
     attacks = list(summary["attack"].unique())

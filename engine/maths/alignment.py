@@ -261,7 +261,7 @@ def verdict(rows: pd.DataFrame, metric: str = "align_trained", acc: str = "test_
         pairs = a.merge(r, on=["data_seed", "seed"], suffixes=("_attn", "_relu"))
         gap, lo, hi, draws = draw_interval(pairs[f"{metric}_attn"] - pairs[f"{metric}_relu"], pairs["data_seed"])
         acc_gap, acc_lo, acc_hi, _ = draw_interval(pairs[f"{acc}_attn"] - pairs[f"{acc}_relu"], pairs["data_seed"])
-        row = {"width": int(width), "relu_mean": float(r[metric].mean()), "relu_sd": float(r[metric].std()),
+        row: dict[str, Any] = {"width": int(width), "relu_mean": float(r[metric].mean()), "relu_sd": float(r[metric].std()),
                "attn_mean": float(a[metric].mean()), "attn_sd": float(a[metric].std()), "gap": gap, "gap_low": lo,
                "gap_high": hi, "relu_acc": float(r[acc].mean()), "attn_acc": float(a[acc].mean()), "acc_gap": acc_gap,
                "acc_low": acc_lo, "acc_high": acc_hi, "units": len(pairs), "n_draws": draws}

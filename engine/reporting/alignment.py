@@ -5,6 +5,7 @@ and the README's paragraph, each from an ``alignment`` result's ``verdict`` fram
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
 
@@ -12,6 +13,9 @@ from ..maths import alignment as AL
 from ..maths.alignment import VERDICT_WORDS
 from ..maths.metrics import draw_interval
 from .paper import Verdict
+
+if TYPE_CHECKING:
+    from ..runtime.cache import Result
 
 CLAIM = "data-dependent kernel reduces approximation error"
 PAPER_CLAIM = ("title and abstract: the data-dependent kernel \"can reduce approximation error by aligning with "
@@ -191,7 +195,7 @@ def _favours(side: str) -> str:
     return {"attn": "favours MLP-Attn", "relu": "favours 2L-ReLU"}.get(side, "neither")
 
 
-def readme_paragraph(results) -> str:
+def readme_paragraph(results: Iterable[tuple[str, Result | None]]) -> str:
     """The README's power half, from (label, result or None) pairs of alignment cells: a table with a
     row per cell and net (the alignment of K∞ and of the trained K_m, k at C(k) = 0.9, the K_m ridge
     accuracy, the cell's verdict), the rule once under it, then both halves along training per cell

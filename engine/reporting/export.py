@@ -25,7 +25,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
@@ -33,6 +33,8 @@ from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_s
 
 if TYPE_CHECKING:  # plotly is imported where a figure is made: the CLI's parser reads the sizes below
     import plotly.graph_objects as go
+
+    from ..runtime.cache import Result
 
 FORMATS = ("png", "svg", "pdf")
 DEBIAN_CHROMIUM = "/usr/bin/chromium"
@@ -103,7 +105,7 @@ def image_bytes(fig: go.Figure, fmt: str = "png", width: int | None = None, heig
     if fmt == "pdf" and not height:  # a page, not a strip: 16:9 unless a height is asked for
         width = width or SLIDE_PX[0]
         height = round(width * SLIDE_PX[1] / SLIDE_PX[0])
-    opts = {"format": fmt, "width": int(width or WIDTH_PX),
+    opts: dict[str, Any] = {"format": fmt, "width": int(width or WIDTH_PX),
             "height": int(height or fig.layout.height or HEIGHT_PX),
             "scale": float(scale) if fmt == "png" else 1.0}  # vector formats keep their CSS size
     fig = fit(fig, opts["width"], opts["height"])  # title, legend and axis titles inside this canvas
@@ -183,7 +185,7 @@ def write_image(fig: go.Figure, path: str | os.PathLike, width: int | None = Non
 
 # ---------------------------------------------------------------- the settings line
 
-def _seeds(seeds) -> str:
+def _seeds(seeds: Iterable[int] | None) -> str:
     seeds = [int(s) for s in seeds or ()]
     if not seeds:
         return ""
@@ -195,7 +197,7 @@ def _seeds(seeds) -> str:
 OPTIMIZER_NAMES = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
 
 
-def settings_line(config: dict, verdict: str = "") -> str:
+def settings_line(config: dict[str, Any], verdict: str = "") -> str:
     """One line for a slide from a result's canonical config (``Result.config``): data set, sizes
     and draw, seeds, training protocol and, where there is one, the attack; then ``verdict`` (the
     chart's claim as the rule reads it), where given. Missing parts are left out, so any
@@ -223,7 +225,7 @@ def settings_line(config: dict, verdict: str = "") -> str:
         parts.append(f"m = {config['width']}")
     if _seeds(config.get("seeds")):
         parts.append(_seeds(config.get("seeds")))
-    train = config.get("train") or {}
+    train: Any = config.get("train") or {}  # JSON of a TrainSpec
     if train:
         opt = OPTIMIZER_NAMES.get(train.get("optimizer"), train.get("optimizer"))
         bits = [f"{opt} lr {train.get('lr'):g}" if train.get("lr") is not None else str(opt)]
@@ -233,9 +235,9 @@ def settings_line(config: dict, verdict: str = "") -> str:
         if train.get("param") and train["param"] != "ntk":
             bits.append(train["param"])
         parts.append(", ".join(bits))
-    attack = config.get("attack") or {}
-    if attack and config.get("attacks"):
-        space = {"raw": "pixels", "normalized": "unit rows"}.get(config.get("space"), config.get("space"))
+    attack: Any = config.get("attack") or {}  # JSON of an AttackSpec
+    if attack and config.get("attacks"):  # a malleability config: its space is set
+        space = {"raw": "pixels", "normalized": "unit rows"}.get(cast(str, config.get("space")), config.get("space"))
         parts.append(f"{NORM_SYMBOLS.get(attack.get('norm'), attack.get('norm'))} attacks on {space}, "
                      f"{attack.get('steps')} steps")
     if config.get("attention") and config.get("attention") != "linear":
@@ -248,7 +250,7 @@ def settings_line(config: dict, verdict: str = "") -> str:
 NTK_DEFAULT = "prediction_gap_init"  # the NTK page opens on it too
 
 
-def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
+def main_figure(kind: str, result: Result, metric: str | None = None) -> go.Figure:
     """The chart a page leads with, drawn from its result, titled for a slide.
 
     kind: an experiment with a figure in ``engine.experiments.registry.EXPERIMENTS`` (old spellings such as
@@ -260,7 +262,7 @@ def main_figure(kind: str, result, metric: str | None = None) -> go.Figure:
     return get(kind).main_figure(result, metric)
 
 
-def spectrum_figure(result, metric: str | None = None) -> go.Figure:
+def spectrum_figure(result: Result, metric: str | None = None) -> go.Figure:
     """Eigenvalues of G and of the attention features' Gram (a ``spectrum`` result)."""
     from . import plots
 
@@ -270,7 +272,7 @@ def spectrum_figure(result, metric: str | None = None) -> go.Figure:
     return titled(fig, "Eigenvalues of G and of the attention features' Gram", settings_line(result.config))
 
 
-def ntk_figure(result, metric: str | None = None) -> go.Figure:
+def ntk_figure(result: Result, metric: str | None = None) -> go.Figure:
     """One sweep metric against width (an ``ntk-sweep`` result; default ``NTK_DEFAULT``, the
     prediction gap: the Frobenius distance is blind to the conditioning the paper is about)."""
     from . import plots
@@ -284,7 +286,7 @@ def ntk_figure(result, metric: str | None = None) -> go.Figure:
     return titled(fig, plots.METRICS.get(metric, (metric,))[0], settings_line(result.config))
 
 
-def malleability_figure(result, metric: str | None = None) -> go.Figure:
+def malleability_figure(result: Result, metric: str | None = None) -> go.Figure:
     """Flip rates per attack and architecture at the largest ε beside their nulls, at the largest
     width, read by ``metric`` (a reading; default ridge), with the claim's verdict in the settings
     line (a ``malleability`` result; without the nulls, the flip rates alone, and the verdict says
@@ -317,7 +319,7 @@ def malleability_figure(result, metric: str | None = None) -> go.Figure:
     return titled(fig, title, settings_line(cfg, words))
 
 
-def scaling_figure(result, metric: str | None = None) -> go.Figure:
+def scaling_figure(result: Result, metric: str | None = None) -> go.Figure:
     """Width needed against κ with the fitted power law (a ``scaling`` result)."""
     from . import plots
 
@@ -329,7 +331,7 @@ def scaling_figure(result, metric: str | None = None) -> go.Figure:
 DYNAMICS_METRICS = ("lin_gap", "pattern_change", "k_inf_gap", "weight_movement")
 
 
-def dynamics_figure(result, metric: str | None = None) -> go.Figure:
+def dynamics_figure(result: Result, metric: str | None = None) -> go.Figure:
     """One of ``DYNAMICS_METRICS`` after training against width (a ``dynamics`` result; default lin_gap)."""
     from . import plots
 
@@ -347,7 +349,7 @@ def dynamics_figure(result, metric: str | None = None) -> go.Figure:
 RETRAIN_METRICS = ("retrain_spearman", "retrain_pearson", "retrain_sign_agreement")
 
 
-def retrain_figure(result, metric: str | None = None) -> go.Figure:
+def retrain_figure(result: Result, metric: str | None = None) -> go.Figure:
     """1 − one of ``RETRAIN_METRICS`` against width for the top-|influence| points (a ``retrain-loo``
     result; default retrain_spearman), one panel per leave-one-out, with the m^-1/2 reference."""
     from . import plots

@@ -38,7 +38,7 @@ def _wrap(text: str, size: float, width: float) -> str:
     return "<br>".join(lines)
 
 
-def _lines(text) -> int:
+def _lines(text: str | None) -> int:
     return 0 if not text else str(text).count("<br>") + 1
 
 
@@ -108,7 +108,7 @@ def full_size_log_ticks(fig: go.Figure) -> go.Figure:
 
     import numpy as np
 
-    axes = {}
+    axes: dict[str, list[np.ndarray]] = {}
     for trace in fig.data:
         for letter in ("x", "y"):
             ref = getattr(trace, f"{letter}axis", None) or letter

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import pandas as pd
 
@@ -194,7 +195,7 @@ CONVERGENCE_WORDS = "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K�
 def verdict_relu_converges(rows: pd.DataFrame | None, dataset: str,
                            metric: str = CONVERGENCE_METRIC) -> Verdict:
     """2L-ReLU: its kernel's distance from K∞ (``CONVERGENCE_METRIC``, as the NTK page) falls as width grows."""
-    key = paper_key(dataset) if paper_key(dataset) in NTK_DISTANCE else "mnist"
+    key = cast(str, paper_key(dataset)) if paper_key(dataset) in NTK_DISTANCE else "mnist"
     p = NTK_DISTANCE[key]["relu"]
     claim = "2L-ReLU approaches its NTK as width grows"
     paper = f"‖f_m − f_NTK‖ {' / '.join(str(v) for v in p.values())} at m = 16 / 1024 / 4096 ({key}, decreasing)"
@@ -214,7 +215,7 @@ def verdict_relu_converges(rows: pd.DataFrame | None, dataset: str,
 def verdict_attn_diverges(rows: pd.DataFrame | None, dataset: str,
                           metric: str = CONVERGENCE_METRIC) -> Verdict:
     """MLP-Attn: its kernel's distance from K∞ (``CONVERGENCE_METRIC``) does not fall with width (paper: rises)."""
-    key = paper_key(dataset) if paper_key(dataset) in NTK_DISTANCE else "mnist"
+    key = cast(str, paper_key(dataset)) if paper_key(dataset) in NTK_DISTANCE else "mnist"
     p = NTK_DISTANCE[key]["attn"]
     claim = "MLP-Attn does not approach its NTK as width grows"
     paper = f"‖f_m − f_NTK‖ {' / '.join(str(v) for v in p.values())} at m = 16 / 1024 / 4096 ({key}, rising)"
@@ -236,7 +237,7 @@ def verdict_attn_diverges(rows: pd.DataFrame | None, dataset: str,
 def verdict_flip_gap(summary: pd.DataFrame | None, dataset: str, eps: float | None = None) -> Verdict:
     """MLP-Attn's influence is more malleable than 2L-ReLU's: ``flip_rule`` for every attack of
     a ``run_malleability`` summary at ``eps`` (agrees: it holds for all; partly: for some)."""
-    key = paper_key(dataset) if paper_key(dataset) in FLIP_RATE else "mnist"
+    key = cast(str, paper_key(dataset)) if paper_key(dataset) in FLIP_RATE else "mnist"
     t = FLIP_RATE[key]
     claim = "MLP-Attn's influence is more malleable than 2L-ReLU's"
     paper = (f"flip % FGSM/PGD/MIM at ε = {FLIP_EPS}: ReLU {'/'.join(f'{v:g}' for v in t['relu'].values())}, "
@@ -272,7 +273,8 @@ def verdict_flip_gap(summary: pd.DataFrame | None, dataset: str, eps: float | No
 def verdict_adversarial(standard: pd.DataFrame | None, adversarial: pd.DataFrame | None,
                         dataset: str, attack: str = "pgd") -> Verdict:
     """Adversarial training raises the (PGD) flip rate of both architectures."""
-    key = base_key(paper_key(dataset)) if base_key(paper_key(dataset)) in ADVERSARIAL_TRAINING else "mnist"
+    key = (cast(str, base_key(paper_key(dataset))) if base_key(paper_key(dataset)) in ADVERSARIAL_TRAINING
+           else "mnist")
     t = ADVERSARIAL_TRAINING[key]
     claim = "Adversarial training makes influence more malleable"
     paper = (f"PGD flip %: ReLU {t['relu'][0]:g} → {t['relu'][1]:g}, "

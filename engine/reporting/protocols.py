@@ -33,13 +33,14 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import pandas as pd
 
 from ..experiments.configs.influence import INFLUENCE_KERNELS
 from ..experiments.configs.malleability import MalleabilityConfig
 from ..experiments.configs.sweep import SweepConfig
-from ..maths.specs import OPTIMIZERS
+from ..maths.specs import OPTIMIZERS, TrainSpec
 from .plots import ARCH_LABELS
 from .rule import FLIP_FACTOR, FLIP_OUTCOMES, RULE_WORDS, flip_rule
 from .tables import pm
@@ -50,8 +51,8 @@ FACTOR = FLIP_FACTOR    # the "far more" of both claims: at least twice
 # 1e-3 with coupled L2 1e-3). adamw: decoupled decay 0.1 shrinks W by lr·wd = 1e-4 per step,
 # a decay that acts (1e-6 would be none). sgd: no decay and a step near the lazy limit n·c/λ₁
 # of MNIST's kernels (engine.maths.training.sgd_lr_limit estimates 2·n·c/λ₁ per row).
-OPTIMIZER_PRESETS = {"adam": None, "adamw": {"lr": 1e-3, "weight_decay": 0.1},
-                     "sgd": {"lr": 10.0, "weight_decay": 0.0}}
+OPTIMIZER_PRESETS: dict[str, dict[str, Any] | None] = {"adam": None, "adamw": {"lr": 1e-3, "weight_decay": 0.1},
+                                                       "sgd": {"lr": 10.0, "weight_decay": 0.0}}
 RIDGES = (1e-3, 1e-2, 1e-1)   # the ridge row of the flip table: near-interpolating to smooth
 GEOMETRIES = (("linf", "raw"), ("l2", "normalized"))   # attack norm × space: the two readings of ε
 TARGETS = ("true", "sum")                             # label-aware and label-free influence
@@ -86,7 +87,7 @@ class Variant:
         return " · ".join(str(v) for v in self.choices.values())
 
 
-def with_optimizer(train, optimizer: str):
+def with_optimizer(train: TrainSpec, optimizer: str) -> TrainSpec:
     """``train`` (a TrainSpec) with ``optimizer`` and that optimiser's own lr and decay
     (``OPTIMIZER_PRESETS``; adam keeps the base's)."""
     preset = OPTIMIZER_PRESETS[optimizer]
@@ -126,7 +127,7 @@ def kernel_variants(base: SweepConfig) -> list[Variant]:
     return out
 
 
-def _sd(v) -> float:  # one seed has no sd: counts as 0
+def _sd(v: float | None) -> float:  # one seed has no sd: counts as 0
     return 0.0 if v is None or not math.isfinite(float(v)) else float(v)
 
 
@@ -148,7 +149,7 @@ def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
     largest), ratio (attn / relu at the largest), {relu,attn}_small, _large (means over seeds),
     _large_sd and _train_acc (at the largest width)."""
     col = KERNEL_METRICS[metric][0]
-    out = {"metric": metric}
+    out: dict[str, Any] = {"metric": metric}
     by = {a: g.set_index("width").sort_index() for a, g in summary.groupby("arch")}
     if not {"relu", "attn"} <= set(by) or by["relu"].index.nunique() < 2:
         return {**out, "verdict": "uninformative", "why": "needs both architectures at two widths or more",
@@ -187,5 +188,5 @@ def cell(variant: Variant, summary: pd.DataFrame | None) -> dict:
     row = {**variant.choices}
     if summary is None:
         return {**row, "verdict": "not run", "why": "", "numbers": ""}
-    v = flip_verdict(summary) if variant.claim == "flip" else kernel_verdict(summary, variant.metric)
+    v = flip_verdict(summary) if variant.claim == "flip" else kernel_verdict(summary, cast(str, variant.metric))
     return {**row, "verdict": v["verdict"], "why": v["why"], "numbers": v["numbers"]}

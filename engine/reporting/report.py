@@ -12,11 +12,16 @@ import argparse
 import math
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from ..runtime.errors import EngineError
 
 if TYPE_CHECKING:  # the cache and the verdicts load pandas: imported when a report is made, not for --help
+    import os
+
+    import pandas as pd
+
+    from ..grid.spec import Grid
     from ..runtime.cache import Cache, Result
 
 
@@ -26,7 +31,7 @@ def _cell_pct(v: float, digits: int = 0) -> str:
     return "—" if not math.isfinite(v) else f"{100 * v:.{digits}f}"
 
 
-def _cell(text) -> str:
+def _cell(text: object) -> str:
     """A spec's text as one Markdown table cell, shown as typed: ``|`` and the characters of emphasis,
     code, links and formulas backslash-escaped (``**bold**`` stays two asterisks), HTML as entities,
     newlines as spaces."""
@@ -44,7 +49,7 @@ def _excess(v: dict, a: str) -> str:
     return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
 
 
-def readme_tables(results) -> str:
+def readme_tables(results: Iterable[tuple[str, pd.DataFrame | None]]) -> str:
     """The README's flip-rate tables in Markdown, from malleability results.
 
     results: (label, summary) pairs in order, ``summary`` the ``summary`` frame of a
@@ -89,7 +94,7 @@ def readme_tables(results) -> str:
               f"{INTERVAL_WORDS}; verdict: {rule}\n")
 
 
-def draw_lines(results) -> list[str]:
+def draw_lines(results: Iterable[tuple[str, Result | None]]) -> list[str]:
     """One line per primary verdict cell of the (label, result or None) pairs: the gap of each data draw
     (the ``draws`` frame), the values its interval summarises."""
     out = []
@@ -107,13 +112,13 @@ def draw_lines(results) -> list[str]:
     return out
 
 
-def _gap(v) -> str:
+def _gap(v: pd.Series) -> str:
     text = f"{100 * v['gap']:+.0f} [{100 * v['gap_low']:+.0f}, {100 * v['gap_high']:+.0f}] points"
     return text + (f" ({v['ratio']:.2g}× [{v['ratio_low']:.2g}, {v['ratio_high']:.2g}])"
                    if math.isfinite(float(v["ratio"])) else "")
 
 
-def findings(found, power) -> list[str]:
+def findings(found: Iterable[tuple[str, Result | None]], power: Iterable[tuple[str, Result | None]]) -> list[str]:
     """What the README opens on: short sentences generated from the grid's results, each a verdict
     word, a number with its interval and what it was read by. ``found``: (label, result or None) of
     the malleability cells; the first with a primary verdict row speaks (the network cell), with
@@ -151,7 +156,8 @@ READING_WORDS = {"ridge": "ridge leave-one-out on the trained eNTK (the paper's)
                  "flow": "its gradient flow for the net's own steps (the kernel regime's prediction)"}
 
 
-def results(spec, cache: Cache | None, data_dir=None, kind: str = "malleability") -> list[tuple[str, Result | None]]:
+def results(spec: Grid, cache: Cache | None, data_dir: str | os.PathLike | None = None,
+            kind: str = "malleability") -> list[tuple[str, Result | None]]:
     """(label, cached result or None) of every ``kind`` cell of a loaded grid spec, in order."""
     out = []
     for cell in spec.cells:
@@ -194,7 +200,7 @@ def protocol_lines(found: list[tuple[str, Result | None]]) -> list[str]:
     return lines
 
 
-def markdown(spec, cache: Cache | None, data_dir=None) -> str:
+def markdown(spec: Grid, cache: Cache | None, data_dir: str | os.PathLike | None = None) -> str:
     """The spec's tables in Markdown, with a heading naming the spec."""
     found = results(spec, cache, data_dir)
     rows = [(label, None if r is None else r.frames["summary"]) for label, r in found]
@@ -212,7 +218,7 @@ def markdown(spec, cache: Cache | None, data_dir=None) -> str:
     return text
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="a grid spec's malleability results as the README's Markdown tables",
                        description="Print the flip-rate tables of a grid spec (e.g. grids/readme.toml) in "
                                    "Markdown, from the cache; cells not computed yet are listed as such. "

@@ -7,6 +7,8 @@ number from here in one hop.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import pandas as pd
 
@@ -29,13 +31,14 @@ def pm(mean: float, sd: float | None, digits: int = 2, scale: float = 1.0, unit:
     if not has_sd or sd == 0:
         text = f"{m:.{digits + 1}g}" + (" ± 0" if has_sd else "")
     else:
+        assert sd is not None  # has_sd
         s = abs(sd * scale)
         decimals = max(0, digits - 1 - int(np.floor(np.log10(s))))
         text = f"{m:.{decimals}f} ± {s:.{decimals}f}"
     return text + (f" {unit}" if unit else "")
 
 
-def percent(frame: pd.DataFrame, columns) -> pd.DataFrame:
+def percent(frame: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     """A copy with the given fraction columns (and their _mean/_sd) scaled to percent, as
     ``{c}_pct``, ``{c}_pct_mean`` and ``{c}_pct_sd``."""
     out = frame.copy()

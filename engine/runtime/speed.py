@@ -35,10 +35,14 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import gemm
 from .errors import BadInput
+
+if TYPE_CHECKING:
+    from .cores import ThreadChoice
 
 SPEED_GEMM_N = 768        # the timed GEMM: 768³ float32, ~0.9 GFLOP, a few ms to a few tenths of a second
 # That GEMM's torch rate on a machine where the estimates hold (measured / estimated = 1). Set from
@@ -210,7 +214,8 @@ def time_gemm(library: str | None = None, n: int = SPEED_GEMM_N) -> Timing:
     return timing
 
 
-def _under_load(rate: float, record: dict | None, path, key: dict, choice, queue: float | None) -> float:
+def _under_load(rate: float, record: dict | None, path: Path | None, key: dict, choice: ThreadChoice,
+                queue: float | None) -> float:
     """The torch-equivalent GEMM rate a run started now will see on ``choice.threads`` threads.
 
     Idle (no other thread ready to run, no busy core): the timed ``rate``, kept in the calibration as

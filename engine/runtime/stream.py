@@ -15,6 +15,10 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Listener = Callable[[dict, list[dict]], None]
 _listener: ContextVar[Listener | None] = ContextVar("landing", default=None)
@@ -37,7 +41,7 @@ def landing(listen: Listener | None) -> Iterator[None]:
         _listener.reset(token)
 
 
-def jsonable(obj):
+def jsonable(obj: Any) -> Any:
     """NaN/inf become null so that stdout is strict JSON. numpy and pandas values can only exist
     once their modules are loaded, so they are looked up, never imported, here."""
     np, pd = sys.modules.get("numpy"), sys.modules.get("pandas")
@@ -56,6 +60,6 @@ def jsonable(obj):
     return obj
 
 
-def records(df) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict]:
     """A DataFrame's rows as JSON-able dicts (missing values as None)."""
     return jsonable(df.astype(object).where(df.notna(), None).to_dict(orient="records"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ...data import DataSpec
 from ...maths.specs import TrainSpec, attention_slowdown, factor_bytes
@@ -81,7 +82,7 @@ def influence_bytes(cfg: InfluenceConfig) -> int:
             + B.head_bytes(cfg.width, n + nt, c_out))
 
 
-def kernel_seconds(cfg, n, nt, d, m) -> float:
+def kernel_seconds(cfg: Any, n: int, nt: int, d: int, m: int) -> float:  # cfg: Influence- or MalleabilityConfig
     """One influence: its kernels, the leave-one-out factor (and K∞'s GEMMs for ``kinf``)."""
     s = B.ntk_s(n, n, d, m) + B.ntk_s(nt, n, d, m) + B.chol_s(n)
     if cfg.influence_kernel == "kinf":

@@ -67,7 +67,7 @@ def width_grid(min_width: int, max_width: int, per_octave: int) -> list[int]:
     return sorted({int(round(2 ** (j / per_octave))) for j in range(lo, hi + 1)})
 
 
-def measured_models(cfg) -> list[tuple[str, str]]:
+def measured_models(cfg: ScalingConfig) -> list[tuple[str, str]]:
     """The (architecture, attention) pairs a run measures: 2L-ReLU once, MLP-Attn per attention variant."""
     return [("relu", "linear")] * ("relu" in cfg.archs) + [("attn", a) for a in cfg.attentions
                                                            if "attn" in cfg.archs]

@@ -5,12 +5,17 @@ both halves along training: alignment beside the flip excess at the same snapsho
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, arch_label, for_log_axis
+
+if TYPE_CHECKING:
+    from ...runtime.cache import Result
 
 __all__ = [
     "KERNEL_DASH", "alignment_width_data", "alignment_width_fig", "curve_data", "curve_fig", "power_data",
@@ -190,7 +195,7 @@ def both_halves_fig(data: pd.DataFrame) -> go.Figure:
     return _layout(fig, height=560)
 
 
-def alignment_figure(result, metric: str | None = None) -> go.Figure:
+def alignment_figure(result: Result, metric: str | None = None) -> go.Figure:
     """The main chart of an ``alignment`` result (``figure alignment``): alignment against width, titled."""
     from ..export import settings_line, titled
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .style import ARCH_COLORS, ATTACK_DASH, arch_label, attention_of, by_arch, eps_at, styled
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "before_after_fig", "compare_bars_fig", "eps_sweep_fig", "flip_bars_fig", "image_grid_fig",
@@ -19,15 +23,15 @@ __all__ = [
 
 # ---------------------------------------------------------------- images and influence
 
-def _grid_shape(image_shape, d: int) -> tuple[int, int, int]:
+def _grid_shape(image_shape: Sequence[int] | None, d: int) -> tuple[int, int, int]:
     if image_shape:
-        return tuple(int(s) for s in image_shape)
+        return cast("tuple[int, int, int]", tuple(int(s) for s in image_shape))  # (C, H, W)
     side = int(math.isqrt(d))
     return (1, side, d // side) if side * (d // side) == d else (1, 1, d)
 
 
-def image_grid_fig(images, image_shape, titles: list[str], cols: int = 8,
-                   hover: list[str] | None = None) -> go.Figure:
+def image_grid_fig(images: Sequence[ArrayLike | None], image_shape: Sequence[int] | None, titles: list[str],
+                   cols: int = 8, hover: list[str] | None = None) -> go.Figure:
     """Images (k, d) in a grid, row-major; a None entry leaves its cell empty.
 
     Grey images are heatmaps (pixel values on hover), RGB ones images.
@@ -85,7 +89,7 @@ def influence_grid_data(values: np.ndarray, labels: list[str], k: int, arch: str
                          "influence": np.asarray(values, dtype=np.float64)[idx]})
 
 
-def influence_grid_fig(X: np.ndarray, image_shape, data: pd.DataFrame) -> go.Figure:
+def influence_grid_fig(X: np.ndarray, image_shape: Sequence[int] | None, data: pd.DataFrame) -> go.Figure:
     """Training images of ``influence_grid_data``: positive ones on the top row, negative below."""
     pos, neg = data[data["role"] == "positive"], data[data["role"] == "negative"]
     cols = max(len(pos), len(neg), 1)
@@ -106,7 +110,7 @@ def influence_hist_data(aggregate: pd.DataFrame) -> pd.DataFrame:
     return aggregate[["arch", "train_index", "label", "influence"]].copy()
 
 
-def spread(values) -> float:
+def spread(values: ArrayLike) -> float:
     """Robust spread of influence values: the median absolute value (0 for none)."""
     v = np.abs(np.asarray(values, dtype=np.float64))
     v = v[np.isfinite(v)]
@@ -142,7 +146,7 @@ def influence_hist_fig(data: pd.DataFrame, value: str = "influence",
     styled(fig, "influence (output units; one scale for all)", "training points (count)", title=title)
     positive = {a: s for a, s in spreads.items() if s > 0}
     if len(positive) >= 2 and max(positive.values()) > 10 * min(positive.values()):
-        big, small = max(positive, key=positive.get), min(positive, key=positive.get)
+        big, small = max(positive, key=positive.__getitem__), min(positive, key=positive.__getitem__)
         fig.add_annotation(x=0.99, y=0.97, xref="paper", yref="paper", xanchor="right", yanchor="top",
                            showarrow=False, align="right", bgcolor="rgba(255,255,255,0.85)",
                            text=f"{arch_label(small, attention)}: influences about "
@@ -220,7 +224,7 @@ def interventions_fig(data: pd.DataFrame, value: str = "test_acc",
     return styled(fig, "intervention on the training set", y_title)
 
 
-def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape,
+def before_after_fig(clean: np.ndarray, perturbed: np.ndarray, image_shape: Sequence[int] | None,
                      title: str = "") -> go.Figure:
     """Clean image, perturbed image and their difference (pixel units)."""
     clean = np.asarray(clean, dtype=np.float32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,9 @@ from .style import (
     styled,
     width_ticks,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "block_average", "class_boundaries", "distance_data", "distance_fig", "kappa_growth_data", "kappa_growth_fig",
@@ -66,7 +70,7 @@ def kernel_diff_data(K_m: np.ndarray, K_inf: np.ndarray, max_side: int = MAX_SID
     return matrix_data(np.asarray(K_m, np.float64) - np.asarray(K_inf, np.float64), max_side)
 
 
-def class_boundaries(y) -> list[int]:
+def class_boundaries(y: ArrayLike) -> list[int]:
     """Indices k where the label changes between points k−1 and k (labels sorted into blocks)."""
     y = np.asarray(y).ravel()
     return [int(k) for k in np.flatnonzero(y[1:] != y[:-1]) + 1]

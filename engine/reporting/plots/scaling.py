@@ -14,7 +14,7 @@ __all__ = ["model_label", "scaling_data", "scaling_fig"]
 
 # ---------------------------------------------------------------- scaling law
 
-def model_label(arch: str, attention) -> str:
+def model_label(arch: str, attention: object) -> str:
     if arch == "attn" and isinstance(attention, str):
         return f"{arch_label(arch)} ({attention})"
     return arch_label(arch)

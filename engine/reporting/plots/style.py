@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "ARCH_COLORS", "ARCH_LABELS", "ATTACK_DASH", "HEIGHT", "LARGEST_LOG10", "LARGEST_PARAMS_LOG10", "MAX_SIDE",
@@ -84,7 +88,7 @@ def attention_of(data: pd.DataFrame, attention: str | None = None) -> str | None
     return None
 
 
-def by_arch(data: pd.DataFrame):
+def by_arch(data: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
     """(arch, rows) pairs in the fixed order relu, attn, then any others."""
     present = list(dict.fromkeys(data["arch"]))
     order = [a for a in ARCH_LABELS if a in present] + [a for a in present if a not in ARCH_LABELS]
@@ -104,7 +108,7 @@ def styled(fig: go.Figure, x: str, y: str, title: str | None = None, logx: bool 
     return fig
 
 
-def log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
+def log_ticks(fig: go.Figure, values: ArrayLike, axis: str = "y") -> None:
     """Readable log-axis ticks: 1-2-5 labels within two decades, powers of ten beyond."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v) & (v > 0)]
@@ -120,13 +124,13 @@ def log_ticks(fig: go.Figure, values, axis: str = "y") -> None:
     update(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
-def width_ticks(fig: go.Figure, widths) -> None:
+def width_ticks(fig: go.Figure, widths: Iterable[float]) -> None:
     """Ticks at the measured widths only (log x)."""
     w = sorted({int(x) for x in widths})
     fig.update_xaxes(tickvals=w, ticktext=[str(x) for x in w])
 
 
-def for_log_axis(v) -> np.ndarray:
+def for_log_axis(v: ArrayLike) -> np.ndarray:
     """Values for a log axis: non-positive entries become NaN (gaps) instead of errors."""
     v = np.asarray(v, dtype=np.float64)
     return np.where(v > 0, v, np.nan)
