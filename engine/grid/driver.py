@@ -158,7 +158,7 @@ def run_grid(grid: Grid, cache: Cache | None, data_dir=None, backend: Backend | 
              on_cell: Callable[..., None] | None = None,
              connect_timeout: float = CONNECT_TIMEOUT_S) -> list[Outcome]:
     """Run every cell not yet in ``cache`` and store its result there; one ``Outcome`` per
-    cell, in cell order.
+    cell, in cell order (the cells start longest first, by their estimates).
 
     backend: ``Backend.LOCAL`` (default; ``workers`` processes, default ``cpu_count //
         threads``) or ``Backend.RAY`` (``address`` of a cluster, or a local instance; at most
@@ -195,6 +195,7 @@ def run_grid(grid: Grid, cache: Cache | None, data_dir=None, backend: Backend | 
         note(o.cell, o.status, o.error)
     n = len(grid.cells)
     est = {c.index: estimate(c.config).seconds for c in todo}
+    todo.sort(key=lambda c: -est[c.index])  # longest first, as _wall's greedy assumes (results stay in cell order)
     here = max(1, (os.cpu_count() or 1) // threads)  # a cluster's size is unknown until it is reached
     slots = workers or (len(todo) or 1 if backend is Backend.RAY and address else here)
     failed = sum(o.status == "failed" for o in outcomes.values())
