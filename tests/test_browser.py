@@ -343,3 +343,31 @@ def test_a_deep_link_as_the_first_request_is_routed_through_app_py(browser, shot
         if path == "spectrum":
             assert "30 / 30" in " ".join(page.locator('[data-testid="stMetric"]').all_inner_texts())
         page.close()
+
+
+# Malleability settings whose run takes a few tens of seconds here (six nets of 1000 epochs) and, on the slow
+# server, waits for a click: long enough for the progress fragment to draw what landed before the end.
+STREAMED = [("data", "synthetic"), ("n", "120"), ("n_test", "20"), ("widths", "1024"), ("mall.seeds", "3"),
+            ("mall.epochs", "1000"), ("mall.steps", "3")]
+
+
+def test_a_running_malleability_run_draws_the_nets_that_landed(slow_server, browser, shots):
+    """Results as they land (engine.runtime.stream, ui.partial): while the run's progress bar is up, a chart
+    of the nets finished so far appears, labelled "k of N nets", and the page's chart replaces it at the end."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(slow_server)
+    _settle(page)
+    page.goto(f"{slow_server}/malleability?{urlencode(STREAMED)}")
+    _settle(page)
+    run = page.get_by_role("button", name="Run the attacks")
+    assert run.count() == 1, "these settings should wait for a click on the slow server"
+    run.click()
+    partial = page.get_by_text(re.compile(r"the \d+ of 6 nets finished"))  # the partial chart's caption
+    partial.first.wait_for(timeout=RUN_TIMEOUT_S * 1000)
+    assert _busy(page), "the partial chart appeared only after the run ended"
+    page.screenshot(path=str(shots / "malleability_partial.png"))
+    _settle(page)
+    _no_errors(page, "malleability after a streamed run")
+    assert page.get_by_text(re.compile(r"the \d+ of 6 nets finished")).count() == 0
+    assert page.locator('[data-testid="stPlotlyChart"]').count() >= 1
+    page.close()

@@ -41,9 +41,14 @@ def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = Fa
     slug = _slug(name)
     heading = title or fig.layout.title.text or name[:1].upper() + name[1:]
     fig = export.titled(go.Figure(fig), heading)
-    if st.session_state.get("presentation"):
+    width, height = WIDE_PX if wide else PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX)
+    on_page = fit.fit(fig, width, height)
+    if st.session_state.get("presentation"):  # larger text, and the canvas grows by what its margins took
         fig = export.talk_style(fig)
-    on_page = fit.fit(fig, WIDE_PX if wide else PAGE_WIDTH_PX, int(fig.layout.height or export.HEIGHT_PX))
+        talk = fit.fit(fig, width, height)
+        grown = sum(max(0.0, float(getattr(talk.layout.margin, k) or 0) - float(getattr(on_page.layout.margin, k) or 0))
+                    for k in ("t", "b"))
+        on_page = fit.fit(fig, width, height + int(grown)) if grown else talk
     st.plotly_chart(on_page, key=f"chart.{slug}", config=PLOTLY_CONFIG)
     row = st.container(horizontal=True, vertical_alignment="center", gap="medium", wrap=True)
     row.caption(how_to_read, width="stretch")
