@@ -4,13 +4,15 @@ loss gradient, PGD, brute-force leave-one-out refits) and against scipy on hand-
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from scipy import stats
 
-from conftest import ATOL64, ATOL64_REFIT, RTOL64_KINF_ATTENTION, RTOL64_REFIT
+from conftest import ATOL64, ATOL64_REFIT, RTOL32_ONE_PASS, RTOL64_KINF_ATTENTION, RTOL64_REFIT
 from engine.data import DataSpec
 from engine.experiments import along
 from engine.experiments.configs.alignment import AlignmentConfig
@@ -113,19 +115,55 @@ def test_the_rule_names_what_the_excess_follows(kernel, attacker, follows):
     assert (e["kernel_low"], e["kernel_high"]) == pytest.approx((lo, hi), abs=ATOL64)
 
 
-def test_association_is_spearman_with_whole_nets_resampled():
+def test_association_is_spearman_with_whole_nets_resampled_for_each_distance():
+    from engine.reporting.alignment import association_sentence
+
     rows = [{"data_seed": d, "arch": a, "seed": s, "epoch": t, "kernel_dist": 0.1 * t + 0.01 * s,
+             "kernel_dist_whitened": 5.0 - t + 0.1 * s, "prediction_gap": 0.2,  # constant: ρ undefined
              "flip_excess": (0.05 * t if a == "attn" else -0.02 * t) + 0.003 * d}
             for a in ("attn", "relu") for d in (0, 1) for s in (0, 1, 2) for t in (0, 1, 2, 3)]
     frame = pd.DataFrame(rows)
-    got = along.association(frame, resamples=200).set_index("arch")
-    for arch in ("attn", "relu"):
-        g = frame[frame["arch"] == arch]
-        assert got.loc[arch, "rho"] == pytest.approx(stats.spearmanr(g["kernel_dist"], g["flip_excess"]).statistic)
-        assert got.loc[arch, "n_nets"] == 6 and got.loc[arch, "n_points"] == 24
-        assert got.loc[arch, "low"] <= got.loc[arch, "rho"] <= got.loc[arch, "high"]
-    assert got.loc["attn", "low"] > 0 and got.loc["relu", "high"] < 0
-    assert "both" in got.index
+    got = along.association(frame, resamples=200).set_index(["distance", "arch"])
+    for distance in ("kernel_dist", "kernel_dist_whitened"):
+        for arch in ("attn", "relu"):
+            g = frame[frame["arch"] == arch]
+            row = got.loc[(distance, arch)]
+            assert row["rho"] == pytest.approx(stats.spearmanr(g[distance], g["flip_excess"]).statistic)
+            assert row["n_nets"] == 6 and row["n_points"] == 24
+            assert row["low"] <= row["rho"] <= row["high"]
+        assert (distance, "both") in got.index
+    assert got.loc[("kernel_dist", "attn"), "low"] > 0 and got.loc[("kernel_dist", "relu"), "high"] < 0
+    assert got.loc[("kernel_dist_whitened", "attn"), "high"] < 0  # the whitened distance falls here
+    assert np.isnan(got.loc[("prediction_gap", "attn"), "rho"])  # a constant column has no ρ
+    text = association_sentence(got.reset_index())
+    assert "The distances disagree for MLP-Attn, 2L-ReLU" in text and "whitened distance: MLP-Attn ρ = " in text
+    assert "prediction gap: MLP-Attn ρ undefined" in text
+
+
+def test_the_snapshot_distances_match_numpy():
+    """The training frame's distances from K∞ at epoch 0 (the net at init) against the numpy eNTK,
+    arc-cosine K∞, scipy's matrix square root and a ridge solve of tests/reference.py."""
+    import scipy.linalg
+
+    from engine.experiments.alignment import run_alignment
+    from reference import ridge_predict
+
+    cfg = replace(CFG, archs=("relu",), seeds=(0,), flips=False, design=False)
+    res = run_alignment.compute(cfg, None, torch.device("cpu"), None, None)
+    row = res.frames["training"].query("epoch == 0").iloc[0]
+    p = prepare(SYN, None, "cpu", None, None)
+    W = fresh_net(net_recipe(cfg, "relu", 16, 0), p.X, p.c, "cpu").mlp.W.detach().double().numpy()
+    X, Xt, Y = p.X.double().numpy(), p.Xt.double().numpy(), p.Y.double().numpy()
+    P, Pt = features(X, X, "relu"), features(Xt, X, "relu")
+    K, Kt, Ki, Kit = ntk_relu(P, P, W), ntk_relu(Pt, P, W), arccos_ntk(P, P), arccos_ntk(Pt, P)
+    lam = cfg.ridge * np.mean(np.diag(Ki))
+    R = scipy.linalg.sqrtm(np.linalg.inv(Ki + lam * np.eye(len(Ki)))).real
+    f_inf = ridge_predict(Ki, Kit, Y, lam)
+    f_m = ridge_predict(K, Kt, Y, cfg.ridge * np.mean(np.diag(K)))
+    assert row["kernel_dist"] == pytest.approx(np.linalg.norm(K - Ki) / np.linalg.norm(Ki), rel=RTOL32_ONE_PASS)
+    assert row["kernel_dist_whitened"] == pytest.approx(np.linalg.norm(R @ (K - Ki) @ R, 2), rel=RTOL32_ONE_PASS)
+    assert row["prediction_gap"] == pytest.approx(np.linalg.norm(f_m - f_inf) / np.linalg.norm(f_inf),
+                                                  rel=RTOL32_ONE_PASS)
 
 
 def test_design_needs_the_flips():

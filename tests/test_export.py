@@ -232,3 +232,25 @@ def test_talk_style_maps_colour_lists_and_leaves_numbers_alone():
     assert list(out.data[1].marker.color) == [0.1, 0.9]
     assert out.layout.shapes[0].fillcolor == "#009E73"
     assert list(fig.data[0].marker.color) == ["#d62728", "#1f77b4", "black"]  # the page's figure is untouched
+
+
+def test_a_slide_of_nets_near_chance_says_so_and_greys_them():
+    """``figure ntk-sweep`` of nets that did not learn (no epochs: fresh nets on two classes) greys their
+    points and warns in the settings line; a trained group is not named."""
+    from engine.maths import gates
+
+    res = EXPERIMENTS["ntk-sweep"].runner(SweepConfig(data=SYN, train=TrainSpec(epochs=0), widths=(16, 64),
+                                                      seeds=(0,)))
+    rows = res.frames["rows"]
+    bad = gates.untrained(rows, res.meta["n_classes"])
+    fig = export.main_figure("ntk-sweep", res)
+    subtitle = fig.layout.title.subtitle.text or ""
+    assert len(bad) == 4  # two classes, every fresh net within 10 points of 50 %
+    assert "⚠ near chance, greyed: 2L-ReLU m = 16, 64; MLP-Attn m = 16, 64" in subtitle
+    assert any("near chance" in (t.name or "") for t in fig.data)
+    # the rule itself on hand-made rows: one group at chance, one trained
+    import pandas as pd
+
+    made = pd.DataFrame({"arch": ["attn", "attn", "relu"], "width": [16, 16, 16], "train_acc": [0.34, 0.9, 0.95]})
+    assert export.near_chance(gates.untrained(made, 3)) == "⚠ near chance, greyed: MLP-Attn m = 16"
+    assert export.near_chance(gates.untrained(made.assign(train_acc=0.9), 3)) == ""

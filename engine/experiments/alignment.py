@@ -11,7 +11,7 @@ spectrum; kernel-ridge learning curves measured beside the spectral theory's pre
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,11 @@ from ..maths.kinf import infinite_ntk
 from ..maths.metrics import summarize
 from ..maths.models import Net
 from ..maths.ntk import empirical_ntk, empirical_ntk_at
-from ..maths.ridge import kernel_regression, relative_distance
+from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 from ..maths.training import accuracy, n_outputs, predict_labels, resolve_loss, train_many
 from ..runtime.cache import Result
 from . import along
+from .columns import ALIGNMENT_METRICS, AlignmentRow, KinfRow, SpectralReading, row_frame
 from .configs.alignment import AlignmentConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, tick
 
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from ..maths.heads import CancelFlag
     from .runs import DataDir
 
-ALIGNMENT_METRICS = ("align_init", "align_trained", "k90_init", "k90_trained", "auc_init", "auc_trained",
-                     "test_acc_kernel_init", "test_acc_kernel_trained", "test_acc", "train_acc",
-                     "kernel_dist_trained")
 KERNELS = ("K∞", "K_m init", "K_m trained")  # the kernels whose C(k) and learning curves are kept
 
 
@@ -50,14 +48,14 @@ def _ridge_acc(K: torch.Tensor, K_t: torch.Tensor, p: Prepared, ridge: float) ->
     return float((predict_labels(f) == p.yt).double().mean())
 
 
-def kernel_reading(K: torch.Tensor, Y: np.ndarray, ridge: float) -> tuple[dict, tuple]:
-    """Alignment, C(k) summaries and the eigendecomposition of one (n, n) kernel: ({align, k90,
-    auc}, (eigenvalues, eigenvectors, C)). The one ``eigh`` serves C(k) and the theory."""
+def kernel_reading(K: torch.Tensor, Y: np.ndarray, ridge: float) -> tuple[SpectralReading, tuple]:
+    """Alignment, C(k) summaries and the eigendecomposition of one (n, n) kernel: (its reading,
+    (K, eigenvalues, eigenvectors, C)). The one ``eigh`` serves C(k) and the theory."""
     Kn = K.double().cpu().numpy()
     s, V = AL.eigh_desc(Kn)
     C = AL.cumulative_power(s, V, Y)
     ps = AL.power_summary(C)
-    return {"align": AL.centered_alignment(Kn, Y), "k90": ps["k_at"], "auc": ps["auc_log"]}, (Kn, s, V, C)
+    return SpectralReading(align=AL.centered_alignment(Kn, Y), k90=ps["k_at"], auc=ps["auc_log"]), (Kn, s, V, C)
 
 
 def _curves(kernel: str, parts: tuple, Y: np.ndarray, cfg: AlignmentConfig, seed: int) -> tuple[list, list]:
@@ -90,13 +88,18 @@ def _kinf_unit(cfg: AlignmentConfig, p: Prepared, arch: str, draw: int) -> dict:
     reading, parts = kernel_reading(K, Y, cfg.ridge)
     power, curve = _curves("K∞", parts, Y, cfg, draw)
     key = {"data_seed": draw, "arch": arch, "seed": None}
-    return {"row": {"data_seed": draw, "arch": arch, **reading, "test_acc_kernel": _ridge_acc(K, K_t, p, cfg.ridge)},
+    row = KinfRow(data_seed=draw, arch=arch, align=reading.align, k90=reading.k90, auc=reading.auc,
+                  test_acc_kernel=_ridge_acc(K, K_t, p, cfg.ridge))
+    return {"row": asdict(row),
             "power": [{**key, **r} for r in power], "curves": [{**key, **r} for r in curve]}
 
 
-def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K_inf: torch.Tensor,
-           at: tuple[float, float], progress: Progress | None, cancel: CancelFlag | None) -> dict:
-    """One draw, architecture and seed, every width: the unit a cancelled run resumes from."""
+def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int,
+           kinf: tuple[torch.Tensor, torch.Tensor], at: tuple[float, float], progress: Progress | None,
+           cancel: CancelFlag | None) -> dict:
+    """One draw, architecture and seed, every width: the unit a cancelled run resumes from. ``kinf``:
+    K∞ on the training points and K∞(test, train)."""
+    K_inf, K_inf_t = kinf
     lo, hi = at
     stage = f"draw {draw}, {arch} seed {seed}"
     tick(progress, cancel, lo, stage)
@@ -108,30 +111,33 @@ def _group(cfg: AlignmentConfig, p: Prepared, arch: str, seed: int, draw: int, K
         K = empirical_ntk(net, p.X)
         check_finite(K, f"the empirical kernel of {arch} at width {w}")
         reading, parts = kernel_reading(K, Y, cfg.ridge)
-        init.append({f"{k}_init": v for k, v in reading.items()}
-                    | {"test_acc_kernel_init": _ridge_acc(K, empirical_ntk(net, p.Xt, p.X), p, cfg.ridge)})
+        init.append((reading, _ridge_acc(K, empirical_ntk(net, p.Xt, p.X), p, cfg.ridge)))
         if w == max(cfg.widths):
             keep["K_m init"] = parts
     sub = None if progress is None else (lambda f, s: progress(lo + 0.6 * (hi - lo) * f, f"{stage}: training, {s}"))
     results = train_many(nets, p.X, p.y, p.c, cfg.train, seed, sub, cancel)
     tick(progress, cancel, lo + 0.6 * (hi - lo), f"{stage}: kernels after training")
     rows, training = [], []
-    for w, net, m0, tr in zip(cfg.widths, nets, init, results, strict=True):
+    for w, net, (r0, acc0), tr in zip(cfg.widths, nets, init, results, strict=True):
         K = empirical_ntk(net, p.X)
         check_finite(K, f"the trained empirical kernel of {arch} at width {w}")
         reading, parts = kernel_reading(K, Y, cfg.ridge)
         if w == max(cfg.widths):
             keep["K_m trained"] = parts
-        rows.append({"data_seed": draw, "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-                     "width": w, "seed": seed, **m0, **{f"{k}_trained": v for k, v in reading.items()},
-                     "test_acc_kernel_trained": _ridge_acc(K, empirical_ntk(net, p.Xt, p.X), p, cfg.ridge),
-                     "test_acc": accuracy(net, p.Xt, p.yt), "train_acc": accuracy(net, p.X, p.y),
-                     "kernel_dist_trained": relative_distance(K, K_inf), "final_loss": tr.losses[-1]})
+        rows.append(asdict(AlignmentRow(
+            data_seed=draw, arch=arch, attention=cfg.attention if arch == "attn" else None, width=w, seed=seed,
+            align_init=r0.align, k90_init=r0.k90, auc_init=r0.auc, test_acc_kernel_init=acc0,
+            align_trained=reading.align, k90_trained=reading.k90, auc_trained=reading.auc,
+            test_acc_kernel_trained=_ridge_acc(K, empirical_ntk(net, p.Xt, p.X), p, cfg.ridge),
+            test_acc=accuracy(net, p.Xt, p.yt), train_acc=accuracy(net, p.X, p.y),
+            kernel_dist_trained=relative_distance(K, K_inf), final_loss=tr.losses[-1])))
         for e, W_e in sorted(tr.snapshots.items()):  # parameter-free attention: W is all that moves
-            K_e = empirical_ntk_at(net, W_e, p.X)
+            K_e, K_e_t = empirical_ntk_at(net, W_e, p.X), empirical_ntk_at(net, W_e, p.Xt, p.X)
             training.append({"data_seed": draw, "arch": arch, "width": w, "seed": seed, "epoch": e,
                              "alignment": AL.centered_alignment(K_e, Y),
-                             "kernel_dist": relative_distance(K_e, K_inf)})
+                             "kernel_dist": relative_distance(K_e, K_inf),
+                             "kernel_dist_whitened": whitened_distance(K_e, K_inf, cfg.ridge),
+                             "prediction_gap": prediction_gap(K_e, K_e_t, K_inf, K_inf_t, p.Y, cfg.ridge)})
     snaps, design = [], []
     if cfg.flips:  # the vulnerability half at the same snapshots, largest width (engine.experiments.along)
         w, loss = max(cfg.widths), resolve_loss(cfg.train, p.c)
@@ -171,14 +177,15 @@ def run_alignment(cfg: AlignmentConfig, data_dir: DataDir, dev: torch.device, pr
     readings of K∞. Frame ``power``: C(k) and the eigenvalue s_k/n on a log grid of k, per kernel
     (K∞; K_m at init and trained at the largest width). Frame ``curves``: learning curves of K∞
     and the trained K_m (largest width): measured (mean, sd over trials) and theory, each as
-    mean squared error over the zero predictor's. Frame ``training``: alignment and distance to
-    K∞ at ``cfg.train.snapshot_epochs``. Frame ``verdict``: ``engine.maths.alignment.verdict``.
+    mean squared error over the zero predictor's. Frame ``training``: alignment and distance to K∞
+    (Frobenius, whitened, and the ridge prediction gap) at ``cfg.train.snapshot_epochs``. Frame
+    ``verdict``: ``engine.maths.alignment.verdict``.
     With ``cfg.flips``, frames ``flips_training`` (per draw, arch, seed and snapshot epoch of the largest
     width: the flip rate of the ridge reading on K_m(t) under a PGD attack on that epoch's net, its seed
     and random nulls, the excess with its interval, beside the alignment at that epoch) and
     ``flips_training_summary`` (per arch, width and epoch, the pooled excess): ``engine.experiments.along``;
-    ``association``: Spearman ρ between the kernel's distance from K∞ and the flip excess across nets and
-    snapshots, per arch, with its interval (``along.association``). With ``cfg.design`` too, the causal
+    ``association``: Spearman ρ between the kernel's distance from K∞ (each of ``along.DISTANCES``) and the
+    flip excess across nets and snapshots, per arch, with its interval (``along.association``). With ``cfg.design`` too, the causal
     design at every snapshot: ``flips_design`` (per net, epoch, kernel K_m(0) / K_m(t) / K∞ and attacker
     epoch 0 / t), ``flips_design_summary`` (pooled per cell) and ``design_effects`` (``along.DESIGN_RULE``
     per arch). Frame ``power_metrics``: the power half by every metric (``engine.maths.alignment.power_metrics``).
@@ -202,11 +209,12 @@ def run_alignment(cfg: AlignmentConfig, data_dir: DataDir, dev: torch.device, pr
             with torch.no_grad():  # K∞ again for the distances: cheaper than checkpointing an n×n kernel
                 net = Net(arch, p.X, cfg.widths[0], n_outputs(p.c), 0, cfg.init_std, cfg.attention,
                           cfg.data.normalize, init=cfg.init).to(dev)
-                K_inf = infinite_ntk(net.features(p.X))
+                phi = net.features(p.X)
+                K_inf, K_inf_t = infinite_ntk(phi), infinite_ntk(net.features(p.Xt), phi)
             for seed in cfg.seeds:
                 at = (done / units, (done + 1) / units)
                 part = resumable(f"draw {draw} {arch} seed {seed}",
-                                 partial(_group, cfg, p, arch, seed, draw, K_inf, at, progress, cancel))
+                                 partial(_group, cfg, p, arch, seed, draw, (K_inf, K_inf_t), at, progress, cancel))
                 rows += part["rows"]
                 training += part["training"]
                 power += part["power"]
@@ -217,10 +225,10 @@ def run_alignment(cfg: AlignmentConfig, data_dir: DataDir, dev: torch.device, pr
     tick(progress, cancel, 1.0, "done")
     flips, flips_summary = along.frames(along.seed_nulls(snaps, cfg.seeds), pd.DataFrame(training))
     design_rows, design_summary = along.design_frames(design, cfg.seeds)
-    frame = pd.DataFrame(rows)
+    frame = row_frame(AlignmentRow, rows)
     summary = summarize(frame, ["arch", "attention", "width"], ALIGNMENT_METRICS)
     meta["data_seeds"] = list(draws)
-    frames = {"rows": frame, "summary": summary, "kinf": pd.DataFrame(kinf), "power": pd.DataFrame(power),
+    frames = {"rows": frame, "summary": summary, "kinf": row_frame(KinfRow, kinf), "power": pd.DataFrame(power),
               "curves": pd.DataFrame(curves), "training": pd.DataFrame(training),
               "verdict": AL.verdict(frame), "flips_training": flips, "flips_training_summary": flips_summary,
               "flips_design": design_rows, "flips_design_summary": design_summary,

@@ -34,8 +34,8 @@ from ..maths.attacks import attack
 from ..maths.influence import aggregate, top_indices
 from ..maths.metrics import draw_interval, excess_interval, flip_rate, sign_flipped
 from ..maths.training import predict_labels
-from .influence import attack_dtype, in_space
 from .flips import random_perturbation, seed_partners
+from .influence import attack_dtype, in_space
 from .malleability import attack_spec
 from .readings import fresh_net, influence_of
 from .recipes import Reading, net_recipe
@@ -137,7 +137,8 @@ def frames(snaps: list[dict], alignment: pd.DataFrame) -> tuple[pd.DataFrame, pd
     if frame.empty:
         return frame, frame
     keys = ["data_seed", "arch", "width", "seed", "epoch"]
-    frame = frame.merge(alignment[[*keys, "alignment", "kernel_dist"]], on=keys, how="left")
+    frame = frame.merge(alignment[[*keys, "alignment", *(d for d in DISTANCES if d in alignment)]], on=keys,
+                        how="left")
     summary = []
     for (arch, width, epoch), g in frame.groupby(["arch", "width", "epoch"], sort=True):
         mine = [s for s in snaps if (s["arch"], s["width"], s["epoch"]) == (arch, width, epoch)]
@@ -268,33 +269,42 @@ def design_effects(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-ASSOCIATION_WORDS = ("Spearman's ρ between a net's kernel distance from K∞ (‖K_m(t) − K∞‖_F / ‖K∞‖_F) and its flip "
-                     "excess (ridge on K_m(t), the epoch-t net attacked), over every net and snapshot; 95 % "
+DISTANCES = {  # training-frame column -> what it measures (engine.maths.ridge)
+    "kernel_dist": "‖K_m(t) − K∞‖_F / ‖K∞‖_F",
+    "kernel_dist_whitened": "the whitened distance ‖(K∞+λI)^-½ (K_m(t) − K∞) (K∞+λI)^-½‖₂",
+    "prediction_gap": "the ridge prediction gap ‖f_KRR(K_m(t)) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
+}
+ASSOCIATION_WORDS = ("Spearman's ρ between a net's distance from K∞ at a snapshot and its flip excess there (ridge "
+                     "on K_m(t), the epoch-t net attacked), over every net and snapshot, for each distance; 95 % "
                      "percentile interval from 2000 resamples of whole nets (each net's snapshots together)")
 
 
 def association(flips: pd.DataFrame, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """``ASSOCIATION_WORDS`` per architecture and over both: the direct test of "malleability is the
-    signature of leaving the kernel regime" (ρ > 0 where it is). ``flips``: the ``flips_training`` rows
-    (columns data_seed, arch, seed, epoch, kernel_dist, flip_excess)."""
+    """``ASSOCIATION_WORDS`` per distance (``DISTANCES``, those in the frame) and architecture, and over
+    both: the direct test of "malleability is the signature of leaving the kernel regime" (ρ > 0 where
+    it is). ``flips``: the ``flips_training`` rows (columns data_seed, arch, seed, epoch, flip_excess
+    and the distances)."""
     from scipy.stats import spearmanr
 
-    cols = ["arch", "rho", "low", "high", "n_points", "n_nets"]
-    if flips.empty or "kernel_dist" not in flips:
-        return pd.DataFrame(columns=cols)
+    cols = ["distance", "arch", "rho", "low", "high", "n_points", "n_nets"]
     out = []
-    for arch, g in [*flips.groupby("arch", sort=True), ("both", flips)]:
-        g = g.dropna(subset=["kernel_dist", "flip_excess"])
-        nets = [h[["kernel_dist", "flip_excess"]].to_numpy() for _, h in g.groupby(["data_seed", "arch", "seed"])]
-        if len(g) < 3 or len(nets) < 2:
-            continue
-        rho = float(spearmanr(g["kernel_dist"], g["flip_excess"]).statistic)
-        rng, boot = np.random.default_rng(seed), []
-        for _ in range(resamples):
-            pick = np.concatenate([nets[i] for i in rng.integers(0, len(nets), len(nets))])
-            if np.ptp(pick[:, 0]) > 0 and np.ptp(pick[:, 1]) > 0:
-                boot.append(spearmanr(pick[:, 0], pick[:, 1]).statistic)
-        low, high = (np.percentile(boot, [2.5, 97.5]) if boot else (math.nan, math.nan))
-        out.append({"arch": arch, "rho": rho, "low": float(low), "high": float(high), "n_points": int(len(g)),
-                    "n_nets": len(nets)})
+    for distance in (d for d in DISTANCES if d in flips):
+        for arch, g in [*flips.groupby("arch", sort=True), ("both", flips)]:
+            g = g.dropna(subset=[distance, "flip_excess"])
+            nets = [h[[distance, "flip_excess"]].to_numpy() for _, h in g.groupby(["data_seed", "arch", "seed"])]
+            if len(g) < 3 or len(nets) < 2:
+                continue
+            if np.ptp(g[distance]) == 0 or np.ptp(g["flip_excess"]) == 0:  # ρ is undefined on a constant column
+                out.append({"distance": distance, "arch": arch, "rho": math.nan, "low": math.nan, "high": math.nan,
+                            "n_points": int(len(g)), "n_nets": len(nets)})
+                continue
+            rho = float(spearmanr(g[distance], g["flip_excess"]).statistic)
+            rng, boot = np.random.default_rng(seed), []
+            for _ in range(resamples):
+                pick = np.concatenate([nets[i] for i in rng.integers(0, len(nets), len(nets))])
+                if np.ptp(pick[:, 0]) > 0 and np.ptp(pick[:, 1]) > 0:
+                    boot.append(spearmanr(pick[:, 0], pick[:, 1]).statistic)
+            low, high = (np.percentile(boot, [2.5, 97.5]) if boot else (math.nan, math.nan))
+            out.append({"distance": distance, "arch": arch, "rho": rho, "low": float(low), "high": float(high),
+                        "n_points": int(len(g)), "n_nets": len(nets)})
     return pd.DataFrame(out, columns=cols)

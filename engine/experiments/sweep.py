@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from ..maths.ntk import empirical_ntk, empirical_ntk_at
 from ..maths.ridge import kernel_regression, prediction_gap, relative_distance, whitened_distance
 from ..maths.training import accuracy, n_outputs, predict_labels, train_many
 from ..runtime.cache import Result
+from .columns import SWEEP_METRICS, KernelReading, SweepRow, row_frame
 from .configs.sweep import SweepConfig
 from .runs import Prepared, Progress, check_finite, experiment_run, prepare, resumable, shape, tick
 
@@ -30,26 +32,20 @@ if TYPE_CHECKING:
     from ..maths.heads import CancelFlag
     from .runs import DataDir
 
-SWEEP_METRICS = ("kernel_dist_init", "kernel_dist_trained", "kernel_dist_whitened_init",
-                 "kernel_dist_whitened_trained", "prediction_gap_init", "prediction_gap_trained",
-                 "function_dist", "function_dist_rel", "function_dist_rms", "f_norm", "f_ntk_norm",
-                 "test_acc", "train_acc", "test_acc_ntk", "test_acc_kernel", "trained", "weight_movement",
-                 "final_loss")
 
 
-def kernel_metrics(net: Net, p: Prepared, K_inf: torch.Tensor, K_inf_t: torch.Tensor, ridge: float,
-                   suffix: str) -> dict:
-    """A net's empirical NTK against K∞ on the prepared draw: ``kernel_dist``, the whitened
-    distance, the prediction gap and the test accuracy of ridge regression with K_m, each
-    named with ``suffix`` (``init``, ``trained``). K_m is not kept: metrics only."""
+def kernel_metrics(net: Net, p: Prepared, K_inf: torch.Tensor, K_inf_t: torch.Tensor, ridge: float) -> KernelReading:
+    """A net's empirical NTK against K∞ on the prepared draw: the Frobenius and whitened
+    distances, the prediction gap and the test accuracy of ridge regression with K_m. K_m is not
+    kept: metrics only."""
     K = empirical_ntk(net, p.X)
     check_finite(K, f"the empirical kernel of {net.arch} at width {net.mlp.width}")
     K_t = empirical_ntk(net, p.Xt, p.X)
     f_m = kernel_regression(K, K_t, p.Y, ridge)
-    return {f"kernel_dist_{suffix}": relative_distance(K, K_inf),
-            f"kernel_dist_whitened_{suffix}": whitened_distance(K, K_inf, ridge),
-            f"prediction_gap_{suffix}": prediction_gap(K, K_t, K_inf, K_inf_t, p.Y, ridge),
-            f"test_acc_kernel_{suffix}": float((predict_labels(f_m) == p.yt).double().mean())}
+    return KernelReading(kernel_dist=relative_distance(K, K_inf),
+                         kernel_dist_whitened=whitened_distance(K, K_inf, ridge),
+                         prediction_gap=prediction_gap(K, K_t, K_inf, K_inf_t, p.Y, ridge),
+                         test_acc_kernel=float((predict_labels(f_m) == p.yt).double().mean()))
 
 
 def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -75,7 +71,7 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict[str, tuple[torch.Tenso
         ref[arch] = K_inf, K_inf_t, f_ntk
     K_inf, K_inf_t, f_ntk = ref[arch]
 
-    init = [kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge, "init") for net in nets]  # metrics only: no K held across widths
+    init = [kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge) for net in nets]  # metrics only: no K held across widths
     sub = None if progress is None else (
         lambda f, s, j=j: progress((j + 0.8 * f) / n_groups, f"{stage}: training all widths, {s}"))
     results = train_many(nets, X, y, c, cfg.train, seed, sub, cancel)
@@ -83,26 +79,28 @@ def _sweep_group(cfg: SweepConfig, p: Prepared, ref: dict[str, tuple[torch.Tenso
     seconds = (time.perf_counter() - t0) / len(cfg.widths)
     for width, net, m0, tr in zip(cfg.widths, nets, init, results, strict=True):
         tick(progress, cancel, (j + 0.9) / n_groups, f"{stage}: kernels at width {width}")
-        mt = kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge, "trained")
+        mt = kernel_metrics(net, p, K_inf, K_inf_t, cfg.ridge)
         with torch.no_grad():
             f_test = net(Xt).double()
         fdist = float(torch.linalg.norm(f_test - f_ntk))
         f_ntk_norm = float(torch.linalg.norm(f_ntk))
         W = net.mlp.W.detach()
         test_acc = accuracy(net, Xt, yt)
-        rows.append({
-            "arch": arch, "attention": cfg.attention if arch == "attn" else None,
-            "width": width, "seed": seed, **m0, **mt,
-            "function_dist": fdist, "function_dist_rel": fdist / f_ntk_norm if f_ntk_norm else math.nan,
-            "function_dist_rms": fdist / math.sqrt(Xt.shape[0]),
-            "f_norm": float(torch.linalg.norm(f_test)), "f_ntk_norm": f_ntk_norm,
-            "test_acc": test_acc, "train_acc": accuracy(net, X, y),
-            "test_acc_ntk": float((predict_labels(f_ntk) == yt).double().mean()),
-            "test_acc_kernel": mt["test_acc_kernel_trained"],
-            "trained": float(passes_gate(test_acc, mt["test_acc_kernel_trained"])) if cfg.train.epochs else math.nan,
-            "weight_movement": float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
-            "final_loss": tr.losses[-1], "n_test": int(Xt.shape[0]), "seconds": seconds,
-        })
+        rows.append(asdict(SweepRow(
+            arch=arch, attention=cfg.attention if arch == "attn" else None, width=width, seed=seed,
+            kernel_dist_init=m0.kernel_dist, kernel_dist_whitened_init=m0.kernel_dist_whitened,
+            prediction_gap_init=m0.prediction_gap, test_acc_kernel_init=m0.test_acc_kernel,
+            kernel_dist_trained=mt.kernel_dist, kernel_dist_whitened_trained=mt.kernel_dist_whitened,
+            prediction_gap_trained=mt.prediction_gap, test_acc_kernel_trained=mt.test_acc_kernel,
+            function_dist=fdist, function_dist_rel=fdist / f_ntk_norm if f_ntk_norm else math.nan,
+            function_dist_rms=fdist / math.sqrt(Xt.shape[0]),
+            f_norm=float(torch.linalg.norm(f_test)), f_ntk_norm=f_ntk_norm,
+            test_acc=test_acc, train_acc=accuracy(net, X, y),
+            test_acc_ntk=float((predict_labels(f_ntk) == yt).double().mean()),
+            test_acc_kernel=mt.test_acc_kernel,
+            trained=float(passes_gate(test_acc, mt.test_acc_kernel)) if cfg.train.epochs else math.nan,
+            weight_movement=float(torch.linalg.norm(W - tr.W0) / torch.linalg.norm(tr.W0)),
+            final_loss=tr.losses[-1], n_test=int(Xt.shape[0]), seconds=seconds)))
         losses += [{"arch": arch, "width": width, "seed": seed, "epoch": e, "loss": v}
                    for e, v in enumerate(tr.losses)]
         if net.fixed_features:  # snapshots hold W only; trainable attention moves too
@@ -150,7 +148,7 @@ def run_ntk_sweep(cfg: SweepConfig, data_dir: DataDir, dev: torch.device, progre
     tick(progress, cancel, 1.0, "done")
     meta = {"n": sample.n, "n_test": int(Xt.shape[0]), "d": sample.d, "n_classes": c,
             "source": sample.source, "device": str(dev)}
-    frame = pd.DataFrame(rows)
+    frame = row_frame(SweepRow, rows)
     frames = {"rows": frame, "summary": summarize(frame, ["arch", "attention", "width"], SWEEP_METRICS),
               "losses": pd.DataFrame(losses),
               "trajectory": pd.DataFrame(trajectory, columns=["arch", "width", "seed", "epoch", "kernel_dist"])}

@@ -260,14 +260,14 @@ def _run(method, head, phi1, phi2, chunk, dtype=torch.float64):
                        f"{n1 * n2 * _itemsize(dtype) / 2**30:.1f} GiB) or a smaller chunk, e.g. {max(1, chunk // 4)}") from exc
 
 
-def empirical_ntk_at(net: Net, W: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    """``empirical_ntk(net, X)`` with the head's weights W (m, d) put in place for the call and the
-    net's own restored after it (a snapshot along training holds W only)."""
+def empirical_ntk_at(net: Net, W: torch.Tensor, X: torch.Tensor, X2: torch.Tensor | None = None) -> torch.Tensor:
+    """``empirical_ntk(net, X, X2)`` with the head's weights W (m, d) put in place for the call and
+    the net's own restored after it (a snapshot along training holds W only)."""
     current = net.mlp.W.detach().clone()
     with torch.no_grad():
         net.mlp.W.copy_(W)
     try:
-        return empirical_ntk(net, X)
+        return empirical_ntk(net, X, X2)
     finally:
         with torch.no_grad():
             net.mlp.W.copy_(current)

@@ -173,18 +173,38 @@ def design_sentence(effects: pd.DataFrame | None, rule: bool = True) -> str:
     return "The causal design: " + "; ".join(parts) + "." + (f" Rule: {DESIGN_RULE}" if rule else "")
 
 
+DISTANCE_NAMES = {"kernel_dist": "Frobenius distance", "kernel_dist_whitened": "whitened distance",
+                  "prediction_gap": "prediction gap"}
+
+
 def association_sentence(table: pd.DataFrame | None) -> str:
-    """The association between the kernel's movement and the flip excess, per net (``along.association``)."""
+    """The association between the kernel's distance from K∞ and the flip excess, per distance and
+    net (``along.association``), and where the distances disagree (intervals excluding 0 with opposite
+    signs, or one excluding 0 where another does not)."""
     from ..experiments.along import ASSOCIATION_WORDS
 
     if table is None or table.empty:
         return "The association of kernel movement with the flip excess was not measured (--no-flips)."
-    parts = []
-    for _, a in table.iterrows():
-        name = {"attn": "MLP-Attn", "relu": "2L-ReLU"}.get(a["arch"], "both nets")
-        parts.append(f"{name} ρ = {a['rho']:+.2f} [{a['low']:+.2f}, {a['high']:+.2f}] ({a['n_nets']} nets, "
-                     f"{a['n_points']} snapshots)")
-    return "Kernel movement against the flip excess: " + "; ".join(parts) + f". ({ASSOCIATION_WORDS}.)"
+    if "distance" not in table:  # a result from before the distances were several
+        table = table.assign(distance="kernel_dist")
+    parts: list[str] = []
+    signs: dict[str, dict[str, int]] = {}
+    for distance, g in table.groupby("distance", sort=False):
+        cells = []
+        for _, a in g.iterrows():
+            name = {"attn": "MLP-Attn", "relu": "2L-ReLU"}.get(a["arch"], "both nets")
+            cells.append(f"{name} ρ = {a['rho']:+.2f} [{a['low']:+.2f}, {a['high']:+.2f}]" if math.isfinite(a["rho"])
+                         else f"{name} ρ undefined (a constant column)")
+            if math.isfinite(a["rho"]):
+                signs.setdefault(name, {})[str(distance)] = 1 if a["low"] > 0 else -1 if a["high"] < 0 else 0
+        parts.append(f"{DISTANCE_NAMES.get(str(distance), distance)}: " + ", ".join(cells))
+    first = table.iloc[0]
+    split = [name for name, by in signs.items() if len(set(by.values())) > 1]
+    note = (f" The distances disagree for {', '.join(split)}." if split else
+            " The distances agree in sign." if any(len(by) > 1 for by in signs.values()) else "")
+    return (f"Distance from K∞ against the flip excess (per architecture {first['n_nets']} nets, "
+            f"{first['n_points']} snapshots): "
+            + "; ".join(parts) + "." + note + f" ({ASSOCIATION_WORDS}.)")
 
 
 def _pct(v: float) -> str:

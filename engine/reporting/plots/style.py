@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ...experiments.columns import titles
+
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
@@ -27,26 +29,7 @@ LARGEST_PARAMS_LOG10 = 12.0    # the largest models: about 1e12 parameters (not 
 LARGEST_LOG10 = LARGEST_PARAMS_LOG10  # old name, kept for one release
 HEIGHT = 400
 
-METRICS = {  # column -> (chart title, axis title with units)
-    "kernel_dist_init": ("Kernel distance at initialisation: ‖K_m − K∞‖_F / ‖K∞‖_F",
-                         "relative kernel distance (unitless)"),
-    "kernel_dist_trained": ("Kernel distance after training: ‖K_m − K∞‖_F / ‖K∞‖_F",
-                            "relative kernel distance (unitless)"),
-    "function_dist": ("Function distance: ‖f_m − f_NTK‖_F on the test points",
-                      "function distance (output units)"),
-    "function_dist_rms": ("Function distance per test point (RMS)", "RMS distance (output units)"),
-    "kernel_dist_whitened_init": ("Whitened kernel distance at init: ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂",
-                                  "whitened distance (unitless, κ-sensitive)"),
-    "kernel_dist_whitened_trained": ("Whitened kernel distance after training", "whitened distance (unitless, κ-sensitive)"),
-    "prediction_gap_init": ("Kernel-regression prediction gap at init: ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
-                            "relative prediction gap (unitless)"),
-    "prediction_gap_trained": ("Kernel-regression prediction gap after training", "relative prediction gap (unitless)"),
-    "function_dist_rel": ("Relative function distance ‖f_m − f_NTK‖_F / ‖f_NTK‖_F", "relative distance (unitless)"),
-    "train_acc": ("Train accuracy", "train accuracy (% of training points)"),
-    "test_acc_ntk": ("Test accuracy of K∞ ridge regression", "test accuracy (% of test points)"),
-    "test_acc": ("Test accuracy", "test accuracy (% of test points)"),
-    "weight_movement": ("Weight movement ‖W_t − W_0‖_F / ‖W_0‖_F", "relative movement (unitless)"),
-}
+METRICS = titles()  # column -> (chart title, axis title with units), declared with the column
 
 
 SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
