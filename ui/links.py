@@ -35,6 +35,11 @@ from ui.text import verbatim
 # What "distance to K∞" means on the NTK page: the choice changes the verdict, so it is visible.
 # Its `ntk.metric` selectbox shows (and puts in the URL) these labels, the default first: what
 # kernel regression with K_m predicts against K∞'s (the paper's claim is about that).
+NTK_COLUMNS = {  # the NTK page's metric -> its columns at init and after training (engine.experiments.columns.SweepRow)
+    "prediction_gap": ("prediction_gap_init", "prediction_gap_trained"),
+    "kernel_dist_whitened": ("kernel_dist_whitened_init", "kernel_dist_whitened_trained"),
+    "kernel_dist": ("kernel_dist_init", "kernel_dist_trained"),
+}
 NTK_METRIC_LABELS = {
     "prediction_gap": "kernel-regression prediction gap ‖f_KRR(K_m) − f_KRR(K∞)‖ / ‖f_KRR(K∞)‖",
     "kernel_dist_whitened": "whitened ‖(K∞+λI)^-½ (K_m − K∞) (K∞+λI)^-½‖₂ (what regression sees)",
