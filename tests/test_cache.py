@@ -108,7 +108,17 @@ def test_tree_fingerprint_covers_paths_and_bytes(tmp_path):
     edited = tree_fingerprint(tmp_path / "pkg")
     (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "c.py")
     assert len({base, edited, tree_fingerprint(tmp_path / "pkg")}) == 3
-    assert code_fingerprint() == tree_fingerprint(cache_mod.ENGINE_DIR)
+    # a skipped top-level folder (the engine's presentation layer) does not count, a nested one of that name does
+    (tmp_path / "pkg" / "reporting").mkdir()
+    (tmp_path / "pkg" / "reporting" / "words.py").write_text("RULE = 'holds'\n")
+    kept = tree_fingerprint(tmp_path / "pkg", ("reporting",))
+    (tmp_path / "pkg" / "reporting" / "words.py").write_text("RULE = 'fails'\n")
+    assert tree_fingerprint(tmp_path / "pkg", ("reporting",)) == kept
+    assert tree_fingerprint(tmp_path / "pkg") != kept
+    (tmp_path / "pkg" / "sub" / "reporting").mkdir()
+    (tmp_path / "pkg" / "sub" / "reporting" / "d.py").write_text("z = 3\n")
+    assert tree_fingerprint(tmp_path / "pkg", ("reporting",)) != kept
+    assert code_fingerprint() == tree_fingerprint(cache_mod.ENGINE_DIR, cache_mod.PRESENTATION)
 
 
 def test_key_follows_the_code_fingerprint(monkeypatch):

@@ -138,6 +138,9 @@ def test_association_is_spearman_with_whole_nets_resampled_for_each_distance():
     text = association_sentence(got.reset_index())
     assert "The distances disagree for MLP-Attn, 2L-ReLU" in text and "whitened distance: MLP-Attn ρ = " in text
     assert "prediction gap: MLP-Attn ρ undefined" in text
+    unsettled = pd.DataFrame({"distance": ["kernel_dist", "prediction_gap"], "arch": ["attn", "attn"],
+                              "rho": [0.3, -0.2], "low": [-0.001, -0.5], "high": [0.6, 0.1], "n_points": 24, "n_nets": 6})
+    assert association_sentence(unsettled).count("No distance's association excludes zero.") == 1
 
 
 def test_the_snapshot_distances_match_numpy():

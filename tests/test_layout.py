@@ -214,3 +214,26 @@ def test_every_public_name_of_every_package_resolves_to_its_own_module():
     assert engine.maths.ntk.empirical_ntk is engine.empirical_ntk  # a submodule is an attribute too
     with pytest.raises(AttributeError, match="engine.maths.*no_such_name"):
         _ = engine.maths.no_such_name
+
+
+def test_no_result_depends_on_the_presentation_layer():
+    """The code fingerprint of a result leaves out ``engine.runtime.cache.PRESENTATION``: sound only
+    while nothing that computes imports it, at module level or inside a function."""
+    from engine.runtime.cache import PRESENTATION
+
+    computing = [p for p in (ROOT / "engine").rglob("*.py")
+                 if p.relative_to(ROOT / "engine").parts[0] not in (*PRESENTATION, "cli.py", "commands.py",
+                                                                    "doctor.py", "__main__.py", "bench")]
+    for path in computing:
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                targets = [".".join(base + ([node.module] if node.module else []))]
+                if not node.module:
+                    targets = [f"{targets[0]}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            bad = [t for t in targets if any(t == f"engine.{p}" or t.startswith(f"engine.{p}.") for p in PRESENTATION)]
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}: a result would depend on presentation code"

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from ..experiments.registry import EXPERIMENTS
 from ..runtime.budget import Budget
-from ..runtime.cache import ENGINE_DIR, code_fingerprint, tree_fingerprint
+from ..runtime.cache import ENGINE_DIR, PRESENTATION, code_fingerprint, tree_fingerprint
 from ..runtime.errors import BadInput, Cancelled, EngineError
 from ..runtime.memory import keep_freed_blocks
 from .spec import Cell
@@ -246,7 +246,7 @@ def _ray(todo: list[Cell], job: _Job, workers: int | None, retries: int, address
         check_address(target, job.connect_timeout)
     with tempfile.TemporaryDirectory(prefix="engine-grid-") as folder:
         shutil.copytree(ENGINE_DIR, Path(folder) / "engine", ignore=shutil.ignore_patterns("__pycache__"))
-        if tree_fingerprint(Path(folder) / "engine") != code_fingerprint():
+        if tree_fingerprint(Path(folder) / "engine", PRESENTATION) != code_fingerprint():
             raise BadInput("the engine changed while the grid started; run it again")
         local = {} if address else {"num_cpus": workers or os.cpu_count(), "include_dashboard": False,
                                     "_node_ip_address": "127.0.0.1"}

@@ -30,7 +30,7 @@ def measured_words(v: pd.Series) -> str:
     """One verdict row as text: both alignments, the paired gap with its interval, the accuracies."""
     return (f"m = {int(v['width'])}: A(K_m, YYᵀ) 2L-ReLU {v['relu_mean']:.3f} ± {v['relu_sd']:.3f}, MLP-Attn "
             f"{v['attn_mean']:.3f} ± {v['attn_sd']:.3f} (paired gap {v['gap']:+.3f} [{v['gap_low']:+.3f}, "
-            f"{v['gap_high']:+.3f}], {int(v['n_draws'])} draw(s)); K_m ridge "
+            f"{v['gap_high']:+.3f}], {_draws(int(v['n_draws']))}); K_m ridge "
             f"test acc. {100 * v['relu_acc']:.1f} % / {100 * v['attn_acc']:.1f} %; {v['outcome']}")
 
 
@@ -66,10 +66,18 @@ def power_sentence(verdict: pd.DataFrame | None, dataset: str = "") -> str:
             f"{v['why']}).")
 
 
+def _draws(n: int) -> str:
+    return f"{n} draw" + ("" if n == 1 else "s")
+
+
 def _interval(mean: float, lo: float, hi: float, scale: float = 100.0, fmt: str = "+.0f") -> str:
+    def num(v: float) -> str:  # no "-0": a value that rounds to zero is printed as zero
+        text = f"{scale * v:{fmt}}"
+        return text if any(ch not in "+-0." for ch in text) else f"{0.0:{fmt}}"
+
     if not math.isfinite(lo):
-        return f"{scale * mean:{fmt}} (no interval)"
-    return f"{scale * mean:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]"
+        return f"{num(mean)} (no interval)"
+    return f"{num(mean)} [{num(lo)}, {num(hi)}]"
 
 
 ALONG_RULE = ("each net is compared with itself, first snapshot against last (paired): alignment, the flip excess "
@@ -200,8 +208,10 @@ def association_sentence(table: pd.DataFrame | None) -> str:
         parts.append(f"{DISTANCE_NAMES.get(str(distance), distance)}: " + ", ".join(cells))
     first = table.iloc[0]
     split = [name for name, by in signs.items() if len(set(by.values())) > 1]
+    settled = [name for name, by in signs.items() if len(by) > 1 and set(by.values()) != {0}]
     note = (f" The distances disagree for {', '.join(split)}." if split else
-            " The distances agree in sign." if any(len(by) > 1 for by in signs.values()) else "")
+            " No distance's association excludes zero." if signs and not settled else
+            " The distances agree in sign." if settled else "")
     return (f"Distance from K∞ against the flip excess (per architecture {first['n_nets']} nets, "
             f"{first['n_points']} snapshots): "
             + "; ".join(parts) + "." + note + f" ({ASSOCIATION_WORDS}.)")

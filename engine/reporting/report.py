@@ -147,7 +147,7 @@ def findings(found: Iterable[tuple[str, Result | None]], power: Iterable[tuple[s
         a = v.sort_values("width").iloc[-1]
         out.append(f"**Power, {_cell(label)}: {a['outcome']}.** Centred alignment of the trained eNTK with the labels "
                    f"at m = {int(a['width'])}: MLP-Attn − 2L-ReLU {a['gap']:+.3f} [{a['gap_low']:+.3f}, "
-                   f"{a['gap_high']:+.3f}] (paired, {int(a['n_draws'])} draw(s); MLP-Attn {a['attn_mean']:.3f}, "
+                   f"{a['gap_high']:+.3f}] (paired, {int(a['n_draws'])} draw{'' if int(a['n_draws']) == 1 else 's'}; MLP-Attn {a['attn_mean']:.3f}, "
                    f"2L-ReLU {a['relu_mean']:.3f}).")
     return out
 

@@ -1,26 +1,27 @@
 """The disk cache: every experiment result, keyed by what made it.
 
-A result is a ``Result``: the config that made it, DataFrames, numpy arrays, a small
-JSON-able ``meta`` dict and its ``provenance`` (code fingerprint, engine version, data
-fingerprints). It is stored as one ``.npz`` blob: arrays and every numeric frame column as
-their own ``.npy`` members, so float64 values come back bit for bit; text and object
-columns, meta and the description of each frame as JSON. It is read back with
-``allow_pickle=False``, after its members' declared sizes (``check_npz_sizes``): written
-uncompressed, an entry never unpacks to more than its own bytes, so one that would is refused.
+A result is a ``Result``: the config that made it, DataFrames, numpy arrays, a small JSON-able
+``meta`` dict and its ``provenance`` (code fingerprint, engine version, data fingerprints). It
+is stored as one ``.npz`` blob: arrays and every numeric frame column as their own ``.npy``
+members, so float64 values come back bit for bit; text and object columns, meta and the
+description of each frame as JSON. It is read back with ``allow_pickle=False``, after its
+members' declared sizes (``check_npz_sizes``): written uncompressed, an entry never unpacks to
+more than its own bytes, so one that would is refused.
 
-The key is the SHA-256 of the sorted JSON of ``{kind, canonical config, code fingerprint,
-data fingerprints}``: editing any ``engine/**/*.py`` file or any data file a ``DataSpec``
-reads gives new keys, so a stale result is never served. ``ENGINE_VERSION`` is only a label.
+The key is the SHA-256 of the sorted JSON of ``{kind, canonical config, code fingerprint, data
+fingerprints}``: editing any ``engine/**/*.py`` file that computes (all but ``engine/reporting``,
+which only presents) or any data file a ``DataSpec`` reads gives new keys, so a stale result is
+never served (``ENGINE_VERSION`` is only a label).
 
-A cache folder never executes code and never touches files outside itself: entries are
-read only as raw bytes (a pickled row, or one naming a file outside the folder, is reported
-and dropped), a damaged ``cache.db`` is moved aside, and a folder that others may write is
-refused. A new folder is created with mode 0700; an existing one is never chmod-ed.
+A cache folder never executes code and never touches files outside itself: entries are read
+only as raw bytes (a pickled row, or one naming a file outside the folder, is reported and
+dropped), a damaged ``cache.db`` is moved aside, a folder that others may write is refused, a
+new one is created with mode 0700, and an existing one is never chmod-ed.
 
-While a run computes, its finished units (an architecture and seed of a width sweep, say)
-are kept as checkpoints under the run's key (``Checkpoints``, reached from inside the run
-through ``checkpoints()``): a run cancelled or failed half way resumes from them when it is
-started again, and they are deleted once the whole result is stored.
+While a run computes, its finished units (an architecture and seed of a width sweep, say) are
+kept as checkpoints under the run's key (``Checkpoints``, reached from inside the run through
+``checkpoints()``): a run cancelled or failed half way resumes from them when started again,
+and they are deleted once the whole result is stored.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ _CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> t
 # package (`pip install .`, site-packages) in the user's cache folder, next to the data sets.
 DEFAULT_CACHE_DIR = (_CHECKOUT / "cache" if (_CHECKOUT / "pyproject.toml").is_file()
                      else user_cache_dir().parent / "results")
-ENGINE_DIR = Path(__file__).resolve().parents[1]  # engine/: every module of the engine is in the key
+ENGINE_DIR = Path(__file__).resolve().parents[1]  # engine/: its modules but PRESENTATION are in the key
+PRESENTATION = ("reporting",)  # engine packages that only present results: no run imports them (tests/test_layout.py)
 SIZE_LIMIT = 8 * 2**30  # bytes; diskcache culls the least recently stored entries beyond it
 DB_NAME = "cache.db"    # diskcache's database file inside the folder
 
@@ -95,11 +97,12 @@ def canonical(obj: object) -> object:
     return obj
 
 
-def tree_fingerprint(root: str | os.PathLike) -> str:
-    """SHA-256 (hex) over the sorted relative paths and bytes of every ``*.py`` under `root`."""
+def tree_fingerprint(root: str | os.PathLike, skip: tuple[str, ...] = ()) -> str:
+    """SHA-256 (hex) over the relative paths and bytes of every ``*.py`` under `root` not in a top folder in `skip`."""
     root = Path(root)
     h = hashlib.sha256()
-    for rel in sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.is_file()):
+    for rel in sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")
+                      if p.is_file() and p.relative_to(root).parts[0] not in skip):
         body = (root / rel).read_bytes()
         h.update(f"{rel}\0{len(body)}\0".encode())  # lengths keep file boundaries unambiguous
         h.update(body)
@@ -108,8 +111,9 @@ def tree_fingerprint(root: str | os.PathLike) -> str:
 
 @functools.cache
 def code_fingerprint() -> str:
-    """``tree_fingerprint`` of the ``engine`` package, computed once per process."""
-    return tree_fingerprint(ENGINE_DIR)
+    """``tree_fingerprint`` of ``engine`` (once per process) but ``PRESENTATION``, on which no number
+    depends: a changed sentence keeps every cached result and the shipped bundle."""
+    return tree_fingerprint(ENGINE_DIR, PRESENTATION)
 
 
 def _data_specs(obj: object, path: str = "") -> Iterator[tuple[str, DataSpec]]:
@@ -371,17 +375,15 @@ def checkpoints() -> Checkpoints | None:
 
 
 def cached_run(kind: str, config: Config, compute: Callable[[], Result], cache: Cache | None,
-               on_corrupt: Callable[[str], None] | None = None,
-               data_dir: str | os.PathLike | None = None) -> Result:
-    """The cached result for (kind, config, data as read from `data_dir`), or compute, store
-    and return it. The result's ``config`` and ``provenance`` say how it was made."""
+               on_corrupt: Callable[[str], None] | None = None, data_dir: str | os.PathLike | None = None) -> Result:
+    """The cached result for (kind, config, data as read from `data_dir`), or compute, store and
+    return it. The result's ``config`` and ``provenance`` say how it was made."""
     if cache is None:
         result = compute()
         result.config, result.provenance = canonical(config), provenance_of(config, data_dir)
         return result
     provenance = provenance_of(config, data_dir)
-    key = _key(kind, config, provenance)
-    hit = cache._read(key, kind, on_corrupt)
+    hit = cache._read(key := _key(kind, config, provenance), kind, on_corrupt)
     if hit is not None:
         return hit
     kept = Checkpoints(cache, key, on_corrupt)
