@@ -243,11 +243,18 @@ def test_a_slide_of_nets_near_chance_says_so_and_greys_them():
                                                       seeds=(0,)))
     rows = res.frames["rows"]
     bad = gates.untrained(rows, res.meta["n_classes"])
-    fig = export.main_figure("ntk-sweep", res)
-    subtitle = fig.layout.title.subtitle.text or ""
+    fig = export.main_figure("ntk-sweep", res, "prediction_gap_trained")
+    line = "⚠ near chance, greyed: 2L-ReLU m = 16, 64; MLP-Attn m = 16, 64"
     assert len(bad) == 4  # two classes, every fresh net within 10 points of 50 %
-    assert "⚠ near chance, greyed: 2L-ReLU m = 16, 64; MLP-Attn m = 16, 64" in subtitle
+    assert line in (fig.layout.title.subtitle.text or "")
     assert any("near chance" in (t.name or "") for t in fig.data)
+    # the CLI's and the page's slide put their own settings line under the title: the warning stays
+    again = export.slide(fig, export.settings_line(res.config))
+    assert again.layout.title.subtitle.text.count(line) == 1
+    # at init every net is untrained by definition: the page's init chart is not greyed, nor is the slide
+    init = export.main_figure("ntk-sweep", res, "prediction_gap_init")
+    assert "near chance" not in (init.layout.title.subtitle.text or "")
+    assert not any("near chance" in (t.name or "") for t in init.data)
     # the rule itself on hand-made rows: one group at chance, one trained
     import pandas as pd
 

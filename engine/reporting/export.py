@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
-from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_style as talk_style, titled
+from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_style as talk_style, titled, warn
 
 if TYPE_CHECKING:  # plotly is imported where a figure is made: the CLI's parser reads the sizes below
     import pandas as pd
@@ -286,8 +286,13 @@ def ntk_figure(result: Result, metric: str | None = None) -> go.Figure:
     from ..maths import gates
 
     bad = gates.untrained(rows, int(result.meta.get("n_classes") or 2))
-    fig = plots.distance_fig(plots.distance_data(rows, metric), metric, untrained=bad)
+    if metric in AT_INIT:  # every net is untrained at init: the page greys only what training made
+        bad = bad.iloc[0:0]
+    fig = warn(plots.distance_fig(plots.distance_data(rows, metric), metric, untrained=bad), near_chance(bad))
     return titled(fig, plots.METRICS.get(metric, (metric,))[0], settings_line(result.config, near_chance(bad)))
+
+
+AT_INIT = ("kernel_dist_init", "kernel_dist_whitened_init", "prediction_gap_init", "test_acc_kernel_init")
 
 
 def near_chance(bad: pd.DataFrame) -> str:

@@ -92,9 +92,23 @@ def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
 def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Figure:
     """A copy of a page's chart ready for a slide: ``title`` (default: the chart's own), the
     settings line under it, and full-size tick labels on log axes. ``image_bytes`` then fits it
-    to the export's size."""
+    to the export's size. A warning the chart carries (``warn``) stays on the settings line."""
     import plotly.graph_objects as go
 
     out = go.Figure(fig)
     text = title or out.layout.title.text or ""
+    warning = (out.layout.meta or {}).get(WARNING) if isinstance(out.layout.meta, dict) else None
+    if warning and warning not in settings:
+        settings = " · ".join(p for p in (settings, warning) if p)
     return titled(out, text, settings)
+
+
+WARNING = "warning"  # the key of a chart's warning in its layout.meta
+
+
+def warn(fig: go.Figure, text: str) -> go.Figure:
+    """Mark ``fig`` with a warning (nets near chance, say) that every slide of it keeps; "" marks nothing."""
+    if text:
+        meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, dict) else {}
+        fig.update_layout(meta={**meta, WARNING: text})
+    return fig
