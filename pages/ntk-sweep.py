@@ -8,7 +8,7 @@ from engine.experiments.configs.sweep import SweepConfig
 from engine.experiments.kernels import run_kernels
 from engine.experiments.sweep import run_ntk_sweep
 from engine.maths.specs import TrainSpec
-from engine.reporting import export, plots
+from engine.reporting import plots
 from ui import configs, render
 from ui.common import ARCH_LABELS, plain, require, shared
 from ui.links import NTK_COLUMNS, NTK_METRIC_LABELS
@@ -68,7 +68,6 @@ if res is not None:
         st.caption("Frobenius distance: blind to κ, so it can put MLP-Attn closer to K∞ than 2L-ReLU while the "
                    "prediction gap and the whitened distance put it farther; read it beside one of them.")
     at_init, trained = NTK_COLUMNS[metric]
-    warn = export.near_chance(bad)  # on every exported chart of trained nets, as the banner says on the page
     c1, c2 = st.columns(2)
     with c1:
         data = plots.distance_data(rows, at_init)
@@ -79,25 +78,25 @@ if res is not None:
     with c2:
         data = plots.distance_data(rows, trained)
         render.chart(plots.distance_fig(data, trained, untrained=bad), data, f"{metric} after training",
-                     config=res.config, verdict=warn,
+                     config=res.config,
                      how_to_read="The same distance after training; if it is much larger than at init, training moved "
                      "the kernel (feature learning) instead of staying in the lazy regime.")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.distance_data(rows, "train_acc")
-        render.chart(plots.distance_fig(data, "train_acc", untrained=bad), data, "train accuracy", config=res.config, verdict=warn,
+        render.chart(plots.distance_fig(data, "train_acc", untrained=bad), data, "train accuracy", config=res.config,
                      how_to_read="Train accuracy of the nets, mean ± sd over seeds: a net near chance has not "
                                  "learned the task, and its distances to K∞ describe an untrained predictor.")
     with c2:
         data = plots.distance_data(rows, "test_acc")
-        render.chart(plots.distance_fig(data, "test_acc", untrained=bad), data, "test accuracy", config=res.config, verdict=warn,
+        render.chart(plots.distance_fig(data, "test_acc", untrained=bad), data, "test accuracy", config=res.config,
                      how_to_read="Test accuracy of the trained nets; compare with the K∞ ridge baseline in the "
                                  "table below: a net far below it underfits, and its distances mean little.")
     c1, c2 = st.columns(2)
     with c1:
         data = plots.distance_data(rows, "function_dist_rel")
         render.chart(plots.distance_fig(data, "function_dist_rel", untrained=bad), data, "relative function distance",
-                     config=res.config, verdict=warn,
+                     config=res.config,
                      how_to_read="‖f_m − f_NTK‖_F / ‖f_NTK‖_F on the test points: the paper's function distance "
                                  "divided by the scale of what it compares (its absolute value mostly tracks the "
                                  "logits' size).")

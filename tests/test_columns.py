@@ -73,11 +73,17 @@ def test_the_alignment_rows_are_declared_and_their_summary_is_the_charted_column
     assert "final_loss_mean" not in res.frames["summary"].columns
 
 
-def test_every_chart_title_is_declared_with_its_column():
+def test_every_column_a_page_or_figure_names_is_declared_with_its_title():
+    # the style's titles are the declarations' (plots.style.METRICS = columns.titles()); what can go
+    # wrong is a page or a protocol naming a column that no row declares, or one without a title
     from engine.reporting.plots.style import METRICS
+    from engine.reporting.protocols import KERNEL_METRICS
+    from ui.links import NTK_COLUMNS
 
     assert METRICS == titles()
-    assert set(SWEEP_METRICS) <= set(METRICS) and set(ALIGNMENT_METRICS) <= set(METRICS)
+    named = {c for pair in NTK_COLUMNS.values() for c in pair} | {col for col, _ in KERNEL_METRICS.values()}
+    named |= {"train_acc", "test_acc", "function_dist_rel"}  # the NTK page's other charts
+    assert named <= set(_names(SweepRow)) and named <= set(METRICS)
     assert all(title and axis for title, axis in METRICS.values())
 
 

@@ -259,5 +259,7 @@ def test_a_slide_of_nets_near_chance_says_so_and_greys_them():
     import pandas as pd
 
     made = pd.DataFrame({"arch": ["attn", "attn", "relu"], "width": [16, 16, 16], "train_acc": [0.34, 0.9, 0.95]})
-    assert export.near_chance(gates.untrained(made, 3)) == "⚠ near chance, greyed: MLP-Attn m = 16"
-    assert export.near_chance(gates.untrained(made.assign(train_acc=0.9), 3)) == ""
+    from engine.reporting import plots
+
+    assert plots.near_chance(gates.untrained(made, 3)) == "⚠ near chance, greyed: MLP-Attn m = 16"
+    assert plots.near_chance(gates.untrained(made.assign(train_acc=0.9), 3)) == ""

@@ -73,10 +73,10 @@ def _draws(n: int) -> str:
 def _interval(mean: float, lo: float, hi: float, scale: float = 100.0, fmt: str = "+.0f") -> str:
     def num(v: float) -> str:  # no "-0": a value that rounds to zero gets one more decimal, or is zero
         text = f"{scale * v:{fmt}}"
-        if any(ch not in "+-0." for ch in text):
+        if float(text) != 0:
             return text
-        finer = f"{scale * v:+.{int(fmt[-2]) + 1}f}" if fmt[-2].isdigit() else text
-        return finer if any(ch not in "+-0." for ch in finer) else f"{0.0:{fmt}}"
+        finer = f"{scale * v:+.{int(fmt[-2]) + 1}f}"  # fmt is "+.Nf"
+        return finer if float(finer) != 0 else f"{0.0:{fmt}}"
 
     if not math.isfinite(lo):
         return f"{num(mean)} (no interval)"

@@ -20,6 +20,7 @@ Presentation style (``titled``, ``slide``, ``talk_style``, ``OKABE_ITO``, ``TALK
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat
@@ -29,10 +30,9 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 
 from ..data.folders import expand_path, writable
 from ..runtime.errors import BadInput, EngineError
-from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_style as talk_style, titled, warn
+from .slides import OKABE_ITO as OKABE_ITO, TALK as TALK, slide as slide, talk_style as talk_style, titled
 
 if TYPE_CHECKING:  # plotly is imported where a figure is made: the CLI's parser reads the sizes below
-    import pandas as pd
     import plotly.graph_objects as go
 
     from ..runtime.cache import Result
@@ -283,29 +283,14 @@ def ntk_figure(result: Result, metric: str | None = None) -> go.Figure:
     if metric not in rows:
         raise BadInput(f"unknown metric {metric!r} for ntk-sweep; allowed: "
                        f"{', '.join(m for m in plots.METRICS if m in rows)}")
+    from ..experiments.columns import SweepRow
     from ..maths import gates
 
-    bad = gates.untrained(rows, int(result.meta.get("n_classes") or 2))
-    if metric in AT_INIT:  # every net is untrained at init: the page greys only what training made
-        bad = bad.iloc[0:0]
-    fig = warn(plots.distance_fig(plots.distance_data(rows, metric), metric, untrained=bad), near_chance(bad))
-    return titled(fig, plots.METRICS.get(metric, (metric,))[0], settings_line(result.config, near_chance(bad)))
-
-
-AT_INIT = ("kernel_dist_init", "kernel_dist_whitened_init", "prediction_gap_init", "test_acc_kernel_init")
-
-
-def near_chance(bad: pd.DataFrame) -> str:
-    """The settings line's warning for the (arch, width) groups whose worst net stayed near chance
-    (``engine.maths.gates.untrained``; greyed in the chart), or "" when every net trained."""
-    from .plots.style import ARCH_LABELS
-
-    if bad.empty:
-        return ""
-    by_arch: dict[str, list[str]] = {}
-    for r in bad.itertuples():
-        by_arch.setdefault(ARCH_LABELS.get(str(r.arch), str(r.arch)), []).append(f"{int(getattr(r, 'width', 0))}")
-    return "⚠ near chance, greyed: " + "; ".join(f"{a} m = {', '.join(w)}" for a, w in by_arch.items())
+    # every net is untrained at init: as on the page, only the columns of trained nets are greyed
+    at_init = {f.name for f in dataclasses.fields(SweepRow) if f.name.endswith("_init")}
+    bad = None if metric in at_init else gates.untrained(rows, int(result.meta.get("n_classes") or 2))
+    fig = plots.distance_fig(plots.distance_data(rows, metric), metric, untrained=bad)
+    return titled(fig, plots.METRICS.get(metric, (metric,))[0], settings_line(result.config, plots.near_chance(bad)))
 
 
 def malleability_figure(result: Result, metric: str | None = None) -> go.Figure:

@@ -89,6 +89,9 @@ def titled(fig: go.Figure, title: str, settings: str = "") -> go.Figure:
     return full_size_log_ticks(fig)
 
 
+WARNING = "warning"  # the key of a chart's warning in its layout.meta
+
+
 def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Figure:
     """A copy of a page's chart ready for a slide: ``title`` (default: the chart's own), the
     settings line under it, and full-size tick labels on log axes. ``image_bytes`` then fits it
@@ -101,9 +104,6 @@ def slide(fig: go.Figure, settings: str = "", title: str | None = None) -> go.Fi
     if warning and warning not in settings:
         settings = " · ".join(p for p in (settings, warning) if p)
     return titled(out, text, settings)
-
-
-WARNING = "warning"  # the key of a chart's warning in its layout.meta
 
 
 def warn(fig: go.Figure, text: str) -> go.Figure:

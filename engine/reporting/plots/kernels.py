@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..slides import warn
 from .style import (
     ARCH_COLORS,
     HEIGHT,
@@ -22,6 +23,7 @@ from .style import (
     by_arch,
     for_log_axis,
     log_ticks,
+    near_chance,
     pretty_formula,
     styled,
     width_ticks,
@@ -274,7 +276,8 @@ def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None,
     """Distance against width, one line per arch, mean ± sd over seeds as a band; log axes.
     Legends name the attention variant (``attention``, else the data's column). ``untrained``: the
     (arch, width) groups whose nets stayed near chance (``engine.maths.gates.untrained``), drawn as
-    grey crosses named in the legend: their distances describe nets that did not learn the task."""
+    grey crosses named in the legend: their distances describe nets that did not learn the task;
+    the figure carries ``near_chance``'s warning, which every slide of it keeps (``slides.warn``)."""
     fig = go.Figure()
     attention = attention_of(data, attention)
     bad = set() if untrained is None or untrained.empty else set(zip(untrained["arch"], untrained["width"],
@@ -308,7 +311,7 @@ def distance_fig(data: pd.DataFrame, metric: str, attention: str | None = None,
         fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
     else:
         log_ticks(fig, np.concatenate([data["min"], data["max"], data["mean"]]))
-    return fig
+    return warn(fig, near_chance(untrained))
 
 
 def loss_data(losses: pd.DataFrame) -> pd.DataFrame:

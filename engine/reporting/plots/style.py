@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARCH_COLORS", "ARCH_LABELS", "ATTACK_DASH", "HEIGHT", "LARGEST_LOG10", "LARGEST_PARAMS_LOG10", "MAX_SIDE",
-    "METRICS", "PRACTICAL_LOG10", "SUPERSCRIPTS", "arch_label", "eps_label", "pretty_formula"
+    "METRICS", "PRACTICAL_LOG10", "SUPERSCRIPTS", "arch_label", "eps_label", "near_chance", "pretty_formula"
 ]
 
 MAX_SIDE = 500
@@ -52,6 +52,17 @@ def arch_label(arch: str, attention: str | None = None) -> str:
     """"2L-ReLU", "MLP-Attn", or "MLP-Attn (softmax:0.1)" when the attention variant is given."""
     label = ARCH_LABELS.get(arch, arch)
     return f"{label} ({attention})" if arch == "attn" and isinstance(attention, str) and attention else label
+
+
+def near_chance(untrained: pd.DataFrame | None) -> str:
+    """The settings line's warning for the (arch, width) groups whose worst net stayed near chance
+    (``engine.maths.gates.untrained``; greyed by ``distance_fig``), or "" when every net trained."""
+    if untrained is None or untrained.empty:
+        return ""
+    widths: dict[str, list[str]] = {}
+    for r in untrained.itertuples():
+        widths.setdefault(arch_label(str(r.arch)), []).append(f"{int(getattr(r, 'width', 0))}")
+    return "⚠ near chance, greyed: " + "; ".join(f"{a} m = {', '.join(w)}" for a, w in widths.items())
 
 
 def pretty_formula(formula: str | None) -> str | None:
