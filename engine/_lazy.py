@@ -65,3 +65,19 @@ def attach_from(package: str, exports: Callable[[], dict[str, list[str]]]) -> tu
         return attach(package, exports())[2]
 
     return __getattr__, __dir__
+
+
+class LazyModule:
+    """A stand-in for a module that imports it on the first attribute read (``pd.DataFrame``): a
+    module of the run path names pandas with ``pd = LazyModule("pandas")`` (and the real import
+    under ``TYPE_CHECKING`` for mypy), so a run's first rows do not wait for pandas' import (a quarter
+    of a second on a 2-core CPU); the frames at its end import it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"

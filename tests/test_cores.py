@@ -263,3 +263,32 @@ def test_busy_cores_does_not_count_this_process_own_threads():
 
     added = sorted(look(True) - look(False) for _ in range(3))
     assert added[1] < 0.5, added  # the spinning thread is ours: not other work
+
+
+def test_look_ahead_takes_the_look_a_run_then_reuses(monkeypatch):
+    """A run starts the look at the load before torch imports (``look_ahead``, in a thread):
+    ``choose`` then waits for that look and reads it, without a second sleep; none with
+    ``ENGINE_THREADS`` set or while a look is fresh."""
+    calls = []
+    started = threading.Event()
+
+    def look() -> float:
+        started.set()
+        calls.append(threading.current_thread().name)
+        time.sleep(0.2)
+        return 1.0
+
+    monkeypatch.setattr(cores, "busy_cores", look)
+    monkeypatch.setattr(cores, "_last_look", None)
+    monkeypatch.delenv("ENGINE_THREADS", raising=False)
+    cores.look_ahead()
+    assert started.wait(5)
+    choice = cores.choose(had=2, usable=2)
+    assert calls == ["load-look"] and choice.busy == 1.0 and choice.threads == 1
+    cores.look_ahead()  # the look is fresh: no second one
+    assert calls == ["load-look"]
+    monkeypatch.setattr(cores, "_last_look", None)
+    monkeypatch.setenv("ENGINE_THREADS", "2")
+    cores.look_ahead()  # the count is fixed: nothing to look at
+    assert not any(t.name == "load-look" for t in threading.enumerate())
+    assert calls == ["load-look"]

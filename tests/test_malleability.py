@@ -510,3 +510,28 @@ def test_stream_prints_a_json_line_per_unit_then_the_result(tmp_path):
     assert [r for u in units for r in u["rows"]] == final["rows"] and "verdict" in final and "summary" in final
     again = subprocess.run(argv, capture_output=True, text=True, timeout=300)  # from the cache: no unit lands
     assert [json.loads(line) for line in again.stdout.splitlines()][-1]["cached"] is True
+
+
+def test_the_first_rows_wait_for_neither_pandas_nor_scipy_stats(tmp_path):
+    """Their imports (about half a second on a 2-core CPU) come after a run's first unit has landed:
+    the run path names pandas lazily (``engine._lazy.LazyModule``) and ranks with numpy
+    (``rank_correlation``); pandas loads for the frames at the end."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import sys\nfrom engine.cli import main\nfrom engine.runtime import stream\nseen = []\n"
+              "def landed(unit, rows, first=stream.landed):  # bound by the run module when it is imported\n"
+              "    seen.append(sorted(m for m in ('pandas', 'scipy.stats') if m in sys.modules))\n"
+              "    first(unit, rows)\n"
+              "stream.landed = landed\n"
+              "main(sys.argv[1:])\n"
+              "print('FIRST', seen[0], 'END', sorted(m for m in ('pandas', 'scipy.stats') if m in sys.modules), "
+              "file=sys.stderr)\n")
+    argv = ["malleability", "--dataset", "synthetic", "--n", "12", "--n-test", "4", "--synthetic-d", "6",
+            "--synthetic-classes", "3", "--epochs", "3", "--batch-size", "6", "--widths", "32", "--seeds", "0,1",
+            "--attack", "fgsm", "--eps", "0.1", "--tau", "0.5", "--quiet", "--json", "--cache-dir", str(tmp_path)]
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == "FIRST [] END ['pandas']", p.stderr[-2000:]  # one draw: no t quantile

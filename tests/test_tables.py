@@ -90,6 +90,14 @@ def test_flip_rate_and_rank_correlation_against_numpy_and_scipy():
     assert rank_correlation(a, b) == pytest.approx(scipy.stats.spearmanr(a, b).statistic, rel=RTOL64)
     assert rank_correlation(torch.from_numpy(a), torch.from_numpy(2 * a + 1)) == pytest.approx(1.0)
     assert np.isnan(rank_correlation(np.ones(5), a[:5]))
+    for ties in (rng.integers(0, 4, size=(2, 60)), rng.integers(0, 30, size=(2, 31))):  # tied ranks: mean ranks
+        assert rank_correlation(*ties) == pytest.approx(scipy.stats.spearmanr(*ties).statistic, rel=RTOL64)
+    f32 = torch.from_numpy(a).float(), torch.from_numpy(b).float()
+    assert rank_correlation(*f32) == pytest.approx(scipy.stats.spearmanr(*(t.numpy() for t in f32)).statistic,
+                                                   rel=1e-12)
+    assert np.isnan(rank_correlation(np.r_[a[:5], np.nan], a[:6]))  # scipy propagates a NaN
+    with pytest.raises(ValueError, match="one length"):
+        rank_correlation(a, b[:-1])
 
 
 def test_excess_interval_is_a_percentile_bootstrap_over_points_and_nets():

@@ -10,8 +10,15 @@ malleability experiment's rows are ``engine.experiments.flips.FlipRow``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from .._lazy import LazyModule
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
+
 
 KERNEL_DIST = "relative kernel distance (unitless)"
 WHITENED = "whitened distance (unitless, κ-sensitive)"

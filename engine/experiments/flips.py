@@ -16,9 +16,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 
+from .._lazy import LazyModule
 from ..maths.gates import GATE_SHARE
 from ..maths.metrics import (
     draw_means,
@@ -31,6 +31,11 @@ from ..maths.metrics import (
     summarize,
 )
 from .verdict import GAPS, flip_rule, roles, sensitivity_words
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 if TYPE_CHECKING:
     from .readings import ReadOut

@@ -19,9 +19,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import torch
 
+from .._lazy import LazyModule
 from ..maths.attacks import attack
 from ..maths.gates import passes_gate
 from ..maths.influence import aggregate
@@ -36,6 +36,11 @@ from .configs.influence import InfluenceConfig
 from .readings import ReadOut, Trained, fresh_net, influence_of, kernels_of, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 if TYPE_CHECKING:
     from ..maths.heads import CancelFlag

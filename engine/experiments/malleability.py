@@ -45,9 +45,9 @@ import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
+from .._lazy import LazyModule
 from ..maths.attacks import attack
 from ..maths.influence import aggregate, top_indices
 from ..maths.metrics import flip_rate, rank_correlation, summarize
@@ -75,6 +75,11 @@ from .influence import (
 from .readings import ReadOut, Trained, read
 from .recipes import NetRecipe, Reading, net_recipe, reading_of
 from .runs import Prepared, Progress, experiment_run, prepare, resumable, shape, sub_progress, tick
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 if TYPE_CHECKING:
     import numpy as np

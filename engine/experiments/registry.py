@@ -101,11 +101,12 @@ class Experiment:
         """Resolve the device, refuse work over ``budget`` before it starts, then read the cached
         result or compute it and store it (see ``engine.runtime.cache.cached_run``)."""
         from ..runtime.cache import cached_run
-        from ..runtime.cores import for_run
+        from ..runtime.cores import for_run, look_ahead
         from ..runtime.device import resolve_device
 
         if type(cfg) is not self.config:  # MalleabilityConfig is an InfluenceConfig, but not that run's
             raise BadInput(f"experiment {self.name!r} takes a {self.config.__name__}, got {type(cfg).__name__}")
+        look_ahead()  # the look at the load overlaps torch's import below
         dev = resolve_device(device)
 
         def compute() -> Result:

@@ -19,12 +19,16 @@ secondary: its gap must also hold after Holm's correction over the run's seconda
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
+from .._lazy import LazyModule
 from ..maths.gates import GATE_SHARE, TRAIN_GATE
 from ..maths.metrics import LEVEL, interval_scope
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 FLIP_OUTCOMES = ("holds", "fails", "did not train", "uninformative")
 ROLES = ("primary", "secondary", "exploratory")

@@ -13,8 +13,16 @@ mean cannot hide one net that never trained.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+from .._lazy import LazyModule
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 TRAIN_GATE = 0.10       # a net trained when its test accuracy is within this of its own K_m ridge's
 GATE_SHARE = 0.80       # a cell "did not train" when fewer of an architecture's nets than this pass the gate;

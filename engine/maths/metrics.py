@@ -13,10 +13,16 @@ with these; ``engine.reporting`` only formats what they return.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import numpy as np
-import pandas as pd
+
+from .._lazy import LazyModule
+
+if TYPE_CHECKING:
+    import pandas as pd
+else:
+    pd = LazyModule("pandas")  # imported at its first use, after a run's first rows
 
 ArrayLike = Any  # a numpy array, a scalar or a (CPU or CUDA) torch tensor: torch is not imported here
 
@@ -71,16 +77,27 @@ def flip_rate(before: ArrayLike, after: ArrayLike) -> float:
     return float(flips.mean()) if flips.size else float("nan")
 
 
+def _mean_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of ``x`` with ties given their mean rank (scipy's ``rankdata`` "average")."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the highest rank of each distinct value
+    return (last - (counts - 1) / 2.0)[inverse.ravel()]
+
+
 def rank_correlation(before: ArrayLike, after: ArrayLike) -> float:
-    """Spearman ρ between two influence vectors (n,), ties ranked by their mean rank (scipy).
+    """Spearman ρ between two influence vectors (n,): Pearson's r of their ranks, ties ranked by
+    their mean rank (as ``scipy.stats.spearmanr``, which the tests compare against; numpy here, so
+    that a run's first rows do not wait for scipy.stats to import).
 
-    1 keeps the ranking, 0 scrambles it; NaN when either vector is constant."""
-    import scipy.stats
-
-    a, b = _numpy(before).ravel(), _numpy(after).ravel()
-    if a.size < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+    1 keeps the ranking, 0 scrambles it; NaN when either vector is constant or holds a NaN."""
+    a, b = _numpy(before).astype(float).ravel(), _numpy(after).astype(float).ravel()
+    if a.size != b.size:
+        raise ValueError(f"rank_correlation needs two vectors of one length, not {a.size} and {b.size}")
+    if a.size < 2 or np.isnan(a).any() or np.isnan(b).any() or np.all(a == a[0]) or np.all(b == b[0]):
         return float("nan")
-    return float(scipy.stats.spearmanr(a, b).statistic)
+    ra, rb = _mean_ranks(a), _mean_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float(np.clip(ra @ rb / math.sqrt((ra @ ra) * (rb @ rb)), -1.0, 1.0))
 
 
 class Excess(NamedTuple):

@@ -117,6 +117,16 @@ def _recent_busy() -> float | None:
         return _last_look[1]
 
 
+def look_ahead() -> None:
+    """Take ``choose``'s look at the load now, in a background thread, so that it overlaps what runs
+    before the run starts (torch's import: a run's first rows no longer wait the look's sleep).
+    Nothing when ``ENGINE_THREADS`` fixes the count or a look is still fresh."""
+    if os.environ.get("ENGINE_THREADS", "").strip() or (
+            _last_look is not None and time.monotonic() - _last_look[0] <= LOOK_KEPT / 2):
+        return
+    threading.Thread(target=_recent_busy, name="load-look", daemon=True).start()
+
+
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int           # what the run gets
