@@ -26,7 +26,7 @@ from .reporting import report
 from .runtime import budget as B, memory
 from .runtime.errors import EngineError
 from .runtime.settings import add_arguments, from_args
-from .runtime.stream import jsonable as _jsonable, landing, records as _records  # noqa: F401 (re-exported)
+from .runtime.stream import jsonable, landing, records
 
 
 class _StderrProgress:
@@ -158,7 +158,7 @@ def _run(exp: Experiment, cfg, a, progress):
     limit = None if a.max_gib is None else B.gib_limit(a.max_gib)  # NaN, inf, 1e300: one line, exit 2
     budget = B.Budget(B.seconds_limit(a.max_seconds), limit)
     cache = None if a.no_cache else Cache(a.cache_dir)
-    listen = (lambda unit, rows: print(json.dumps(_jsonable({"unit": unit, "rows": rows})), flush=True)) \
+    listen = (lambda unit, rows: print(json.dumps(jsonable({"unit": unit, "rows": rows})), flush=True)) \
         if getattr(a, "stream", False) else None
     with landing(listen):
         return exp.run(cfg, cache, a.data_dir, a.device, progress, budget=budget)
@@ -175,9 +175,9 @@ def run_command(name: str, a, progress) -> dict:
         df = res.frames.get(frame)
         if df is not None and not (df.empty and i > 0):
             alias = i == 0 and name != "spectrum" and not ((a.json or a.stream) and "rows" in res.frames)
-            out["rows" if alias else frame] = _records(df)
+            out["rows" if alias else frame] = records(df)
     if a.json or a.stream:
-        out.update({frame: _records(df) for frame, df in res.frames.items() if frame not in out})
+        out.update({frame: records(df) for frame, df in res.frames.items() if frame not in out})
     if name != "spectrum":
         out["meta"] = res.meta
     out["config"] = res.config
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     if a.json or getattr(a, "stream", False):
-        print(json.dumps(_jsonable(out), indent=None))
+        print(json.dumps(jsonable(out), indent=None))
     else:
         _print_human(out)
     return 0
@@ -290,9 +290,9 @@ def cmd_grid(a) -> int:
         cache = None if a.no_cache else Cache(a.cache_dir)
         if a.dry_run:
             table = G.plan(spec, cache, a.data_dir)
-            out = {**G.totals(table, workers), "plan": _records(table)}
+            out = {**G.totals(table, workers), "plan": records(table)}
             if a.json:
-                print(json.dumps(_jsonable(out)))
+                print(json.dumps(jsonable(out)))
                 return 0
             shown = table.assign(estimate=table["estimate_s"].map(B.duration),
                                  memory=table["memory_gib"].map(lambda g: f"{g * 1024:.0f} MiB"),
@@ -319,7 +319,7 @@ def cmd_grid(a) -> int:
         if r["status"] == "failed":
             print(f"failed: cell {r['cell']} {spec.cells[r['cell']].label}: {r['error']}", file=sys.stderr)
     if a.json:
-        print(json.dumps(_jsonable(out)))
+        print(json.dumps(jsonable(out)))
     else:
         for r in out["results"]:
             print(f"{r['cell']:>4}  {r['status']:8s}  {spec.cells[r['cell']].label}")

@@ -17,8 +17,8 @@ from conftest import ATOL64_REFIT, ATOL64_SAME, RTOL64_REFIT, RTOL64_SAME
 from engine.data import DataSpec
 from engine.experiments import along
 from engine.experiments.configs.alignment import AlignmentConfig
+from engine.experiments.flips import random_perturbation
 from engine.experiments.influence import in_space
-from engine.experiments.malleability import random_perturbation
 from engine.experiments.readings import fresh_net
 from engine.experiments.recipes import net_recipe
 from engine.experiments.runs import prepare

@@ -324,7 +324,7 @@ def test_one_seed_has_no_seed_null_and_nulls_can_be_switched_off():
 
 
 def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_random():
-    from engine.experiments.malleability import random_perturbation
+    from engine.experiments.flips import random_perturbation
 
     g = torch.Generator().manual_seed(3)
     X = torch.rand(20, 7, generator=g, dtype=torch.float64)
@@ -342,7 +342,7 @@ def test_random_perturbation_keeps_each_rows_norm_and_only_its_direction_is_rand
 
 
 def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
-    from engine.experiments.malleability import _null_seed, random_perturbation
+    from engine.experiments.flips import null_seed, random_perturbation
 
     cfg = MalleabilityConfig(data=TINY, train=FAST, widths=(32,), seeds=(0,), attacks=("fgsm",), eps=(0.1, 0.5),
                              tau=0.5, attack=AttackSpec(norm="l2"))
@@ -358,7 +358,7 @@ def test_random_null_equals_the_numpy_reference_at_the_attacks_norms():
             key = lambda what, arch=arch, e=e: example_key(arch, "fgsm", e, what)  # noqa: E731
             Xp = X.copy()
             Xp[res.arrays[key("top_idx")]] = res.arrays[key("X_pert")]
-            Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), _null_seed(0, j)).numpy()
+            Xr = random_perturbation(torch.from_numpy(X), torch.from_numpy(Xp), null_seed(0, j)).numpy()
             np.testing.assert_allclose(np.linalg.norm(Xr - X, axis=1)[top], e, rtol=RTOL32)  # FGSM ℓ2: ‖δ‖ = ε
             agg_r = _influences(Xr, Xt, W, Y, p.yt.numpy(), arch, cfg.ridge).mean(axis=0)
             row = rows[(rows.arch == arch) & (rows.eps == e)].iloc[0]

@@ -185,7 +185,7 @@ def _excess(relu, attn, attack="pgd", eps=0.3, trained=(1.0, 1.0), seeds=3, null
 def test_flip_rule_on_hand_made_summaries(relu, attn, kw, want, why):
     v = FR.flip_rule(_excess(relu, attn, **kw))
     assert v["outcome"] == want and why in v["why"], v["why"]
-    assert v["attn_excess"] == attn[0] and v["relu_low"] == relu[1] and v["attack"] == "pgd" and v["eps"] == 0.3
+    assert v["attn"].excess == attn[0] and v["relu"].low == relu[1] and v["attack"] == "pgd" and v["eps"] == 0.3
     assert "MLP-Attn" in v["numbers"] and "%" in v["numbers"]
 
 

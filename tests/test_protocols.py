@@ -65,7 +65,7 @@ def test_flip_verdict_is_the_papers_rule():
 def test_kernel_verdict(metric, relu, attn, want, why):
     v = P.kernel_verdict(_sweep(relu, attn, col=P.KERNEL_METRICS[metric][0]), metric)
     assert v["verdict"] == want and why in v["why"]
-    assert v["widths"] == (16, 4096) and v["relu_small"] == relu[0] and v["attn_large"] == attn[2]
+    assert v["widths"] == (16, 4096) and v["relu"].small == relu[0] and v["attn"].large == attn[2]
 
 
 def test_kernel_verdict_needs_two_widths_both_archs_and_reads_its_metric():
@@ -254,8 +254,8 @@ def test_one_real_flip_cell_gets_a_verdict():
     assert (cell.config.attack.norm, cell.config.space, cell.config.train.optimizer) == ("l2", "normalized", "adamw")
     res = run_malleability(cell.config)
     v = P.flip_verdict(res.frames["summary"])
-    assert v["verdict"] in P.VERDICTS and v["n_seeds"] == 2 and 0.0 <= v["attn_flip"] <= 1.0
-    assert math.isfinite(v["attn_null_seed"]) and math.isfinite(v["attn_low"])
+    assert v["verdict"] in P.VERDICTS and v["n_seeds"] == 2 and 0.0 <= v["attn"].flip <= 1.0
+    assert math.isfinite(v["attn"].null_seed) and math.isfinite(v["attn"].low)
     row = P.cell(cell, res.frames["summary"])
     assert row["verdict"] == v["verdict"] and row["optimizer"] == "adamw"
     assert P.cell(cell, None)["verdict"] == "not run"

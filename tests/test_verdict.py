@@ -147,3 +147,29 @@ def test_the_readme_opens_on_the_primary_verdict_and_its_kernel_readings():
     assert len(lines) == 2 and "declared primary): " + p["outcome"] in lines[0] and "3 data draws" in lines[0]
     assert f"{100 * p['gap']:+.0f} [{100 * p['gap_low']:+.0f}, {100 * p['gap_high']:+.0f}] points" in lines[0]
     assert "ridge leave-one-out" in lines[1] and "gradient flow" in lines[1] and "m = 4096" in lines[0]
+
+
+def test_a_verdicts_sides_read_the_summary_columns_their_fields_name():
+    """``flip_rule``'s ``relu`` and ``attn`` are ``Side`` records: every field is the summary column its
+    metadata names, read for that architecture (a page's number is a field, found by grep)."""
+    import dataclasses
+
+    from engine.data import DataSpec
+    from engine.experiments.configs.malleability import MalleabilityConfig
+    from engine.experiments.flips import COLUMNS
+    from engine.experiments.malleability import run_malleability
+    from engine.experiments.verdict import Side
+    from engine.maths.specs import TrainSpec
+
+    cfg = MalleabilityConfig(data=DataSpec(dataset="synthetic", n=24, n_test=8, synthetic_d=6, synthetic_classes=3),
+                             train=TrainSpec(epochs=2, batch_size=8), widths=(32,), seeds=(0, 1), attacks=("fgsm",),
+                             eps=(0.1,), tau=0.5)
+    summ = run_malleability(cfg).frames["summary"]
+    v = flip_rule(summ)
+    for f in dataclasses.fields(Side):
+        column = f.metadata["column"]
+        assert column in summ.columns and (column.rsplit("_", 1)[0] in COLUMNS or column.endswith(("_low", "_high")))
+        for arch in ("relu", "attn"):
+            want = float(summ.set_index("arch").at[arch, column])
+            got = getattr(v[arch], f.name)
+            assert got == want or (math.isnan(got) and math.isnan(want)), (arch, f.name)

@@ -59,7 +59,7 @@ from ..runtime.errors import BadInput
 from ..runtime.stream import landed
 from . import flips as F
 from .configs.malleability import MalleabilityConfig
-from .flips import null_seed as _null_seed, random_perturbation, seed_partners  # noqa: F401 (where they were)
+from .flips import random_perturbation, seed_partners
 from .influence import (
     at_precision,
     attack_dtype,

@@ -19,6 +19,7 @@ secondary: its gap must also hold after Holm's correction over the run's seconda
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from .._lazy import LazyModule
@@ -47,10 +48,35 @@ RULE_WORDS = ("**holds** when MLP-Attn's flip excess (its flip rate minus the la
 
 _RULE_COLUMNS = ("flip_excess_mean", "flip_excess_low", "flip_excess_high", "trained_mean",
                  "null_seed_flip_rate_mean", "null_random_flip_rate_mean")
-_ARCH_COLUMNS = (("excess", "flip_excess_mean"), ("low", "flip_excess_low"), ("high", "flip_excess_high"),
-                 ("flip", "flip_rate_mean"), ("flip_sd", "flip_rate_sd"), ("null_seed", "null_seed_flip_rate_mean"),
-                 ("null_random", "null_random_flip_rate_mean"), ("trained", "trained_mean"),
-                 ("test_acc", "test_acc_mean"), ("test_acc_kernel", "test_acc_kernel_mean"))
+
+
+def _from(column: str) -> Any:
+    return field(default=math.nan, metadata={"column": column})
+
+
+@dataclass(frozen=True)
+class Side:
+    """One architecture's numbers in a verdict cell (``flip_rule``'s ``relu`` and ``attn``), each field
+    read from the malleability summary column named in its metadata (``engine.experiments.flips.summary``
+    computes them; fractions in [0, 1], excesses in [−1, 1]; NaN where the summary lacks the column)."""
+
+    excess: float = _from("flip_excess_mean")           # flip rate minus the larger null, mean over the nets
+    low: float = _from("flip_excess_low")               # its interval (``INTERVAL_WORDS``)
+    high: float = _from("flip_excess_high")
+    flip: float = _from("flip_rate_mean")               # the attack's flip rate over the top-τ points
+    flip_sd: float = _from("flip_rate_sd")
+    null_seed: float = _from("null_seed_flip_rate_mean")      # the next seed's net read on these points
+    null_random: float = _from("null_random_flip_rate_mean")  # a random direction of the attack's size
+    trained: float = _from("trained_mean")              # share of nets through the training gate
+    test_acc: float = _from("test_acc_mean")            # the clean nets' test accuracy
+    test_acc_kernel: float = _from("test_acc_kernel_mean")  # ridge with their own K_m
+
+    @classmethod
+    def of(cls, d: pd.DataFrame, arch: str) -> Side:
+        """The ``arch`` row of a summary cell indexed by arch."""
+        return cls(**{f.name: _num(d, arch, f.metadata["column"]) for f in fields(cls)})
+
+
 # the columns ``engine.experiments.flips.with_gaps`` copies from the verdict frame onto the summary rows
 GAPS = ("gap", "gap_low", "gap_high", "ratio", "ratio_low", "ratio_high", "gap_p", "gap_p_holm", "gap_draws",
         "role", "gap_all", "gap_all_low", "gap_all_high", "left_out")
@@ -92,9 +118,9 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     width and reading; ``attack`` default pgd if present else the first, ``eps`` default the first).
 
     Outcome (in ``FLIP_OUTCOMES``) by ``RULE_WORDS``; ``why`` one short line; ``numbers`` the flip rates,
-    nulls and accuracies in words; ``role`` (``ROLES``); per arch ``{arch}_excess``, ``_low``, ``_high``,
-    ``_flip``, ``_null_seed``, ``_null_random``, ``_trained`` (share of nets through the gate), and the
-    gap columns (``GAPS``). Fractions in [0, 1] (excesses in [−1, 1], gaps in [−2, 2])."""
+    nulls and accuracies in words; ``role`` (``ROLES``); ``relu`` and ``attn``, each architecture's
+    numbers (``Side``: its excess and interval, flip rate, nulls, share of nets through the gate, accuracies),
+    and the gap columns (``GAPS``). Fractions in [0, 1] (excesses in [−1, 1], gaps in [−2, 2])."""
     out: dict[str, Any] = {"attack": attack, "eps": eps, "numbers": "—", "role": "exploratory"}
     if summary is None or summary.empty:
         return {**out, "outcome": "uninformative", "why": "not measured"}
@@ -108,9 +134,7 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
         return {**out, "outcome": "uninformative", "why": "needs both architectures"}
     if not set(_RULE_COLUMNS) <= set(d.columns):
         return {**out, "outcome": "uninformative", "why": "measured without the null baselines (nulls off)"}
-    for arch in ("relu", "attn"):
-        for key, col in _ARCH_COLUMNS:
-            out[f"{arch}_{key}"] = _num(d, arch, col)
+    relu, attn = out["relu"], out["attn"] = Side.of(d, "relu"), Side.of(d, "attn")
     for key in GAPS:
         out[key] = _text(d, "attn", key) if key in ("role", "left_out") else _num(d, "attn", key)
     out["role"] = out["role"] or "exploratory"
@@ -118,19 +142,18 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     draws = int(d["n_draws"].min()) if "n_draws" in d.columns else 1
     out["n_seeds"], out["n_draws"] = n_seeds, draws
     out["n_nets"] = int(d["n_nets"].min()) if "n_nets" in d.columns else n_seeds
-    a, low = out["attn_excess"], out["attn_low"]
-    out["numbers"] = (f"flip excess MLP-Attn {_pct(a)} [{_pct(low)}, {_pct(out['attn_high'])}], 2L-ReLU "
-                      f"{_pct(out['relu_excess'])} [{_pct(out['relu_low'])}, {_pct(out['relu_high'])}]; "
-                      f"MLP-Attn / 2L-ReLU: flips {_pct(out['attn_flip'])} / {_pct(out['relu_flip'])}, seed null "
-                      f"{_pct(out['attn_null_seed'])} / {_pct(out['relu_null_seed'])}, random null "
-                      f"{_pct(out['attn_null_random'])} / {_pct(out['relu_null_random'])}; test acc. "
-                      f"{_pct(out['attn_test_acc'])} / {_pct(out['relu_test_acc'])} (K_m ridge "
-                      f"{_pct(out['attn_test_acc_kernel'])} / {_pct(out['relu_test_acc_kernel'])})"
+    out["numbers"] = (f"flip excess MLP-Attn {_pct(attn.excess)} [{_pct(attn.low)}, {_pct(attn.high)}], 2L-ReLU "
+                      f"{_pct(relu.excess)} [{_pct(relu.low)}, {_pct(relu.high)}]; "
+                      f"MLP-Attn / 2L-ReLU: flips {_pct(attn.flip)} / {_pct(relu.flip)}, seed null "
+                      f"{_pct(attn.null_seed)} / {_pct(relu.null_seed)}, random null "
+                      f"{_pct(attn.null_random)} / {_pct(relu.null_random)}; test acc. "
+                      f"{_pct(attn.test_acc)} / {_pct(relu.test_acc)} (K_m ridge "
+                      f"{_pct(attn.test_acc_kernel)} / {_pct(relu.test_acc_kernel)})"
                       + (f"; {gap_words(out)}" if math.isfinite(out["gap"]) else ""))
-    if not (math.isfinite(a) and math.isfinite(out["relu_excess"])):
+    if not (math.isfinite(attn.excess) and math.isfinite(relu.excess)):
         return {**out, "outcome": "uninformative", "why": "measured without the null baselines (nulls off)"}
-    failing = [(lbl, out[f"{arch}_trained"]) for arch, lbl in (("attn", "MLP-Attn"), ("relu", "2L-ReLU"))
-               if not out[f"{arch}_trained"] >= GATE_SHARE]
+    failing = [(lbl, side.trained) for side, lbl in ((attn, "MLP-Attn"), (relu, "2L-ReLU"))
+               if not side.trained >= GATE_SHARE]
     if failing:
         return {**out, "outcome": "did not train",
                 "why": "; ".join(f"{lbl}: {_pct(share)} of nets within {100 * TRAIN_GATE:.0f} points of their K_m "
@@ -140,8 +163,8 @@ def flip_rule(summary: pd.DataFrame | None, attack: str | None = None, eps: floa
     if not math.isfinite(out["gap_low"]):
         return {**out, "outcome": "uninformative", "why": "no interval of the gap between the two excesses"}
     gap = gap_words(out)
-    if not low > 0:
-        return {**out, "outcome": "fails", "why": f"MLP-Attn's excess interval reaches {_pct(low)}; {gap}"}
+    if not attn.low > 0:
+        return {**out, "outcome": "fails", "why": f"MLP-Attn's excess interval reaches {_pct(attn.low)}; {gap}"}
     if not out["gap_low"] > 0:
         return {**out, "outcome": "fails", "why": f"the gap's interval reaches zero: {gap}"}
     holm = out["gap_p_holm"]

@@ -143,11 +143,32 @@ def flip_verdict(summary: pd.DataFrame, attack: str | None = None, eps: float | 
     return {**rule, "verdict": rule["outcome"]}
 
 
+@dataclass(frozen=True)
+class KernelSide:
+    """One architecture's numbers in a kernel verdict (``kernel_verdict``'s ``relu`` and ``attn``), read
+    from the width sweep's summary (``engine.experiments.sweep``): the metric's seed mean at the smallest
+    and the largest width, its sd and the train accuracy at the largest, and the share of seeds through
+    the training gate at each of the two (NaN: no training, or no such column)."""
+
+    small: float
+    large: float
+    large_sd: float
+    train_acc: float
+    trained: dict[int, float]
+
+    @classmethod
+    def of(cls, g: pd.DataFrame, col: str, lo: int, hi: int) -> KernelSide:
+        """From one architecture's summary rows indexed by width."""
+        return cls(small=float(g[f"{col}_mean"].get(lo, math.nan)), large=float(g[f"{col}_mean"].get(hi, math.nan)),
+                   large_sd=_sd(g[f"{col}_sd"].get(hi)), train_acc=float(g["train_acc_mean"].get(hi, math.nan)),
+                   trained={w: float(g["trained_mean"].get(w, math.nan)) if "trained_mean" in g else math.nan
+                            for w in (lo, hi)})
+
+
 def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
     """The kernel claim's verdict (module docstring) on a ``run_ntk_sweep`` summary; metric: a
     key of KERNEL_METRICS. Returns verdict, why, numbers (text), metric, widths (smallest,
-    largest), ratio (attn / relu at the largest), {relu,attn}_small, _large (means over seeds),
-    _large_sd and _train_acc (at the largest width)."""
+    largest), ratio (attn / relu at the largest), and ``relu`` and ``attn`` (``KernelSide``)."""
     col = KERNEL_METRICS[metric][0]
     out: dict[str, Any] = {"metric": metric}
     by = {a: g.set_index("width").sort_index() for a, g in summary.groupby("arch")}
@@ -156,20 +177,13 @@ def kernel_verdict(summary: pd.DataFrame, metric: str) -> dict:
                 "numbers": "—"}
     lo, hi = int(by["relu"].index.min()), int(by["relu"].index.max())
     out["widths"] = (lo, hi)
-    for arch in ("relu", "attn"):
-        g = by[arch]
-        out[f"{arch}_small"] = float(g[f"{col}_mean"].get(lo, math.nan))
-        out[f"{arch}_large"] = float(g[f"{col}_mean"].get(hi, math.nan))
-        out[f"{arch}_large_sd"] = _sd(g[f"{col}_sd"].get(hi))
-        out[f"{arch}_train_acc"] = float(g["train_acc_mean"].get(hi, math.nan))
-        for w in (lo, hi):  # share of seeds through the training gate (NaN: no training, or no column)
-            out[f"{arch}_trained_{w}"] = float(g["trained_mean"].get(w, math.nan)) if "trained_mean" in g else math.nan
-    a, r, r0 = out["attn_large"], out["relu_large"], out["relu_small"]
+    relu, attn = out["relu"], out["attn"] = KernelSide.of(by["relu"], col, lo, hi), KernelSide.of(by["attn"], col, lo, hi)
+    a, r, r0 = attn.large, relu.large, relu.small
     out["ratio"] = _ratio(a, r)
-    out["numbers"] = (f"at m = {hi}: MLP-Attn {pm(a, out['attn_large_sd'])}, 2L-ReLU {pm(r, out['relu_large_sd'])}"
+    out["numbers"] = (f"at m = {hi}: MLP-Attn {pm(a, attn.large_sd)}, 2L-ReLU {pm(r, relu.large_sd)}"
                       f"; 2L-ReLU at m = {lo}: {r0:.3g}")
-    untrained = [f"{ARCH_LABELS[arch]} at m = {w}" for arch in ("attn", "relu") for w in (lo, hi)
-                 if out[f"{arch}_trained_{w}"] < 1]  # NaN compares False: untrained sweeps (epochs 0) pass
+    untrained = [f"{ARCH_LABELS[arch]} at m = {w}" for arch, side in (("attn", attn), ("relu", relu)) for w in (lo, hi)
+                 if side.trained[w] < 1]  # NaN compares False: untrained sweeps (epochs 0) pass
     if untrained:
         return {**out, "verdict": "did not train",
                 "why": f"a seed fails the training gate: {', '.join(untrained)}"}

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the cache and the verdicts load pandas: imported when a rep
 
     from ..grid.spec import Grid
     from ..runtime.cache import Cache, Result
+    from .rule import Side
 
 
 # ---------------------------------------------------------------- the README's tables
@@ -39,14 +40,14 @@ def _cell(text: object) -> str:
     return re.sub(r"([\\|*_`\[\]~$])", r"\\\1", text)
 
 
-def _flips(v: dict, a: str) -> str:
-    """Net ``a``'s flip rate of the verdict ``v`` with its seed and random nulls."""
-    return f"{_cell_pct(v[f'{a}_flip'])} ({_cell_pct(v[f'{a}_null_seed'])} / {_cell_pct(v[f'{a}_null_random'])})"
+def _flips(side: Side) -> str:
+    """One net's flip rate in a verdict with its seed and random nulls."""
+    return f"{_cell_pct(side.flip)} ({_cell_pct(side.null_seed)} / {_cell_pct(side.null_random)})"
 
 
-def _excess(v: dict, a: str) -> str:
-    """Net ``a``'s excess flip rate of the verdict ``v`` with its 95 % interval."""
-    return f"{_cell_pct(v[f'{a}_excess'])} [{_cell_pct(v[f'{a}_low'])}, {_cell_pct(v[f'{a}_high'])}]"
+def _excess(side: Side) -> str:
+    """One net's excess flip rate in a verdict with its 95 % interval."""
+    return f"{_cell_pct(side.excess)} [{_cell_pct(side.low)}, {_cell_pct(side.high)}]"
 
 
 def readme_tables(results: Iterable[tuple[str, pd.DataFrame | None]]) -> str:
@@ -77,16 +78,17 @@ def readme_tables(results: Iterable[tuple[str, pd.DataFrame | None]]) -> str:
             where = "".join(f", {c} {k}" if c == "reading" else f", m = {k}"
                             for c, k in zip(("width", "reading"), key[2:], strict=False) if several[c])
             setting = f"{_cell(label)}{where}"
-            if "relu_excess" not in v:
+            if "relu" not in v:
                 lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | | | | | | | {v['outcome']}: {v['why']} |")
                 continue
             n = v["n_nets"]
-            acc = (f"{_cell_pct(v['relu_test_acc'])} ({_cell_pct(v['relu_test_acc_kernel'])}) / "
-                   f"{_cell_pct(v['attn_test_acc'])} ({_cell_pct(v['attn_test_acc_kernel'])})")
-            trained = " / ".join("—" if not math.isfinite(v[f"{a}_trained"]) else f"{round(v[f'{a}_trained'] * n)}"
-                                 f" of {n}" for a in ("relu", "attn"))
-            lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {_flips(v, 'relu')} | "
-                         f"{_flips(v, 'attn')} | {_excess(v, 'relu')} | {_excess(v, 'attn')} | {acc} | {trained} | "
+            relu, attn = v["relu"], v["attn"]
+            acc = (f"{_cell_pct(relu.test_acc)} ({_cell_pct(relu.test_acc_kernel)}) / "
+                   f"{_cell_pct(attn.test_acc)} ({_cell_pct(attn.test_acc_kernel)})")
+            trained = " / ".join("—" if not math.isfinite(side.trained) else f"{round(side.trained * n)} of {n}"
+                                 for side in (relu, attn))
+            lines.append(f"| {setting} | {key[0].upper()} ε = {key[1]:g} | {_flips(relu)} | "
+                         f"{_flips(attn)} | {_excess(relu)} | {_excess(attn)} | {acc} | {trained} | "
                          f"**{v['outcome']}** ({v['role']}): {_cell(v['why'])}"
                          + (f"; {_cell(sensitivity_words(v))}" if v.get("left_out") else "") + " |")
     rule = RULE_WORDS.replace("**", "")

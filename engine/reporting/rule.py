@@ -10,6 +10,7 @@ from ..experiments.verdict import (  # noqa: F401  (re-exports)
     FLIP_OUTCOMES,
     PRIMARY_WORDS,
     RULE_WORDS,
+    Side,
     flip_rule,
     gap_words,
     sensitivity_words,
