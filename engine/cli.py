@@ -371,6 +371,7 @@ def cmd_figure(a, progress) -> dict:
     out = export.check_output_path(a.out)  # a bad suffix, folder or unwritable place fails before any work
     fmt = export.format_of(out)
     cfg = config_from_args(exp, a)
+    cfg = cfg if exp.view is None else exp.view(cfg)  # what the page derives (its snapshots, …): the page's chart
     if a.estimate:
         return _estimate_only(exp, cfg, a.device)
     res = _run(exp, cfg, a, progress)

@@ -34,6 +34,35 @@ def test_page_configs_take_the_sidebar_data_and_keep_every_other_preset_value():
     assert (m.attack.steps, m.tau, m.train.epochs, m.seeds) == (qm.attack.steps, qm.tau, qm.train.epochs, qm.seeds)
 
 
+PAGE_DEFAULTS = {  # each page's config at its controls' defaults, as the page builds it
+    "spectrum": lambda s: configs.spectrum_config(s), "ntk-sweep": lambda s: configs.sweep_config(s),
+    "influence": lambda s: configs.influence_config(s), "malleability": lambda s: configs.malleability_config(s),
+    "alignment": lambda s: configs.alignment_config(s), "scaling": lambda s: configs.scaling_config()}
+
+
+@pytest.mark.parametrize("name", list(PAGE_DEFAULTS))
+def test_figure_at_its_defaults_computes_the_page_config(name):
+    """``python -m engine figure NAME`` builds the quick preset and applies the experiment's ``view`` (the
+    settings its page derives: snapshots at each quarter of training, κ against n's prefix sizes): at the
+    sidebar's defaults on the preset's data set that is exactly the page's config, so the chart reads the
+    page's cached or bundled result."""
+    exp = EXPERIMENTS[name]
+    quick = exp.presets["quick"]
+    want = PAGE_DEFAULTS[name](Shared(base=quick.data.dataset) if hasattr(quick, "data") else Shared())
+    assert (quick if exp.view is None else exp.view(quick)) == want
+
+
+def test_a_view_derives_the_snapshots_and_sizes_from_the_others():
+    from engine.experiments.configs.spectrum import growth_sizes
+
+    sweep = configs.sweep_config(S, epochs=40, n_seeds=1)
+    assert sweep.train.snapshot_epochs == (0, 10, 20, 30, 40) and configs.sweep_config(S, epochs=0).train.snapshot_epochs == ()
+    assert configs.spectrum_config(S).growth_ns == growth_sizes(60) == (7, 15, 30, 60)
+    assert configs.spectrum_config(S).data.n_test == 1
+    align = configs.alignment_config(S, epochs=6)
+    assert align.train.snapshot_epochs == (0, 1, 3, 4, 6) and align.curve_ns == ()
+
+
 def test_plans_follow_the_engine_estimate(monkeypatch):
     monkeypatch.setenv(speed.SPEED_ENV, "1")
     small = configs.sweep_config(S, epochs=0, n_seeds=1)

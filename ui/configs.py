@@ -156,15 +156,17 @@ def dashboard_budget() -> budget.Budget:
     return budget.Budget(seconds=budget.DASHBOARD_SECONDS * 1.5)
 
 
-def growth_sizes(n: int) -> tuple[int, ...]:
-    """Prefix sizes for "κ against n": n/8, n/4, n/2, n (at least 2)."""
-    return tuple(sorted({max(2, n // k) for k in (8, 4, 2, 1)}))
+def _view(name: str, cfg: T) -> T:
+    """``cfg`` with the settings the page derives from the others (``Experiment.view``), as
+    ``python -m engine figure`` applies them: the chart it writes is the page's."""
+    view = EXPERIMENTS[name].view
+    return cfg if view is None else view(cfg)
 
 
 def spectrum_config(s: Shared, rtol: float | None = None, eps: float | None = None) -> SpectrumConfig:
     q = QUICK["spectrum"]
-    return replace(q, data=s.data(n_test=1), attention=s.attention, rtol=rtol,
-                   eps=q.eps if eps is None else float(eps), growth_ns=growth_sizes(int(s.n)))
+    return _view("spectrum", replace(q, data=s.data(), attention=s.attention, rtol=rtol,
+                                     eps=q.eps if eps is None else float(eps)))
 
 
 def sweep_config(s: Shared, epochs: int | None = None, n_seeds: int = 3, ridge: float | None = None,
@@ -173,11 +175,11 @@ def sweep_config(s: Shared, epochs: int | None = None, n_seeds: int = 3, ridge: 
     q = QUICK["ntk-sweep"]
     epochs = q.train.epochs if epochs is None else int(epochs)
     seeds = tuple(int(s.seed) + i for i in range(int(n_seeds)))
-    snapshots = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
-    train = replace(q.train, epochs=epochs, snapshot_epochs=snapshots, optimizer=optimizer or q.train.optimizer,
+    train = replace(q.train, epochs=epochs, snapshot_epochs=(), optimizer=optimizer or q.train.optimizer,
                     lr=q.train.lr if lr is None else float(lr))
-    return replace(q, data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
-                   attention=s.attention, seeds=seeds, train=train, ridge=q.ridge if ridge is None else ridge)
+    return _view("ntk-sweep", replace(q, data=s.data(), widths=tuple(sorted(widths or s.widths)), archs=tuple(s.archs),
+                                      attention=s.attention, seeds=seeds, train=train,
+                                      ridge=q.ridge if ridge is None else ridge))
 
 
 def kernel_config(s: Shared, arch: str, width: int, epochs: int | None = None) -> KernelConfig:
@@ -242,10 +244,9 @@ def alignment_config(s: Shared, epochs: int | None = None, draws: int | None = N
     q = QUICK["alignment"]
     epochs = q.train.epochs if epochs is None else int(epochs)
     draws = len(q.data_seeds) if draws is None else int(draws)
-    snaps = tuple(sorted({epochs * k // 4 for k in range(5)})) if epochs > 0 else ()
-    return replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention,
-                   train=replace(q.train, epochs=epochs, snapshot_epochs=snaps),
-                   data_seeds=tuple(int(s.seed) + i for i in range(draws)), curve_ns=())
+    return _view("alignment", replace(q, data=s.data(), archs=tuple(s.archs), attention=s.attention,
+                                      train=replace(q.train, epochs=epochs, snapshot_epochs=()),
+                                      data_seeds=tuple(int(s.seed) + i for i in range(draws))))
 
 
 def scaling_config(**options):

@@ -85,6 +85,8 @@ class Experiment:
     hint: str = ""                  # what to change when over budget (default: fewer widths, seeds, epochs)
     aliases: tuple[str, ...] = ()   # old spellings, accepted for one release
     nested: tuple[str, ...] = field(default=())  # nested config fields whose settings are flags too
+    view: Callable[[Any], Any] | None = None  # the settings its page derives from the others (snapshots at each
+    #                                           quarter of training, …): the page and ``figure`` apply it
 
     @property
     def runner(self) -> Run:
@@ -153,6 +155,7 @@ def _records() -> list[Experiment]:
                                                                  synthetic_d=512), growth_ns=(200, 800)),
                    figure="engine.reporting.export:spectrum_figure",
                    figure_help="eigenvalues of G and of the attention features' Gram (Spectrum page)",
+                   view=Sp.spectrum_view,
                    page="pages/spectrum.py", page_title="Spectrum",
                    page_icon=":material/bar_chart:"),
         Experiment(name="ntk-sweep", config=Sw.SweepConfig, run_path="sweep:run_ntk_sweep",
@@ -162,7 +165,7 @@ def _records() -> list[Experiment]:
                    probe=lambda: Sw.SweepConfig(data=syn, train=TrainSpec(epochs=30), widths=(64, 512, 2048),
                                                 seeds=(0, 1)),
                    figure="engine.reporting.export:ntk_figure",
-                   figure_help="kernel distance to K∞ against width (NTK convergence page)",
+                   figure_help="kernel distance to K∞ against width (NTK convergence page)", view=Sw.sweep_view,
                    page="pages/ntk-sweep.py", page_title="NTK convergence",
                    page_icon=":material/show_chart:", aliases=("ntk",)),
         Experiment(name="kernels", config=K.KernelConfig, run_path="kernels:run_kernels",
@@ -232,6 +235,7 @@ def _records() -> list[Experiment]:
                                                            widths=(256, 1024), seeds=(0, 1), curve_ns=(25, 100)),
                    figure="engine.reporting.plots.alignment:alignment_figure",
                    figure_help="centred kernel–target alignment against width (Task alignment page)",
+                   view=alignment.alignment_view,
                    page="pages/alignment.py", page_title="Task alignment",
                    page_icon=":material/target:", hint="use fewer widths, seeds, data draws or epochs, or a smaller n"),
     ]

@@ -286,6 +286,12 @@ SGD_LINEAR_NOTE = ("plain SGD does not train linear MLP-Attn in a few hundred ep
 TRAIN_PRECISIONS = ("float32", "bfloat16")
 
 
+
+def quarters(epochs: int) -> tuple[int, ...]:
+    """Snapshot epochs at each quarter of training, 0 to ``epochs`` (none without training): the
+    snapshots the NTK convergence and Task alignment pages take (their ``Experiment.view``)."""
+    return tuple(sorted({int(epochs) * k // 4 for k in range(5)})) if int(epochs) > 0 else ()
+
 @dataclass(frozen=True)
 class TrainSpec:
     """How the head is trained. Defaults are the paper's protocol (Adam, lr 1e-3, batch 128,

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import AttackSpec, TrainSpec
+from ...maths.specs import AttackSpec, TrainSpec, quarters
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.errors import BadInput
@@ -76,8 +76,8 @@ class AlignmentConfig:
 
 PRESETS = {"alignment": {  # named instances of the config: the dashboard's quick run and the paper's
     # the page opens on its chart: two draws of 300 MNIST points, two seeds, two widths, 40 epochs
-    "quick": AlignmentConfig(data=DataSpec(n=300, n_test=100),
-                             train=TrainSpec(epochs=40, lr=1e-3, weight_decay=0.0, snapshot_epochs=(0, 10, 20, 40)),
+    "quick": AlignmentConfig(data=DataSpec(n=200, n_test=100),  # the Task alignment page's defaults (``alignment_view``)
+                             train=TrainSpec(epochs=40, lr=1e-3, weight_decay=0.0, snapshot_epochs=quarters(40)),
                              widths=(128, 512), seeds=(0, 1), curve_trials=3),
     # the paper's protocol (Adam 1e-3, coupled L2 1e-3, 500 epochs) on a 2000-point pool
     "paper": AlignmentConfig(data=DataSpec(n=2000, n_test=500),
@@ -87,6 +87,12 @@ PRESETS = {"alignment": {  # named instances of the config: the dashboard's quic
 
 
 CELL_SHARE = 0.6  # of the attack-and-three-readings cost model, per flip cell along training (below)
+
+
+def alignment_view(cfg: AlignmentConfig) -> AlignmentConfig:
+    """The settings the Task alignment page derives from the others (``Experiment.view``): the kernel at
+    each quarter of training, the learning curves at their sizes following n (``curve_sizes``)."""
+    return replace(cfg, train=replace(cfg.train, snapshot_epochs=quarters(cfg.train.epochs)), curve_ns=())
 
 
 def estimate_alignment(cfg: AlignmentConfig) -> Estimate:

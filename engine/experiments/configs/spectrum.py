@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...data import DataSpec
 from ...runtime import budget as B
@@ -37,6 +37,17 @@ PRESETS = {"spectrum": {  # named instances of the config: the dashboard's quick
     "quick": SpectrumConfig(data=DataSpec(n=200, n_test=1)),   # n_test = 1: the spectrum reads no test set
     "paper": SpectrumConfig(data=DataSpec(n=1000, n_test=1)),  # the paper's n = 1000 training rows
 }}
+
+
+def growth_sizes(n: int) -> tuple[int, ...]:
+    """Prefix sizes for "κ against n": n/8, n/4, n/2, n (at least 2)."""
+    return tuple(sorted({max(2, int(n) // k) for k in (8, 4, 2, 1)}))
+
+
+def spectrum_view(cfg: SpectrumConfig) -> SpectrumConfig:
+    """The settings the Spectrum page derives from the others (``Experiment.view``): no test set, and κ
+    against n at the prefix sizes ``growth_sizes(n)``."""
+    return replace(cfg, data=replace(cfg.data, n_test=1), growth_ns=growth_sizes(cfg.data.n))
 
 
 def estimate_spectrum(cfg: SpectrumConfig) -> Estimate:

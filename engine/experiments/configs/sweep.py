@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...data import DataSpec
-from ...maths.specs import TrainSpec, attention_slowdown
+from ...maths.specs import TrainSpec, attention_slowdown, quarters
 from ...runtime import budget as B
 from ...runtime.budget import Estimate
 from ...runtime.settings import normalised, validate
@@ -45,6 +45,12 @@ PRESETS = {"ntk-sweep": {  # named instances of the config: the dashboard's quic
     "trained": SweepConfig(data=DataSpec(n=500, n_test=100), train=TrainSpec(epochs=500, lr=1e-3, weight_decay=0.0),
                            widths=(256, 1024, 4096), attention="centered"),
 }}
+
+
+def sweep_view(cfg: SweepConfig) -> SweepConfig:
+    """The settings the NTK convergence page derives from the others (``Experiment.view``): the kernel at
+    each quarter of training."""
+    return replace(cfg, train=replace(cfg.train, snapshot_epochs=quarters(cfg.train.epochs)))
 
 
 def estimate_sweep(cfg: SweepConfig) -> Estimate:
