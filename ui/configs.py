@@ -199,7 +199,7 @@ def influence_config(s: Shared, width: int | None = None, epochs: int | None = N
                    read_points=q.read_points if read_points is None else int(read_points))
 
 
-def malleability_config(s: Shared, epochs: int | None = None, steps: int | None = None, norm: str | None = None,
+def malleability_config(s: Shared, *, epochs: int | None = None, steps: int | None = None, norm: str | None = None,
                         n_seeds: int | None = None, optimizer: str | None = None, lr: float | None = None,
                         weight_decay: float | None = None, loss: str | None = None,
                         **options) -> MalleabilityConfig:

@@ -25,7 +25,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "data"
 
 
-def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, index: bool = False, title: str | None = None,
+def chart(fig, data: pd.DataFrame, name: str, how_to_read: str, *, index: bool = False, title: str | None = None,
           config: dict | None = None, wide: bool = False, verdict: str = "") -> None:
     """An interactive Plotly chart, one sentence on how to read it, and its data as CSV (and as
     16:9 PNG, SVG and PDF slides where a Chromium can render them).

@@ -63,7 +63,7 @@ def storage_cost(phi, phi_test, Y, y_test, ridge: float = SCALE_RIDGE) -> dict:
             "top10_same": top[0] == top[1]}
 
 
-def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=None, repeat: int = 2,
+def run_scale(n: int = SCALE_N, device: str = "auto", data_dir=None, progress=None, *, repeat: int = 2,
               n_test: int = SCALE_N_TEST, m: int = SCALE_M, out=None, timeout: float | None = None) -> dict:
     """The scale benchmark (see the module notes) at n training points; one JSON-able dict.
 

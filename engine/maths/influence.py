@@ -147,7 +147,7 @@ def influence_matrix(K: torch.Tensor, K_test: torch.Tensor, Y: torch.Tensor, rid
     return _TARGET_FNS[target](kM, R, f, y)
 
 
-def net_influence(net: Net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, ridge: float = 1e-3,
+def net_influence(net: Net, X: torch.Tensor, Y: torch.Tensor, X_test: torch.Tensor, *, ridge: float = 1e-3,
                   X_ref: torch.Tensor | None = None, target: str = "sum",
                   y_test: torch.Tensor | None = None, storage: str = "float64") -> torch.Tensor:
     """Influence (n_test, n) under the empirical NTK of ``net`` (an ``engine.maths.models.Net``).
