@@ -176,8 +176,8 @@ def test_an_estimate_in_a_fresh_process_times_numpy_after_torch_wrote_the_calibr
     assert set(record["import_cpu_s"]) == {"torch", "pandas", "torchvision"}  # timed where it loaded them
     assert second["threads"] == 1
     # MNIST's files are read without torchvision (only CIFAR-10's need it: budget.TORCHVISION_DECODES)
-    assert second["import_seconds"] >= speed.PROCESS_S + sum(v for k, v in record["import_cpu_s"].items()
-                                                             if k != "torchvision")
+    least = speed.PROCESS_S + sum(v for k, v in record["import_cpu_s"].items() if k != "torchvision")
+    assert second["import_seconds"] >= least or second["import_seconds"] == pytest.approx(least)  # summed in another order
     assert second["estimate_seconds_here"] == pytest.approx(
         second["estimate_seconds"] * second["speed_factor"] + second["import_seconds"])
 
