@@ -370,8 +370,6 @@ def cmd_figure(a, progress) -> dict:
     exp = get(a.kind)
     out = export.check_output_path(a.out)  # a bad suffix, folder or unwritable place fails before any work
     fmt = export.format_of(out)
-    if exp.view is not None and hasattr(a, "snapshot_epochs"):
-        a.snapshot_epochs = ()  # the view derives them from the epochs, as the page does: none is checked against them
     cfg = config_from_args(exp, a)
     cfg = cfg if exp.view is None else exp.view(cfg)  # what the page derives (its snapshots, …): the page's chart
     if a.estimate:

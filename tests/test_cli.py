@@ -163,15 +163,3 @@ def test_json_holds_every_frame_of_the_result(args, frames, tmp_path):
     assert frames <= set(obj), frames - set(obj)
     if args[0] == "malleability":
         assert {v["role"] for v in obj["verdict"]} == {"exploratory"} and len(obj["draws"]) == 2
-
-
-@pytest.mark.parametrize("kind,epochs,want", [("alignment", 20, (0, 5, 10, 15, 20)), ("ntk-sweep", 8, (0, 2, 4, 6, 8))])
-def test_figure_derives_the_pages_snapshots_from_the_epochs_it_is_given(kind, epochs, want, monkeypatch, tmp_path):
-    """``figure`` applies the experiment's view: fewer epochs than the preset's snapshots are not refused,
-    the snapshots follow them (a quarter of training each), as on the page."""
-    from engine import cli
-
-    seen = []
-    monkeypatch.setattr(cli, "_estimate_only", lambda exp, cfg, device="cpu": seen.append(cfg) or {})
-    assert cli.main(["figure", kind, "--epochs", str(epochs), "--estimate", "--out", str(tmp_path / "f.png")]) == 0
-    assert seen[0].train.epochs == epochs and seen[0].train.snapshot_epochs == want

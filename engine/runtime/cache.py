@@ -66,9 +66,7 @@ _CHECKOUT = Path(__file__).resolve().parents[2]   # engine/runtime/cache.py -> t
 DEFAULT_CACHE_DIR = (_CHECKOUT / "cache" if (_CHECKOUT / "pyproject.toml").is_file()
                      else user_cache_dir().parent / "results")
 ENGINE_DIR = Path(__file__).resolve().parents[1]  # engine/: its modules but PRESENTATION are in the key
-# what only presents results or turns flags into configs (a config is in the key itself): the reporting package
-# and the entry points; no run imports them (tests/test_layout.py), so editing them keeps every result
-PRESENTATION = ("reporting", "cli.py", "commands.py", "doctor.py", "__main__.py")
+PRESENTATION = ("reporting",)  # engine packages that only present results: no run imports them (tests/test_layout.py)
 SIZE_LIMIT = 8 * 2**30  # bytes; diskcache culls the least recently stored entries beyond it
 DB_NAME = "cache.db"    # diskcache's database file inside the folder
 
